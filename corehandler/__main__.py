@@ -1,0 +1,3 @@
+from corehandler.cli import main
+
+raise SystemExit(main())

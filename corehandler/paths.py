@@ -1,0 +1,62 @@
+"""Where corehandler's files live. Every root is a field, so tests run without touching the host's."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_STATE_DIR = Path("/var/lib/corehandler")
+DEFAULT_CONFIG_DIR = Path("/etc/corehandler")
+# Fixed in the csplice binary (CSPLICE_SETTINGS_PATH): the kernel runs it with no arguments of ours and no
+# environment, so this is the one place it can look.
+CSPLICE_SETTINGS = DEFAULT_STATE_DIR / "csplice.conf"
+
+
+def libexec_dir() -> Path:
+    """The directory holding the installed csplice and feeder binaries.
+
+    COREHANDLER_LIBEXEC overrides it for a development build tree.
+    """
+    override = os.environ.get("COREHANDLER_LIBEXEC")
+    if override:
+        return Path(override)
+    return Path(__file__).resolve().parent / "libexec"
+
+
+def csplice_path() -> Path:
+    return libexec_dir() / "csplice"
+
+
+def feeder_path() -> Path:
+    return libexec_dir() / "feeder"
+
+
+@dataclass(frozen=True)
+class Paths:
+    state_dir: Path = DEFAULT_STATE_DIR
+    config_dir: Path = DEFAULT_CONFIG_DIR
+    csplice_settings: Path = CSPLICE_SETTINGS
+    proc_root: Path = Path("/proc")
+    sysctl_d: Path = Path("/etc/sysctl.d")
+    run_dir: Path = field(default=Path("/run/corehandler"))
+
+    @property
+    def spool_dir(self) -> Path:
+        return self.state_dir / "spool"
+
+    @property
+    def store_dir(self) -> Path:
+        return self.state_dir / "store"
+
+    @property
+    def index_path(self) -> Path:
+        return self.state_dir / "index.sqlite"
+
+    @property
+    def config_file(self) -> Path:
+        return self.config_dir / "corehandler.toml"
+
+    @property
+    def dropin_dir(self) -> Path:
+        return self.config_dir / "corehandler.d"

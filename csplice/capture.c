@@ -1,0 +1,498 @@
+/* SPDX-License-Identifier: MIT */
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "capture.h"
+#include "log.h"
+#include "util.h"
+
+#define BLOCK 4096
+#define SPACE_CHECK_EVERY (16ULL << 20)
+#define RING_SLOTS 4
+#define RING_SLOT_BYTES (1ULL << 20)
+
+volatile sig_atomic_t capture_timed_out;
+
+int capture_space_ok(int fd, const Settings *s, uint64_t need) {
+        struct statvfs sv;
+        uint64_t avail, floor;
+
+        if (s->min_free_bytes == 0 && s->min_free_percent == 0)
+                return 1;
+        if (fstatvfs(fd, &sv) < 0)
+                return -errno;
+        avail = (uint64_t) sv.f_bavail * sv.f_frsize;
+        floor = MAX(s->min_free_bytes, (uint64_t) sv.f_blocks * sv.f_frsize / 100 * s->min_free_percent);
+        return avail >= floor && avail - floor >= need;
+}
+
+/* How much the next call may move: a chunk, less near the size limit; 0 once the limit is reached. */
+static size_t next_len(const Capture *c, uint64_t done, size_t chunk) {
+        uint64_t max = c->settings->max_dump_bytes;
+
+        if (max == 0)
+                return chunk;
+        return max > done ? (size_t) MIN((uint64_t) chunk, max - done) : 0;
+}
+
+/* Decides whether to stop before moving the next bytes: size limit, timeout, free space. Returns the reason
+ * or NULL. Checks the filesystem only every SPACE_CHECK_EVERY bytes because statvfs costs a system call. */
+static const char *stop_reason(const Capture *c, uint64_t done, uint64_t *next_space_check, size_t want) {
+        if (capture_timed_out)
+                return "timeout";
+        if (want == 0)
+                return "max_dump_bytes";
+        if (done >= *next_space_check) {
+                *next_space_check = done + SPACE_CHECK_EVERY;
+                if (capture_space_ok(c->out_fd, c->settings, SPACE_CHECK_EVERY) == 0)
+                        return "min_free";
+        }
+        return NULL;
+}
+
+static bool block_is_zero(const char *p, size_t len) {
+        /* Compare the block with itself shifted: memcmp is vectorised, a byte loop is not. */
+        return p[0] == 0 && memcmp(p, p + 1, len - 1) == 0;
+}
+
+/* Writes buf at offset off; with sparse, pages that are all zero are skipped and left as holes. */
+static int write_at(int fd, const char *buf, size_t len, uint64_t off, bool sparse) {
+        size_t i = 0;
+
+        while (i < len) {
+                size_t start, end;
+
+                if (sparse && (off + i) % BLOCK == 0)
+                        while (i + BLOCK <= len && block_is_zero(buf + i, BLOCK))
+                                i += BLOCK;
+                start = i;
+                end = i;
+                while (end < len) {
+                        size_t n = MIN((size_t) BLOCK - (size_t) ((off + end) % BLOCK), len - end);
+                        if (sparse && n == BLOCK && block_is_zero(buf + end, BLOCK))
+                                break;
+                        end += n;
+                }
+                while (start < end) {
+                        ssize_t n = pwrite(fd, buf + start, end - start, (off_t) (off + start));
+                        if (n < 0) {
+                                if (errno == EINTR)
+                                        continue;
+                                return -errno;
+                        }
+                        start += (size_t) n;
+                }
+                i = end;
+        }
+        return 0;
+}
+
+static ssize_t read_some(int fd, void *buf, size_t len) {
+        for (;;) {
+                ssize_t n = read(fd, buf, len);
+                if (n >= 0 || errno != EINTR)
+                        return n < 0 ? -errno : n;
+                if (capture_timed_out)
+                        return -ETIMEDOUT;
+        }
+}
+
+static void set_failure(Capture *c, const char *why, int err) {
+        if (!c->truncated) {
+                c->truncated = why;
+                c->error = err;
+        }
+}
+
+/* ---- read()/write(), one thread ---- */
+
+static int capture_rw(Capture *c) {
+        size_t chunk = (size_t) c->settings->chunk_bytes;
+        uint64_t next_check = 0;
+        char *buf;
+
+        buf = aligned_alloc(BLOCK, (chunk + BLOCK - 1) / BLOCK * BLOCK);
+        if (!buf)
+                return -ENOMEM;
+
+        c->strategy = "rw";
+        for (;;) {
+                size_t want = next_len(c, c->written, chunk);
+                const char *stop = stop_reason(c, c->written, &next_check, want);
+                ssize_t n;
+                int r;
+
+                if (stop) {
+                        set_failure(c, stop, 0);
+                        break;
+                }
+                n = read_some(c->in_fd, buf, want);
+                if (n == 0)
+                        break;
+                if (n < 0) {
+                        set_failure(c, n == -ETIMEDOUT ? "timeout" : "read_error", (int) n);
+                        break;
+                }
+                r = write_at(c->out_fd, buf, (size_t) n, c->written, c->settings->sparse);
+                if (r < 0) {
+                        set_failure(c, "write_error", r);
+                        break;
+                }
+                c->written += (uint64_t) n;
+        }
+        free(buf);
+        return 0;
+}
+
+/* ---- splice() stdin -> file: the seed's loop ---- */
+
+static int capture_splice(Capture *c) {
+        size_t chunk = (size_t) c->settings->chunk_bytes;
+        uint64_t next_check = 0;
+
+        c->strategy = "splice";
+        for (;;) {
+                size_t want = next_len(c, c->written, chunk);
+                const char *stop = stop_reason(c, c->written, &next_check, want);
+                ssize_t n;
+
+                if (stop) {
+                        set_failure(c, stop, 0);
+                        break;
+                }
+                n = splice(c->in_fd, NULL, c->out_fd, NULL, want, SPLICE_F_MOVE);
+                if (n == 0)
+                        break;
+                if (n < 0) {
+                        if (errno == EINTR && !capture_timed_out)
+                                continue;
+                        /* Some filesystems and stdin kinds refuse splice: nothing moved yet, so fall back. */
+                        if (c->written == 0 && (errno == EINVAL || errno == ENOSYS || errno == EBADF))
+                                return -errno;
+                        set_failure(c, capture_timed_out ? "timeout" : "write_error", -errno);
+                        break;
+                }
+                c->written += (uint64_t) n;
+        }
+        return 0;
+}
+
+/* ---- read()/write() with a reader and a writer thread ---- */
+
+typedef struct Ring {
+        Capture *c;
+        pthread_mutex_t lock;
+        pthread_cond_t changed;
+        char *slot[RING_SLOTS];
+        size_t len[RING_SLOTS];
+        unsigned head, tail, count;
+        bool eof, stop;
+} Ring;
+
+static void *ring_writer(void *userdata) {
+        Ring *ring = userdata;
+        Capture *c = ring->c;
+        uint64_t next_check = 0;
+
+        for (;;) {
+                unsigned i;
+                const char *stop;
+                int r;
+
+                (void) pthread_mutex_lock(&ring->lock);
+                while (ring->count == 0 && !ring->eof)
+                        (void) pthread_cond_wait(&ring->changed, &ring->lock);
+                if (ring->count == 0) {
+                        (void) pthread_mutex_unlock(&ring->lock);
+                        return NULL;
+                }
+                i = ring->tail;
+                (void) pthread_mutex_unlock(&ring->lock);
+
+                stop = stop_reason(c, c->written, &next_check, ring->len[i]);
+                if (stop) {
+                        set_failure(c, stop, 0);
+                        r = -ENOSPC;
+                } else
+                        r = write_at(c->out_fd, ring->slot[i], ring->len[i], c->written, c->settings->sparse);
+                if (r < 0)
+                        set_failure(c, "write_error", r);
+                else
+                        c->written += ring->len[i];
+
+                (void) pthread_mutex_lock(&ring->lock);
+                ring->tail = (ring->tail + 1) % RING_SLOTS;
+                ring->count--;
+                if (r < 0)
+                        ring->stop = true;
+                (void) pthread_cond_broadcast(&ring->changed);
+                (void) pthread_mutex_unlock(&ring->lock);
+                if (r < 0)
+                        return NULL;
+        }
+}
+
+static int capture_rw2(Capture *c) {
+        Ring ring = { .c = c, .lock = PTHREAD_MUTEX_INITIALIZER, .changed = PTHREAD_COND_INITIALIZER };
+        size_t chunk = (size_t) c->settings->chunk_bytes;
+        uint64_t queued = 0;
+        pthread_t writer;
+        sigset_t alrm, old;
+        int r = 0;
+
+        for (unsigned i = 0; i < RING_SLOTS; i++) {
+                ring.slot[i] = aligned_alloc(BLOCK, RING_SLOT_BYTES);
+                if (!ring.slot[i])
+                        r = -ENOMEM;
+        }
+        /* The writer must not take SIGALRM: the reader's blocking read() is what the timeout has to break. */
+        (void) sigemptyset(&alrm);
+        (void) sigaddset(&alrm, SIGALRM);
+        (void) pthread_sigmask(SIG_BLOCK, &alrm, &old);
+        if (r == 0)
+                r = -pthread_create(&writer, NULL, ring_writer, &ring);
+        (void) pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (r < 0) {
+                for (unsigned i = 0; i < RING_SLOTS; i++)
+                        free(ring.slot[i]);
+                return r;
+        }
+
+        c->strategy = "rw2";
+        for (bool done = false; !done;) {
+                unsigned i;
+                size_t fill = 0;
+
+                (void) pthread_mutex_lock(&ring.lock);
+                while (ring.count == RING_SLOTS && !ring.stop)
+                        (void) pthread_cond_wait(&ring.changed, &ring.lock);
+                i = ring.head;
+                done = ring.stop;
+                (void) pthread_mutex_unlock(&ring.lock);
+                if (done)
+                        break;
+
+                /* Fill a whole slot before handing it over: fewer wakeups of the writer. */
+                while (fill < RING_SLOT_BYTES) {
+                        size_t want = next_len(c, queued + fill, MIN(chunk, RING_SLOT_BYTES - fill));
+                        ssize_t n;
+
+                        if (want == 0) {
+                                set_failure(c, "max_dump_bytes", 0);
+                                done = true;
+                                break;
+                        }
+                        n = read_some(c->in_fd, ring.slot[i] + fill, want);
+                        if (n <= 0) {
+                                if (n < 0)
+                                        set_failure(c, n == -ETIMEDOUT ? "timeout" : "read_error", (int) n);
+                                done = true;
+                                break;
+                        }
+                        fill += (size_t) n;
+                }
+                queued += fill;
+
+                (void) pthread_mutex_lock(&ring.lock);
+                if (fill > 0) {
+                        ring.len[i] = fill;
+                        ring.head = (ring.head + 1) % RING_SLOTS;
+                        ring.count++;
+                }
+                (void) pthread_cond_broadcast(&ring.changed);
+                (void) pthread_mutex_unlock(&ring.lock);
+        }
+
+        (void) pthread_mutex_lock(&ring.lock);
+        ring.eof = true;
+        (void) pthread_cond_broadcast(&ring.changed);
+        (void) pthread_mutex_unlock(&ring.lock);
+        (void) pthread_join(writer, NULL);
+
+        for (unsigned i = 0; i < RING_SLOTS; i++)
+                free(ring.slot[i]);
+        return 0;
+}
+
+/* ---- splice() stdin -> private pipe -> file, the second hop in its own thread ---- */
+
+typedef struct Relay {
+        Capture *c;
+        int pipe_rd;
+        volatile sig_atomic_t failed;
+} Relay;
+
+static void *relay_writer(void *userdata) {
+        Relay *relay = userdata;
+        Capture *c = relay->c;
+        size_t chunk = (size_t) c->settings->chunk_bytes;
+        uint64_t next_check = 0;
+        int sink = -1;
+
+        for (;;) {
+                const char *stop;
+                ssize_t n;
+
+                if (!relay->failed) {
+                        stop = stop_reason(c, c->written, &next_check, chunk);
+                        if (stop && strcmp(stop, "timeout") != 0) {
+                                set_failure(c, stop, 0);
+                                relay->failed = 1;
+                        }
+                }
+                if (relay->failed && sink < 0) {
+                        /* Keep emptying the private pipe, or the first hop would block forever. */
+                        sink = open("/dev/null", O_WRONLY | O_CLOEXEC);
+                        if (sink < 0)
+                                return NULL;
+                }
+                n = splice(relay->pipe_rd, NULL, sink >= 0 ? sink : c->out_fd, NULL, chunk, SPLICE_F_MOVE);
+                if (n == 0)
+                        break;
+                if (n < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        set_failure(c, "write_error", -errno);
+                        relay->failed = 1;
+                        if (sink >= 0)
+                                break;
+                        continue;
+                }
+                if (sink < 0)
+                        c->written += (uint64_t) n;
+                else
+                        c->drained += (uint64_t) n;
+        }
+        if (sink >= 0)
+                (void) close(sink);
+        return NULL;
+}
+
+static int capture_splice2(Capture *c) {
+        Relay relay = { .c = c };
+        size_t chunk = (size_t) c->settings->chunk_bytes;
+        uint64_t queued = 0;
+        pthread_t writer;
+        sigset_t alrm, old;
+        int p[2], r;
+
+        if (pipe2(p, O_CLOEXEC) < 0)
+                return -errno;
+        (void) fcntl(p[1], F_SETPIPE_SZ, (int) MAX(c->settings->pipe_bytes, RING_SLOT_BYTES));
+        relay.pipe_rd = p[0];
+
+        (void) sigemptyset(&alrm);
+        (void) sigaddset(&alrm, SIGALRM);
+        (void) pthread_sigmask(SIG_BLOCK, &alrm, &old);
+        r = -pthread_create(&writer, NULL, relay_writer, &relay);
+        (void) pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (r < 0) {
+                (void) close(p[0]);
+                (void) close(p[1]);
+                return r;
+        }
+
+        c->strategy = "splice2";
+        for (;;) {
+                size_t want = next_len(c, queued, chunk);
+                ssize_t n;
+
+                if (relay.failed)
+                        break;
+                if (want == 0) {
+                        set_failure(c, "max_dump_bytes", 0);
+                        break;
+                }
+                if (capture_timed_out) {
+                        set_failure(c, "timeout", 0);
+                        break;
+                }
+                n = splice(c->in_fd, NULL, p[1], NULL, want, SPLICE_F_MOVE);
+                if (n == 0)
+                        break;
+                if (n < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        if (queued == 0 && (errno == EINVAL || errno == ENOSYS || errno == EBADF))
+                                r = -errno;
+                        else
+                                set_failure(c, "read_error", -errno);
+                        break;
+                }
+                queued += (uint64_t) n;
+        }
+        (void) close(p[1]);
+        (void) pthread_join(writer, NULL);
+        (void) close(p[0]);
+        return r;
+}
+
+uint64_t capture_drain(int in_fd) {
+        static char buf[64 * 1024];
+        uint64_t total = 0;
+        int sink;
+
+        /* splice to /dev/null moves page references, not bytes: the cheapest way to release the process. */
+        sink = open("/dev/null", O_WRONLY | O_CLOEXEC);
+        while (sink >= 0 && !capture_timed_out) {
+                ssize_t n = splice(in_fd, NULL, sink, NULL, 1U << 20, SPLICE_F_MOVE);
+                if (n > 0) {
+                        total += (uint64_t) n;
+                        continue;
+                }
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n == 0) {
+                        (void) close(sink);
+                        return total;
+                }
+                break;
+        }
+        if (sink >= 0)
+                (void) close(sink);
+        while (!capture_timed_out) {
+                ssize_t n = read_some(in_fd, buf, sizeof buf);
+                if (n <= 0)
+                        break;
+                total += (uint64_t) n;
+        }
+        return total;
+}
+
+int capture_run(Capture *c) {
+        static int (*const table[_STRATEGY_MAX])(Capture *c) = {
+                [STRATEGY_RW] = capture_rw,
+                [STRATEGY_SPLICE] = capture_splice,
+                [STRATEGY_RW2] = capture_rw2,
+                [STRATEGY_SPLICE2] = capture_splice2,
+        };
+        int r;
+
+        if (c->settings->pipe_bytes > 0 &&
+            fcntl(c->in_fd, F_SETPIPE_SZ, (int) c->settings->pipe_bytes) < 0)
+                log_full(LOG_NOTICE, "Failed to resize the core pipe to %llu bytes, ignoring: %m",
+                         (unsigned long long) c->settings->pipe_bytes);
+
+        r = table[c->settings->strategy](c);
+        if (r < 0 && c->settings->strategy != STRATEGY_RW) {
+                (void) log_errno(LOG_NOTICE, r, "Strategy %s refused (%m), falling back to rw",
+                                 strategy_to_string(c->settings->strategy));
+                r = capture_rw(c);
+        }
+        if (r < 0)
+                set_failure(c, "write_error", r);
+
+        /* The file's size is the record's byte count, whatever stopped us: trailing holes, a failed write. */
+        if (ftruncate(c->out_fd, (off_t) c->written) < 0)
+                (void) log_errno(LOG_WARNING, errno, "Failed to set the core file's size, ignoring: %m");
+
+        if (!capture_timed_out)
+                c->drained += capture_drain(c->in_fd);
+        if (c->truncated && strcmp(c->truncated, "max_dump_bytes") == 0 && c->drained == 0)
+                c->truncated = NULL; /* the dump was exactly the limit */
+        return 0;
+}

@@ -1,0 +1,34 @@
+/* SPDX-License-Identifier: MIT */
+#pragma once
+
+#include <signal.h>
+#include <stdint.h>
+
+#include "settings.h"
+
+typedef struct Capture {
+        int in_fd;
+        int out_fd;
+        const Settings *settings;
+
+        uint64_t written;       /* bytes of the dump in out_fd (holes included), always == its size */
+        uint64_t drained;       /* bytes read past a stop and thrown away */
+        const char *strategy;   /* the strategy that really ran */
+        const char *truncated;  /* why the capture stopped before EOF, or NULL */
+        int error;              /* -errno behind a "read_error"/"write_error" truncation */
+} Capture;
+
+/* Set from the SIGALRM handler; every loop checks it so a stalled capture ends. */
+extern volatile sig_atomic_t capture_timed_out;
+
+/* Copies in_fd to out_fd with the configured strategy (falling back to read/write where its system calls
+ * are refused), stops at the size limit and the free-space floor, then drains whatever is left so the
+ * kernel releases the process. Always returns 0: every failure is recorded in c. */
+int capture_run(Capture *c);
+
+/* Reads in_fd to EOF and discards it, the fastest way available; returns the bytes discarded. */
+uint64_t capture_drain(int in_fd);
+
+/* Whether the filesystem of fd has room for `need` more bytes above the configured floor. Returns 1 or 0,
+ * or -errno when it can't tell. */
+int capture_space_ok(int fd, const Settings *s, uint64_t need);

@@ -1,0 +1,52 @@
+/* SPDX-License-Identifier: MIT */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "capture.h"
+#include "procinfo.h"
+#include "settings.h"
+#include "spool.h"
+
+/* The core_pattern argv, in this order after the program name. Required ones first, new ones only appended:
+ * installed core_patterns outlive csplice upgrades. */
+typedef enum Arg {
+        ARG_PID,         /* %P: PID in the initial PID namespace */
+        ARG_TID,         /* %i: TID of the dumping thread, in its own namespace */
+        ARG_TID_INITIAL, /* %I: TID of the dumping thread, in the initial namespace */
+        ARG_UID,         /* %u: real UID */
+        ARG_GID,         /* %g: real GID */
+        ARG_DUMPABLE,    /* %d: dump mode (0-2), as in prctl(PR_SET_DUMPABLE) */
+        ARG_SIGNAL,      /* %s: the signal that caused the dump */
+        ARG_TIMESTAMP,   /* %t: time of dump, seconds since the Epoch */
+        ARG_RLIMIT,      /* %c: RLIMIT_CORE soft limit */
+        ARG_HOSTNAME,    /* %h: nodename, as in uname() */
+        ARG_COMM,        /* %e: comm, the thread's name (may hold spaces, '/' and any byte) */
+        ARG_PIDFD,       /* %F: pidfd number of the crashed process (Linux 6.16+); empty before */
+        _ARG_MAX,
+        _ARG_REQUIRED = ARG_COMM + 1,
+} Arg;
+
+extern const char *const arg_names[_ARG_MAX];
+
+typedef struct Crash {
+        const char *argv[_ARG_MAX]; /* NULL where not given */
+        char id[SPOOL_ID_MAX];
+        char boot_id[40];
+        Settings settings;
+        ProcInfo proc;
+        Capture capture;
+        bool has_core;
+        const char *dropped;       /* why the dump was not kept, or NULL */
+        uint64_t started_ns;       /* CLOCK_REALTIME at csplice's start */
+        uint64_t capture_begin_ns; /* CLOCK_MONOTONIC around the copy */
+        uint64_t capture_end_ns;
+        bool elf_magic;
+} Crash;
+
+/* Parses a numeric argument; -1 when absent or not a number. */
+long long crash_arg_number(const Crash *c, Arg a);
+
+/* Writes the spool record as JSON to f. */
+void record_write(const Crash *c, FILE *f);

@@ -1,0 +1,242 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * csplice: the kernel.core_pattern pipe handler.
+ *
+ * The kernel runs us as root, with no environment, once per crash, and holds the crashed process until we
+ * have read the whole core from stdin. So: make ourselves safe, read the metadata while /proc/PID is still
+ * there, decide whether to keep the dump, copy it into the spool as fast as the disk takes it, commit a JSON
+ * record, exit. Everything slower (compression, indexing, journal, metrics) is the daemon's, afterwards.
+ *
+ * Exit codes (the kernel ignores them; they are for people running csplice by hand and for tests):
+ *   0  a record was committed (complete, truncated or metadata-only)
+ *   64 usage: no arguments
+ *   73 the spool could not be opened or written: the dump was drained and lost, see the kernel log
+ *   74 the record could not be committed
+ */
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "capture.h"
+#include "crash.h"
+#include "log.h"
+#include "procinfo.h"
+#include "settings.h"
+#include "spool.h"
+#include "util.h"
+
+#define EXIT_USAGE 64
+#define EXIT_CANTCREAT 73
+#define EXIT_IOERR 74
+
+static void on_alarm(int sig) {
+        (void) sig;
+        capture_timed_out = 1;
+}
+
+/* Returns the fd the core arrives on, moved above stdio. */
+static int make_safe(void) {
+        int in_fd, null_fd;
+
+        /* Never dump ourselves: our own crash would come back to a core_pattern handler, i.e. to us. */
+        (void) prctl(PR_SET_DUMPABLE, 0);
+        /* Dumps hold secrets; whatever we create is ours alone. */
+        (void) umask(0077);
+
+        /* Keep the core pipe off fds 0-2, so no stray printf or library write can land in it or read it. */
+        in_fd = fcntl(STDIN_FILENO, F_DUPFD_CLOEXEC, 3);
+        null_fd = open("/dev/null", O_RDWR | O_NOCTTY);
+        if (null_fd >= 0) {
+                for (int fd = 0; fd < 3; fd++)
+                        if (fd != null_fd)
+                                (void) dup2(null_fd, fd);
+                if (null_fd > 2)
+                        (void) close(null_fd);
+        }
+        if (chdir("/") < 0)
+                (void) log_errno(LOG_WARNING, errno, "Failed to change to /, ignoring: %m");
+        return in_fd;
+}
+
+static void read_boot_id(Crash *c, const char *proc_root) {
+        char path[PATH_MAX], *buf = NULL, *w;
+
+        (void) snprintf(path, sizeof path, "%s/sys/kernel/random/boot_id", proc_root);
+        if (read_bounded_at(AT_FDCWD, path, 64, &buf, NULL) < 0)
+                return;
+        w = c->boot_id;
+        for (char *p = buf; *p && w < c->boot_id + 32; p++)
+                if ((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f'))
+                        *w++ = *p;
+        *w = '\0';
+        free(buf);
+}
+
+/* "<realtime µs>-<boot id prefix>-<pid>": sorts by time, unique across reboots and PID reuse. */
+static void make_id(Crash *c) {
+        long long pid = crash_arg_number(c, ARG_PID);
+
+        (void) snprintf(c->id, sizeof c->id, "%llu-%.16s-%lld", (unsigned long long) (c->started_ns / 1000),
+                        c->boot_id[0] ? c->boot_id : "0000000000000000", pid < 0 ? 0 : pid);
+}
+
+/* Admission: the reason to keep only metadata, or NULL to capture. Checked before the first byte is read. */
+static const char *admit(Crash *c, int spool_fd, int out_probe_fd) {
+        const Settings *s = &c->settings;
+        const char *key;
+        int r;
+
+        if (s->max_pending > 0) {
+                r = spool_count_pending(spool_fd, s->max_pending);
+                if (r < 0)
+                        (void) log_errno(LOG_WARNING, r, "Failed to count pending records, ignoring: %m");
+                else if ((uint64_t) r >= s->max_pending)
+                        return "max_pending";
+        }
+        if (s->max_per_exe_per_minute > 0) {
+                key = c->proc.exe ?: c->argv[ARG_COMM] ?: "";
+                r = spool_rate_hit(spool_fd, key, (time_t) (c->started_ns / 1000000000ULL));
+                if (r < 0)
+                        (void) log_errno(LOG_WARNING, r, "Failed to update the crash rate, ignoring: %m");
+                else if ((uint64_t) r > s->max_per_exe_per_minute)
+                        return "max_per_exe_per_minute";
+        }
+        r = capture_space_ok(out_probe_fd, s, 0);
+        if (r < 0)
+                (void) log_errno(LOG_WARNING, r, "Failed to check free space, ignoring: %m");
+        else if (r == 0)
+                return "min_free";
+        return NULL;
+}
+
+static int commit_record(Crash *c, int spool_fd) {
+        FILE *f;
+        int fd, r;
+
+        fd = spool_create_record(spool_fd, c->id);
+        if (fd < 0)
+                return fd;
+        f = fdopen(fd, "w");
+        if (!f) {
+                r = -errno;
+                (void) close(fd);
+                return r;
+        }
+        record_write(c, f);
+        r = fflush(f) == 0 && !ferror(f) ? 0 : -EIO;
+        if (r == 0)
+                r = spool_commit_record(spool_fd, c->id, c->settings.fsync, fd);
+        (void) fclose(f);
+        return r;
+}
+
+int main(int argc, char *argv[]) {
+        Crash c = {};
+        const char *settings_path, *proc_root;
+        int in_fd, spool_fd, core_fd = -1, r;
+
+        if (argc == 2 && strcmp(argv[1], "--version") == 0) {
+                (void) puts(CSPLICE_VERSION);
+                return 0;
+        }
+
+        /* First, log to a safe place, since we don't know what crashed and it might be the journal. */
+        log_open();
+        c.started_ns = now_ns(CLOCK_REALTIME);
+        in_fd = make_safe();
+        if (argc < 2) {
+                log_full(LOG_ERR, "Usage: csplice %%P %%i %%I %%u %%g %%d %%s %%t %%c %%h %%e [%%F]");
+                return EXIT_USAGE;
+        }
+        for (int i = 1; i < argc && i - 1 < _ARG_MAX; i++)
+                c.argv[i - 1] = argv[i][0] ? argv[i] : NULL;
+        if (argc - 1 < _ARG_REQUIRED)
+                log_full(LOG_WARNING, "Only %d of %d core_pattern arguments given, recording what there is",
+                         argc - 1, _ARG_REQUIRED);
+
+        /* The kernel passes no environment, so these only ever come from tests and benchmarks. */
+        settings_path = getenv("CSPLICE_SETTINGS") ?: CSPLICE_SETTINGS_PATH;
+        proc_root = getenv("CSPLICE_PROC_ROOT") ?: "/proc";
+        if (settings_load(&c.settings, settings_path) < 0)
+                log_full(LOG_WARNING, "%s", c.settings.error);
+
+        if (c.settings.timeout_sec > 0) {
+                struct sigaction sa = { .sa_handler = on_alarm }; /* no SA_RESTART: blocked reads must end */
+                (void) sigaction(SIGALRM, &sa, NULL);
+                (void) alarm((unsigned) MIN(c.settings.timeout_sec, 86400ULL));
+        }
+
+        /* Metadata before the dump: once the pipe is drained the kernel may reap the process. */
+        read_boot_id(&c, proc_root);
+        r = procinfo_collect(&c.proc, proc_root, (pid_t) crash_arg_number(&c, ARG_PID),
+                             (int) crash_arg_number(&c, ARG_PIDFD), (time_t) crash_arg_number(&c, ARG_TIMESTAMP),
+                             &c.settings);
+        if (r < 0)
+                (void) log_errno(LOG_WARNING, r, "Failed to read /proc/%s, recording the dump without it: %m",
+                                 c.argv[ARG_PID] ?: "?");
+        make_id(&c);
+
+        spool_fd = spool_open(c.settings.spool_dir);
+        if (spool_fd < 0) {
+                (void) log_errno(LOG_ERR, spool_fd, "Failed to open spool %s, dump of PID %s lost: %m",
+                                 c.settings.spool_dir, c.argv[ARG_PID] ?: "?");
+                (void) capture_drain(in_fd);
+                return EXIT_CANTCREAT;
+        }
+
+        c.dropped = admit(&c, spool_fd, spool_fd);
+        if (!c.dropped) {
+                core_fd = spool_create_core(spool_fd, c.id);
+                if (core_fd < 0) {
+                        (void) log_errno(LOG_ERR, core_fd, "Failed to create the core file: %m");
+                        c.dropped = "create_failed";
+                }
+        }
+
+        c.capture_begin_ns = now_ns(CLOCK_MONOTONIC);
+        if (core_fd >= 0) {
+                char magic[4];
+
+                c.capture = (Capture) { .in_fd = in_fd, .out_fd = core_fd, .settings = &c.settings };
+                (void) capture_run(&c.capture);
+                c.elf_magic = pread(core_fd, magic, sizeof magic, 0) == sizeof magic &&
+                              memcmp(magic, "\177ELF", 4) == 0;
+                c.has_core = true;
+        } else
+                c.capture.drained = capture_drain(in_fd);
+        c.capture_end_ns = now_ns(CLOCK_MONOTONIC);
+        /* The process is released once the pipe is drained; closing it also ends a timed-out dump. */
+        (void) close(in_fd);
+
+        if (c.capture.truncated && c.capture.error)
+                (void) log_errno(LOG_WARNING, c.capture.error, "Dump of PID %s truncated at %llu bytes (%s): %m",
+                                 c.argv[ARG_PID] ?: "?", (unsigned long long) c.capture.written, c.capture.truncated);
+        else if (c.capture.truncated)
+                log_full(LOG_WARNING, "Dump of PID %s truncated at %llu bytes (%s)", c.argv[ARG_PID] ?: "?",
+                         (unsigned long long) c.capture.written, c.capture.truncated);
+        if (c.dropped)
+                log_full(LOG_WARNING, "Dump of PID %s not kept (%s), %llu bytes discarded, recording metadata only",
+                         c.argv[ARG_PID] ?: "?", c.dropped, (unsigned long long) c.capture.drained);
+
+        if (core_fd >= 0) {
+                r = spool_publish_core(spool_fd, c.id, c.settings.fsync, core_fd);
+                if (r < 0) {
+                        (void) log_errno(LOG_ERR, r, "Failed to publish core %s: %m", c.id);
+                        return EXIT_IOERR;
+                }
+        }
+        r = commit_record(&c, spool_fd);
+        if (r < 0) {
+                (void) log_errno(LOG_ERR, r, "Failed to commit record %s: %m", c.id);
+                return EXIT_IOERR;
+        }
+        /* core_fd stays open (and locked) until here: a lock the daemon can take means we are gone. */
+        if (core_fd >= 0)
+                (void) close(core_fd);
+        return 0;
+}

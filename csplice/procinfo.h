@@ -1,0 +1,31 @@
+/* SPDX-License-Identifier: MIT */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+#include <time.h>
+
+#include "settings.h"
+
+typedef struct ProcInfo {
+        char *exe;
+        char *comm;
+        char *cmdline;      /* NUL-separated, cmdline_len bytes */
+        size_t cmdline_len;
+        char *status;
+        char *cgroup;
+        char *environ;      /* only if collect_environ */
+        size_t environ_len;
+        char *maps;         /* only if collect_maps */
+        unsigned long long start_ticks;
+        const char *verified_by; /* "pidfd", "start_time" or NULL */
+        bool verified;
+        bool available;     /* /proc/PID could be opened at all */
+} ProcInfo;
+
+/* Reads what the record needs of proc_root/PID, before the dump is touched, while the kernel keeps the
+ * crashed process around. Each file that can't be read is logged and left NULL; returns -errno only when
+ * the process directory itself is gone. */
+int procinfo_collect(ProcInfo *p, const char *proc_root, pid_t pid, int pidfd, time_t crash_time,
+                     const Settings *s);

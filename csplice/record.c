@@ -1,0 +1,149 @@
+/* SPDX-License-Identifier: MIT */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "crash.h"
+#include "json.h"
+#include "log.h"
+
+#define RECORD_SCHEMA 1
+
+const char *const arg_names[_ARG_MAX] = {
+        [ARG_PID] = "P",      [ARG_TID] = "i",     [ARG_TID_INITIAL] = "I", [ARG_UID] = "u",
+        [ARG_GID] = "g",      [ARG_DUMPABLE] = "d", [ARG_SIGNAL] = "s",     [ARG_TIMESTAMP] = "t",
+        [ARG_RLIMIT] = "c",   [ARG_HOSTNAME] = "h", [ARG_COMM] = "e",       [ARG_PIDFD] = "F",
+};
+
+long long crash_arg_number(const Crash *c, Arg a) {
+        const char *s = c->argv[a];
+        char *end;
+        long long v;
+
+        if (!s || *s < '0' || *s > '9')
+                return -1;
+        v = strtoll(s, &end, 10);
+        return *end == '\0' ? v : -1;
+}
+
+static void json_number_or_null(Json *j, const char *key, long long v) {
+        if (v < 0)
+                json_null(j, key);
+        else
+                json_i64(j, key, v);
+}
+
+static void write_settings(Json *j, const Settings *s) {
+        json_begin(j, "settings");
+        json_string(j, "source", s->source);
+        json_bool(j, "from_file", s->from_file);
+        json_string(j, "error", s->error[0] ? s->error : NULL);
+        json_string(j, "strategy", strategy_to_string(s->strategy));
+        json_u64(j, "chunk_bytes", s->chunk_bytes);
+        json_u64(j, "pipe_bytes", s->pipe_bytes);
+        json_u64(j, "max_dump_bytes", s->max_dump_bytes);
+        json_u64(j, "min_free_bytes", s->min_free_bytes);
+        json_u64(j, "min_free_percent", s->min_free_percent);
+        json_u64(j, "max_pending", s->max_pending);
+        json_u64(j, "max_per_exe_per_minute", s->max_per_exe_per_minute);
+        json_u64(j, "timeout_sec", s->timeout_sec);
+        json_bool(j, "fsync", s->fsync);
+        json_bool(j, "sparse", s->sparse);
+        json_end(j);
+}
+
+static void write_proc(Json *j, const ProcInfo *p, const Settings *s) {
+        json_begin(j, "proc");
+        json_bool(j, "available", p->available);
+        json_string(j, "exe", p->exe);
+        json_string(j, "comm", p->comm);
+        if (p->cmdline)
+                json_strv(j, "cmdline", p->cmdline, p->cmdline_len);
+        else
+                json_null(j, "cmdline");
+        json_string(j, "status", p->status);
+        json_string(j, "cgroup", p->cgroup);
+        if (s->collect_environ) {
+                if (p->environ)
+                        json_strv(j, "environ", p->environ, p->environ_len);
+                else
+                        json_null(j, "environ");
+        }
+        if (s->collect_maps)
+                json_string(j, "maps", p->maps);
+        if (p->available)
+                json_u64(j, "start_ticks", p->start_ticks);
+        json_string(j, "verified_by", p->verified_by);
+        json_bool(j, "verified", p->verified);
+        json_end(j);
+}
+
+static void write_capture(Json *j, const Crash *c) {
+        const Capture *cap = &c->capture;
+        uint64_t ns = c->capture_end_ns - c->capture_begin_ns;
+
+        json_begin(j, "capture");
+        json_string(j, "strategy", cap->strategy);
+        json_u64(j, "bytes", cap->written);
+        json_u64(j, "drained_bytes", cap->drained);
+        json_u64(j, "ns", ns);
+        json_double(j, "throughput_bytes_per_second",
+                    ns > 0 ? (double) (cap->written + cap->drained) * 1e9 / (double) ns : 0.0);
+        json_bool(j, "complete", c->has_core && !cap->truncated);
+        json_bool(j, "truncated", c->has_core && cap->truncated);
+        json_string(j, "truncated_reason", c->has_core ? cap->truncated : NULL);
+        json_string(j, "error", cap->error ? strerror(-cap->error) : NULL);
+        json_bool(j, "dropped", c->dropped != NULL);
+        json_string(j, "dropped_reason", c->dropped);
+        json_bool(j, "elf_magic", c->elf_magic);
+        json_end(j);
+}
+
+void record_write(const Crash *c, FILE *f) {
+        Json j = { .f = f };
+
+        json_begin(&j, NULL);
+        json_u64(&j, "schema", RECORD_SCHEMA);
+        json_string(&j, "id", c->id);
+        if (c->has_core) {
+                char name[SPOOL_ID_MAX + 8];
+                (void) snprintf(name, sizeof name, "%s.core", c->id);
+                json_string(&j, "core", name);
+        } else
+                json_null(&j, "core");
+
+        json_begin(&j, "specifiers");
+        for (unsigned a = 0; a < _ARG_MAX; a++)
+                json_string(&j, arg_names[a], c->argv[a]);
+        json_end(&j);
+
+        json_number_or_null(&j, "pid", crash_arg_number(c, ARG_PID));
+        json_number_or_null(&j, "tid", crash_arg_number(c, ARG_TID_INITIAL));
+        json_number_or_null(&j, "uid", crash_arg_number(c, ARG_UID));
+        json_number_or_null(&j, "gid", crash_arg_number(c, ARG_GID));
+        json_number_or_null(&j, "signal", crash_arg_number(c, ARG_SIGNAL));
+        json_number_or_null(&j, "timestamp", crash_arg_number(c, ARG_TIMESTAMP));
+        json_number_or_null(&j, "dumpable", crash_arg_number(c, ARG_DUMPABLE));
+        json_string(&j, "rlimit_core", c->argv[ARG_RLIMIT]);
+        json_string(&j, "hostname", c->argv[ARG_HOSTNAME]);
+        json_string(&j, "comm", c->argv[ARG_COMM]);
+        json_string(&j, "boot_id", c->boot_id[0] ? c->boot_id : NULL);
+
+        write_proc(&j, &c->proc, &c->settings);
+        write_capture(&j, c);
+
+        json_begin(&j, "handler");
+        json_string(&j, "name", "csplice");
+        json_string(&j, "version", CSPLICE_VERSION);
+        json_u64(&j, "started_realtime_ns", c->started_ns);
+        write_settings(&j, &c->settings);
+        json_end(&j);
+
+        json_begin_array(&j, "errors");
+        for (unsigned i = 0; i < log_error_count(); i++)
+                json_string(&j, NULL, log_error_get(i));
+        json_end_array(&j);
+
+        json_end(&j);
+        (void) fputc('\n', f);
+}

@@ -1,0 +1,154 @@
+/* SPDX-License-Identifier: MIT */
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "spool.h"
+#include "util.h"
+
+#define RATE_DIR ".rate"
+#define RATE_WINDOW_SEC 60
+
+int spool_open(const char *path) {
+        int fd;
+
+        fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0 && errno == ENOENT) {
+                if (mkdir(path, 0700) < 0 && errno != EEXIST)
+                        return -errno;
+                fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        }
+        return fd < 0 ? -errno : fd;
+}
+
+static bool is_committed_record(const char *name) {
+        size_t n = strlen(name);
+        return name[0] != '.' && n > 5 && strcmp(name + n - 5, ".json") == 0;
+}
+
+int spool_count_pending(int dirfd, uint64_t limit) {
+        struct dirent *de;
+        DIR *d;
+        int fd, count = 0;
+
+        fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fd < 0)
+                return -errno;
+        d = fdopendir(fd);
+        if (!d) {
+                (void) close(fd);
+                return -errno;
+        }
+        while ((de = readdir(d)) && (uint64_t) count < limit)
+                if (is_committed_record(de->d_name))
+                        count++;
+        (void) closedir(d);
+        return count;
+}
+
+static uint64_t fnv1a64(const char *s) {
+        uint64_t h = 0xcbf29ce484222325ULL;
+        for (; *s; s++)
+                h = (h ^ (unsigned char) *s) * 0x100000001b3ULL;
+        return h;
+}
+
+int spool_rate_hit(int dirfd, const char *key, time_t now) {
+        char name[32], buf[64] = {};
+        long long window = 0, count = 0;
+        ssize_t n;
+        int rdir, fd, r;
+
+        if (mkdirat(dirfd, RATE_DIR, 0700) < 0 && errno != EEXIST)
+                return -errno;
+        rdir = openat(dirfd, RATE_DIR, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (rdir < 0)
+                return -errno;
+        /* A hash, not the executable's name: the name is the crashed process's to choose. */
+        (void) snprintf(name, sizeof name, "%016llx", (unsigned long long) fnv1a64(key));
+        fd = openat(rdir, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+        r = fd < 0 ? -errno : 0;
+        (void) close(rdir);
+        if (r < 0)
+                return r;
+
+        if (flock(fd, LOCK_EX) < 0) {
+                r = -errno;
+                goto finish;
+        }
+        n = pread(fd, buf, sizeof buf - 1, 0);
+        if (n > 0 && sscanf(buf, "%lld %lld", &window, &count) != 2)
+                window = count = 0;
+        if (now - window >= RATE_WINDOW_SEC || now < window) {
+                window = now;
+                count = 0;
+        }
+        count++;
+        n = snprintf(buf, sizeof buf, "%lld %lld\n", window, count);
+        if (pwrite(fd, buf, (size_t) n, 0) != n || ftruncate(fd, n) < 0)
+                r = -errno;
+        else
+                r = (int) MIN(count, (long long) INT32_MAX);
+finish:
+        (void) close(fd);
+        return r;
+}
+
+int spool_create_core(int dirfd, char id[SPOOL_ID_MAX]) {
+        char name[SPOOL_ID_MAX + 16], base[SPOOL_ID_MAX];
+        int fd;
+
+        (void) snprintf(base, sizeof base, "%s", id);
+        for (unsigned attempt = 0; attempt < 16; attempt++) {
+                if (attempt > 0)
+                        (void) snprintf(id, SPOOL_ID_MAX, "%.80s.%u", base, attempt);
+                (void) snprintf(name, sizeof name, ".tmp.%s.core", id);
+                fd = openat(dirfd, name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+                if (fd >= 0) {
+                        (void) flock(fd, LOCK_EX | LOCK_NB);
+                        return fd;
+                }
+                if (errno != EEXIST)
+                        return -errno;
+        }
+        return -EEXIST;
+}
+
+static int publish(int dirfd, const char *id, const char *suffix, bool do_fsync, int fd) {
+        char from[SPOOL_ID_MAX + 16], to[SPOOL_ID_MAX + 16];
+
+        if (do_fsync && fsync(fd) < 0)
+                return -errno;
+        (void) snprintf(from, sizeof from, ".tmp.%s.%s", id, suffix);
+        (void) snprintf(to, sizeof to, "%s.%s", id, suffix);
+        if (renameat(dirfd, from, dirfd, to) < 0)
+                return -errno;
+        return 0;
+}
+
+int spool_publish_core(int dirfd, const char *id, bool do_fsync, int fd) {
+        return publish(dirfd, id, "core", do_fsync, fd);
+}
+
+int spool_create_record(int dirfd, const char *id) {
+        char name[SPOOL_ID_MAX + 16];
+        int fd;
+
+        (void) snprintf(name, sizeof name, ".tmp.%s.json", id);
+        fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+        return fd < 0 ? -errno : fd;
+}
+
+int spool_commit_record(int dirfd, const char *id, bool do_fsync, int fd) {
+        int r = publish(dirfd, id, "json", do_fsync, fd);
+        if (r < 0)
+                return r;
+        /* The rename is only durable once the directory is. */
+        if (do_fsync && fsync(dirfd) < 0)
+                return -errno;
+        return 0;
+}

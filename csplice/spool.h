@@ -1,0 +1,33 @@
+/* SPDX-License-Identifier: MIT */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "settings.h"
+
+#define SPOOL_ID_MAX 96
+
+/* Opens (creating the last component, 0700) the spool directory; never follows a symlink there. */
+int spool_open(const char *path);
+
+/* Counts committed records still waiting for the daemon, stopping at limit. Returns the count or -errno. */
+int spool_count_pending(int dirfd, uint64_t limit);
+
+/* Counts this crash against key's one-minute window in <spool>/.rate/. Returns the count including this crash,
+ * or -errno. Serialised with flock() since crashes of one program often come together. */
+int spool_rate_hit(int dirfd, const char *key, time_t now);
+
+/* Creates ".tmp.<id>.core" (0600, O_EXCL) and locks it: a lock the daemon can take means the writer died. If
+ * the id is taken, a suffix is added to it. Returns the fd or -errno. */
+int spool_create_core(int dirfd, char id[SPOOL_ID_MAX]);
+
+/* Renames ".tmp.<id>.core" to "<id>.core". */
+int spool_publish_core(int dirfd, const char *id, bool do_fsync, int fd);
+
+/* Opens ".tmp.<id>.json" for writing. */
+int spool_create_record(int dirfd, const char *id);
+
+/* Renames ".tmp.<id>.json" to "<id>.json": the commit point. */
+int spool_commit_record(int dirfd, const char *id, bool do_fsync, int fd);
