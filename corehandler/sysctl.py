@@ -4,6 +4,8 @@ boot)."""
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 from corehandler.atomicfile import write_atomic
@@ -32,9 +34,15 @@ def write(name: str, value: str, root: Path = SYSCTL_ROOT) -> None:
     if "\n" in value:
         raise ValueError(f"{name}: a sysctl value is one line")
     path = _path(name, root)
+    data = (value + "\n").encode()
     try:
-        with open(path, "w") as f:
-            f.write(value + "\n")
+        # No O_CREAT: a setting the kernel does not have is an error, not a new file.
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+        try:
+            if os.write(fd, data) != len(data):
+                raise OSError(errno.EIO, "short write")
+        finally:
+            os.close(fd)
     except OSError as e:
         raise SystemFailure(f"cannot set {name} to {value!r} ({path}): {e.strerror}") from None
     # Some handlers' writes are cut short or refused silently by older kernels: read back to be sure.

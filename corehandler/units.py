@@ -99,6 +99,8 @@ def parse_duration(value: str | int | float) -> float:
         text = value.strip()
         if text.startswith("-"):
             raise UnitError(f"{value!r} is negative; durations are 0 or more")
+        if not text:
+            raise UnitError("an empty string is not a duration: write \"0\" for none")
         if re.fullmatch(_NUMBER, text):
             seconds = Fraction(Decimal(text))
         else:
@@ -162,7 +164,8 @@ def parse_percent(value: str) -> float:
 
 
 def format_percent(percent: float) -> str:
-    return f"{percent:g}%" if float(f"{percent:g}") == percent else f"{percent!r}%"
+    short = f"{percent:g}"
+    return f"{short if float(short) == percent and 'e' not in short else format(Decimal(repr(percent)), 'f')}%"
 
 
 @dataclass(frozen=True)
