@@ -167,13 +167,17 @@ class Config(_Section):
 
 def config_files(paths: Paths) -> list[Path]:
     """The files load_config reads, in order: the main file if present, then the drop-ins by name."""
-    files = [paths.config_file] if paths.config_file.exists() else []
+    try:
+        files = [paths.config_file] if paths.config_file.exists() else []
+    except OSError as e:
+        raise ConfigError(f"{paths.config_file}: cannot read: {e.strerror}", file=str(paths.config_file)) from None
     try:
         dropins = sorted(p for p in paths.dropin_dir.iterdir() if p.name.endswith(".toml"))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         dropins = []
     except OSError as e:
-        raise ConfigError(f"{paths.dropin_dir}: cannot list drop-ins: {e.strerror}", file=str(paths.dropin_dir))
+        raise ConfigError(f"{paths.dropin_dir}: cannot list drop-ins: {e.strerror}",
+                          file=str(paths.dropin_dir)) from None
     return files + dropins
 
 

@@ -175,8 +175,8 @@ def install(config: Config, paths: Paths, *, csplice: Path | None = None, force:
                                    f"`corehandler install --force` replaces it and uninstall puts it back")
 
     ensure_state_dirs(paths)
-    saved = is_ours(current)
-    if not saved:
+    already_ours = is_ours(current)
+    if not already_ours:
         write_atomic(_previous_path(paths), json.dumps({**live, "saved_at": time.time()}, indent=1).encode(),
                      0o600)
     write_csplice_settings(config, paths)
@@ -188,7 +188,7 @@ def install(config: Config, paths: Paths, *, csplice: Path | None = None, force:
     if start_daemon is not None:
         start_daemon(paths)
     return {"core_pattern": pattern, "core_pipe_limit": pipe_limit, "csplice": str(program),
-            "csplice_version": version, "replaced": None if saved else current, "previous_kept": saved,
+            "csplice_version": version, "replaced": None if already_ours else current, "previous_kept": already_ours,
             "sysctl_d": str(sysctl_d), "settings": str(paths.csplice_settings), "state_dir": str(paths.state_dir),
             "daemon_started": start_daemon is not None}
 

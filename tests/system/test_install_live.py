@@ -155,6 +155,7 @@ def test_install_capture_real_crashes_uninstall(host_core_settings, sysctl_d_fil
     saved = {name: value.removesuffix("\n") for name, value in host_core_settings.items()}
 
     result = cli(*options, "install", "--force")
+    print(result.stdout)
     assert result.returncode == 0, result.stderr
     csplice = Path(os.path.realpath(paths_mod.csplice_path()))
     live_pattern = sysctl.read(sysctl.CORE_PATTERN)
@@ -186,6 +187,7 @@ def test_install_capture_real_crashes_uninstall(host_core_settings, sysctl_d_fil
         if has_pattern:
             check_pattern(spool / record["core"], loads, out)
 
+    print(cli(*options, "status").stdout)
     result = cli(*options, "--json", "status")
     assert result.returncode == 0, result.stderr
     status = json.loads(result.stdout)
@@ -193,6 +195,7 @@ def test_install_capture_real_crashes_uninstall(host_core_settings, sysctl_d_fil
     assert status["spool"]["pending"] == len(crashes)
 
     result = cli(*options, "uninstall")
+    print(result.stdout)
     assert result.returncode == 0, result.stderr
     assert sysctl.read(sysctl.CORE_PATTERN) == saved["kernel/core_pattern"]
     assert sysctl.read(sysctl.CORE_PIPE_LIMIT) == saved["kernel/core_pipe_limit"]
