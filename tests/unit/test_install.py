@@ -128,7 +128,7 @@ def test_reinstall_keeps_the_values_from_before_the_first_install(host):
     install.install(Config(), host.paths, csplice=host.csplice)
     first = (host.paths.state_dir / "previous-sysctl.json").read_bytes()
     done = install.install(Config.model_validate({"capture": {"max_pending": 3}}), host.paths, csplice=host.csplice)
-    assert done["previous_kept"] and done["replaced"] is None
+    assert not done["previous_saved"] and done["replaced"] is None
     assert (host.paths.state_dir / "previous-sysctl.json").read_bytes() == first
     assert "max_pending=3" in host.paths.csplice_settings.read_text()
     install.uninstall(host.paths)
@@ -155,9 +155,22 @@ def test_uninstall_leaves_another_handler_alone(host):
     install.install(Config(), host.paths, csplice=host.csplice)
     host.set("core_pattern", SYSTEMD_PATTERN)  # someone else took over since
     done = install.uninstall(host.paths)
-    assert done["restored"] is None and done["left_alone"] == SYSTEMD_PATTERN
+    assert done["restored"] is None and done["restored_from"] is None and done["left_alone"] == SYSTEMD_PATTERN
+    assert not done["was_installed"]
+    assert not (host.paths.state_dir / "previous-sysctl.json").exists()
     assert host.get("core_pattern") == SYSTEMD_PATTERN and host.get("core_pipe_limit") == "16"
     assert done["sysctl_d_removed"]
+
+
+def test_a_refused_core_pattern_leaves_nothing_half_installed(host):
+    host.set("core_pipe_limit", "2")
+    pattern_file = host.kernel / "core_pattern"
+    pattern_file.unlink()
+    pattern_file.symlink_to("/dev/null")  # accepts writes, reads back empty: as a kernel refusing the value
+    with pytest.raises(SystemFailure, match="kernel.core_pattern was set to .* but the kernel reports ''"):
+        install.install(Config(), host.paths, csplice=host.csplice)
+    assert host.get("core_pipe_limit") == "2"
+    assert sysctl.read_sysctl_d(host.paths.sysctl_d) is None
 
 
 def test_not_root_is_refused(host, monkeypatch):
