@@ -1,0 +1,44 @@
+"""A fake host for install/uninstall/status: /proc/sys, sysctl.d, config and state under tmp_path."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from corehandler import install
+from corehandler.paths import Paths
+
+SYSTEMD_PATTERN = "|/lib/systemd/systemd-coredump %P %u %g %s %t 9223372036854775808 %h %d"
+
+
+class FakeHost:
+    def __init__(self, tmp_path: Path, csplice: Path, monkeypatch, release: str = "6.18.44-fc-v657",
+                 bin_dir: Path | None = None):
+        self.root = tmp_path
+        self.paths = Paths(state_dir=tmp_path / "var/lib/corehandler", config_dir=tmp_path / "etc/corehandler",
+                           csplice_settings=tmp_path / "var/lib/corehandler/csplice.conf",
+                           proc_root=tmp_path / "proc", sysctl_d=tmp_path / "etc/sysctl.d", run_dir=tmp_path / "run")
+        self.kernel = tmp_path / "proc/sys/kernel"
+        self.kernel.mkdir(parents=True)
+        self.set("osrelease", release)
+        self.set("core_pattern", "core")
+        self.set("core_pipe_limit", "0")
+        # A private copy of the real csplice that only this test owns, in bin_dir: pytest's tmp_path can be
+        # too long for a 127-character core_pattern.
+        libexec = (bin_dir or tmp_path) / "corehandler"
+        libexec.mkdir(parents=True)
+        self.csplice = libexec / "csplice"
+        shutil.copy(csplice, self.csplice)
+        os.chmod(self.csplice, 0o755)
+        if os.geteuid() != 0:
+            # Unprivileged run: this user stands in for root, and the real root still owns / and /tmp.
+            monkeypatch.setattr(install, "ROOT_UID", os.getuid())
+            monkeypatch.setattr(install, "TRUSTED_UIDS", frozenset({0, os.getuid()}))
+
+    def set(self, name: str, value: str) -> None:
+        # As the kernel shows it: the value and a newline.
+        (self.kernel / name).write_text(value + "\n")
+
+    def get(self, name: str) -> str:
+        return (self.kernel / name).read_text().removesuffix("\n")

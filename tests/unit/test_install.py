@@ -1,0 +1,287 @@
+"""install / uninstall / status against a fake host (tests/unit/fakehost.py): no root, nothing of the host's."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import stat
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from corehandler import install, sysctl
+from corehandler.config import Config, render_csplice_settings
+from corehandler.errors import (EXIT_CONFLICT, EXIT_PERMISSION, HandlerConflictError, NotRootError, SystemFailure,
+                                UnsafePathError)
+
+from fakehost import SYSTEMD_PATTERN, FakeHost
+
+SPECS = "%P %i %I %u %g %d %s %t %c %h %e"
+
+
+@pytest.fixture
+def short_dir():
+    path = Path(tempfile.mkdtemp(prefix="ch-"))
+    yield path
+    shutil.rmtree(path)
+
+
+@pytest.fixture
+def host(tmp_path, csplice, monkeypatch, short_dir) -> FakeHost:
+    return FakeHost(tmp_path, csplice, monkeypatch, bin_dir=short_dir)
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+@pytest.mark.parametrize("release, pidfd", [("6.18.44-fc-v657", True), ("6.16.0", True), ("6.15.9-arch1", False),
+                                            ("6.1.0-26-amd64", False), ("5.10.0", False), ("7.0", True),
+                                            ("garbage", False)])
+def test_core_pattern_adds_pidfd_from_6_16(tmp_path, release, pidfd):
+    pattern = install.core_pattern_for(tmp_path / "csplice", release)
+    assert pattern == f"|{tmp_path}/csplice {SPECS}" + (" %F" if pidfd else "")
+
+
+def test_core_pattern_length_limit(tmp_path):
+    longest = "/" + "d" * (127 - len(f"| {SPECS} %F") - len("/csplice") - 1) + "/csplice"
+    assert len(install.core_pattern_for(Path(longest), "6.18")) == 127
+    too_long = Path("/x" + longest)
+    with pytest.raises(SystemFailure, match="would be 129 characters, the kernel takes at most 127"):
+        install.core_pattern_for(too_long, "6.18")
+    with pytest.raises(SystemFailure, match="whitespace"):
+        install.core_pattern_for(tmp_path / "my dir" / "csplice", "6.1")
+
+
+def test_is_ours():
+    assert install.is_ours(f"|/usr/libexec/corehandler/csplice {SPECS}")
+    assert install.is_ours("|/opt/venv/lib/corehandler/libexec/csplice %P")
+    assert not install.is_ours(SYSTEMD_PATTERN)
+    assert not install.is_ours("core")
+    assert not install.is_ours("/var/crash/csplice")  # a file pattern, not a pipe
+    assert install.handler_program(SYSTEMD_PATTERN) == "/lib/systemd/systemd-coredump"
+    assert install.handler_program("core.%p") is None
+
+
+def test_install_over_a_file_pattern(host):
+    done = install.install(Config(), host.paths, csplice=host.csplice)
+    pattern = f"|{host.csplice} {SPECS} %F"
+    assert host.get("core_pattern") == pattern
+    assert host.get("core_pipe_limit") == "16"
+    assert done["core_pattern"] == pattern and done["replaced"] == "core"
+    assert done["csplice_version"]
+    assert sysctl.read_sysctl_d(host.paths.sysctl_d) == {"kernel.core_pattern": pattern, "kernel.core_pipe_limit": "16"}
+    for d in (host.paths.state_dir, host.paths.spool_dir, host.paths.store_dir):
+        assert mode(d) == 0o700
+    saved = json.loads((host.paths.state_dir / "previous-sysctl.json").read_text())
+    assert (saved["kernel.core_pattern"], saved["kernel.core_pipe_limit"]) == ("core", "0")
+    assert mode(host.paths.state_dir / "previous-sysctl.json") == 0o600
+    assert host.paths.csplice_settings.read_text() == render_csplice_settings(Config(), host.paths)
+    assert f"spool_dir={host.paths.spool_dir}\n" in host.paths.csplice_settings.read_text()
+
+
+def test_install_tightens_existing_state_dirs(host):
+    host.paths.spool_dir.mkdir(parents=True, mode=0o777)
+    os.chmod(host.paths.spool_dir, 0o777)
+    os.chmod(host.paths.state_dir, 0o755)
+    install.install(Config(), host.paths, csplice=host.csplice)
+    assert mode(host.paths.state_dir) == 0o700 and mode(host.paths.spool_dir) == 0o700
+
+
+def test_old_kernel_gets_no_pidfd(tmp_path, csplice, monkeypatch, short_dir):
+    host = FakeHost(tmp_path, csplice, monkeypatch, release="6.1.0-26-amd64", bin_dir=short_dir)
+    install.install(Config(), host.paths, csplice=host.csplice)
+    assert host.get("core_pattern") == f"|{host.csplice} {SPECS}"
+
+
+def test_another_handler_is_refused_without_force(host):
+    host.set("core_pattern", SYSTEMD_PATTERN)
+    with pytest.raises(HandlerConflictError, match="another core handler is installed "
+                                                   r"\(/lib/systemd/systemd-coredump\).*--force") as err:
+        install.install(Config(), host.paths, csplice=host.csplice)
+    assert err.value.exit_code == EXIT_CONFLICT
+    assert host.get("core_pattern") == SYSTEMD_PATTERN
+    assert not host.paths.state_dir.exists() and not host.paths.sysctl_d.exists()
+
+
+def test_force_replace_then_uninstall_restores_exactly(host):
+    host.set("core_pattern", SYSTEMD_PATTERN + "  ")  # trailing spaces are part of the value
+    host.set("core_pipe_limit", "0")
+    install.install(Config(), host.paths, csplice=host.csplice, force=True)
+    assert install.is_ours(host.get("core_pattern"))
+    done = install.uninstall(host.paths)
+    assert host.get("core_pattern") == SYSTEMD_PATTERN + "  "
+    assert host.get("core_pipe_limit") == "0"
+    assert done["restored_from"] == "saved" and done["sysctl_d_removed"]
+    assert sysctl.read_sysctl_d(host.paths.sysctl_d) is None
+    assert not (host.paths.state_dir / "previous-sysctl.json").exists()
+    # Dumps are never deleted by uninstall.
+    assert host.paths.spool_dir.is_dir()
+
+
+def test_reinstall_keeps_the_values_from_before_the_first_install(host):
+    host.set("core_pattern", "/var/crash/core.%p")
+    host.set("core_pipe_limit", "4")
+    install.install(Config(), host.paths, csplice=host.csplice)
+    first = (host.paths.state_dir / "previous-sysctl.json").read_bytes()
+    done = install.install(Config.model_validate({"capture": {"max_pending": 3}}), host.paths, csplice=host.csplice)
+    assert not done["previous_saved"] and done["replaced"] is None
+    assert (host.paths.state_dir / "previous-sysctl.json").read_bytes() == first
+    assert "max_pending=3" in host.paths.csplice_settings.read_text()
+    install.uninstall(host.paths)
+    assert (host.get("core_pattern"), host.get("core_pipe_limit")) == ("/var/crash/core.%p", "4")
+
+
+def test_larger_pipe_limit_is_kept(host):
+    host.set("core_pipe_limit", "64")
+    install.install(Config(), host.paths, csplice=host.csplice)
+    assert host.get("core_pipe_limit") == "64"
+    install.uninstall(host.paths)
+    assert host.get("core_pipe_limit") == "64"
+
+
+def test_uninstall_without_saved_values_restores_kernel_defaults(host):
+    host.set("core_pattern", f"|/somewhere/else/csplice {SPECS}")
+    host.set("core_pipe_limit", "16")
+    done = install.uninstall(host.paths)
+    assert done["restored_from"] == "kernel defaults"
+    assert (host.get("core_pattern"), host.get("core_pipe_limit")) == ("core", "0")
+
+
+def test_uninstall_leaves_another_handler_alone(host):
+    install.install(Config(), host.paths, csplice=host.csplice)
+    host.set("core_pattern", SYSTEMD_PATTERN)  # someone else took over since
+    done = install.uninstall(host.paths)
+    assert done["restored"] is None and done["restored_from"] is None and done["left_alone"] == SYSTEMD_PATTERN
+    assert not done["was_installed"]
+    assert not (host.paths.state_dir / "previous-sysctl.json").exists()
+    assert host.get("core_pattern") == SYSTEMD_PATTERN and host.get("core_pipe_limit") == "16"
+    assert done["sysctl_d_removed"]
+
+
+def test_a_refused_core_pattern_leaves_nothing_half_installed(host):
+    host.set("core_pipe_limit", "2")
+    pattern_file = host.kernel / "core_pattern"
+    pattern_file.unlink()
+    pattern_file.symlink_to("/dev/null")  # accepts writes, reads back empty: as a kernel refusing the value
+    with pytest.raises(SystemFailure, match="kernel.core_pattern was set to .* but the kernel reports ''"):
+        install.install(Config(), host.paths, csplice=host.csplice)
+    assert host.get("core_pipe_limit") == "2"
+    assert sysctl.read_sysctl_d(host.paths.sysctl_d) is None
+
+
+def test_not_root_is_refused(host, monkeypatch):
+    monkeypatch.setattr(install.os, "geteuid", lambda: install.ROOT_UID + 1000)
+    for verb in (lambda: install.install(Config(), host.paths, csplice=host.csplice),
+                 lambda: install.uninstall(host.paths)):
+        with pytest.raises(NotRootError, match="needs root") as err:
+            verb()
+        assert err.value.exit_code == EXIT_PERMISSION
+    assert host.get("core_pattern") == "core"
+
+
+@pytest.mark.parametrize("make_unsafe, message", [
+    (lambda h: os.chmod(h.csplice, 0o775), r"csplice is writable by group or others \(mode 0775\)"),
+    (lambda h: os.chmod(h.csplice, 0o757), "writable by group or others"),
+    (lambda h: os.chmod(h.csplice.parent, 0o777), r"corehandler is writable by group or others \(mode 0777\)"),
+    (lambda h: os.chmod(h.csplice, 0o644), "not an executable file"),
+])
+def test_unsafe_csplice_path_is_refused(host, make_unsafe, message):
+    make_unsafe(host)
+    with pytest.raises(UnsafePathError, match=message) as err:
+        install.install(Config(), host.paths, csplice=host.csplice)
+    assert err.value.exit_code == EXIT_PERMISSION
+    assert host.get("core_pattern") == "core"
+
+
+def test_csplice_owned_by_another_user_is_refused(host):
+    if os.geteuid() != 0:
+        pytest.skip("chown to another user needs root")
+    os.chown(host.csplice.parent, 1234, 1234)
+    with pytest.raises(UnsafePathError, match="is owned by uid 1234, not root"):
+        install.install(Config(), host.paths, csplice=host.csplice)
+
+
+def test_sticky_world_writable_directory_is_accepted(host):
+    os.chmod(host.csplice.parent.parent, 0o1777)
+    assert install.check_handler_path(host.csplice) == host.csplice
+
+
+def test_symlinked_csplice_is_installed_by_its_real_path(host, tmp_path):
+    link = tmp_path / "link-csplice"
+    link.symlink_to(host.csplice)
+    install.install(Config(), host.paths, csplice=link)
+    assert host.get("core_pattern").startswith(f"|{host.csplice} ")
+
+
+def test_missing_csplice(host):
+    with pytest.raises(SystemFailure, match="csplice not found"):
+        install.install(Config(), host.paths, csplice=host.csplice.parent / "nope")
+
+
+def test_start_daemon_hook(host):
+    calls = []
+    done = install.install(Config(), host.paths, csplice=host.csplice, start_daemon=calls.append)
+    assert calls == [host.paths] and done["daemon_started"]
+    stops = []
+    install.uninstall(host.paths, stop_daemon=stops.append)
+    assert stops == [host.paths]
+
+
+def test_status_before_and_after_install(host):
+    before = install.status(Config(), host.paths, csplice=host.csplice)
+    assert before["installed"] is False and before["core_pattern"] == "core"
+    assert before["core_pattern_matches"] is False and before["core_pipe_limit_ok"] is False
+    assert before["sysctl_d"]["exists"] is False and before["previous"] is None
+    assert before["settings"]["state"].startswith("missing")
+    assert before["spool"] == {"path": str(host.paths.spool_dir), "exists": False, "pending": 0,
+                               "orphans": None, "bytes": 0}
+    assert before["store"] is None
+    assert before["csplice"]["version"] and before["csplice"]["problem"] is None
+    json.dumps(before)
+
+    install.install(Config(), host.paths, csplice=host.csplice)
+    after = install.status(Config(), host.paths, csplice=host.csplice)
+    assert after["installed"] and after["core_pattern_matches"] and after["core_pipe_limit_ok"]
+    assert after["core_pipe_limit"] == 16
+    assert after["sysctl_d"] == {"path": str(host.paths.sysctl_d / "50-corehandler.conf"), "exists": True,
+                                 "matches_live": True}
+    assert after["previous"]["kernel.core_pattern"] == "core"
+    assert after["settings"]["state"] == "current"
+    changed = Config.model_validate({"capture": {"fsync": True}})
+    assert install.status(changed, host.paths, csplice=host.csplice)["settings"]["state"].startswith("differs")
+
+
+def test_status_counts_spool_and_store(host):
+    install.install(Config(), host.paths, csplice=host.csplice)
+    spool = host.paths.spool_dir
+    for i in range(3):
+        (spool / f"1700000000{i}-0123456789abcdef-{100 + i}.json").write_text("{}")
+        (spool / f"1700000000{i}-0123456789abcdef-{100 + i}.core").write_bytes(b"\x7fELF" + b"x" * 8192)
+    (spool / ".tmp.17000000009-0123456789abcdef-9.json").write_text("{")  # not committed: not pending
+    db = sqlite3.connect(host.paths.index_path)
+    db.execute("CREATE TABLE dumps (id TEXT PRIMARY KEY, stored_bytes INTEGER NOT NULL)")
+    db.executemany("INSERT INTO dumps VALUES (?, ?)", [("a", 1000), ("b", 2000)])
+    db.commit()
+    db.close()
+    st = install.status(Config(), host.paths, csplice=host.csplice)
+    assert st["spool"]["pending"] == 3
+    assert st["spool"]["bytes"] >= 3 * 8196
+    assert st["store"] == {"path": str(host.paths.index_path), "count": 2, "bytes": 3000}
+
+
+def test_status_reports_an_unreadable_index_instead_of_failing(host):
+    host.paths.state_dir.mkdir(parents=True)
+    host.paths.index_path.write_bytes(b"not a database" * 100)
+    st = install.status(Config(), host.paths, csplice=host.csplice)
+    assert "error" in st["store"]
+
+
+def test_status_reports_an_unsafe_csplice(host):
+    os.chmod(host.csplice, 0o777)
+    st = install.status(Config(), host.paths, csplice=host.csplice)
+    assert "writable by group or others" in st["csplice"]["problem"]
+    assert st["core_pattern_expected"] is None
