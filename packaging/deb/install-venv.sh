@@ -28,15 +28,12 @@ rmdir "$site/corehandler/libexec"
 # corehandler.paths looks beside the package first; both names reach the same binaries.
 ln -sr "$destdir$libexec" "$site/corehandler/libexec"
 
-# The virtualenv was built under DESTDIR: point its scripts at the installed interpreter, drop what names
-# the build directory (activate scripts, pip's record of where it installed from) and any bytecode
-# (compiled on the target by postinst, removed by prerm, as dh_python3 does).
-for script in "$venv"/bin/*; do
-    if [ -f "$script" ] && [ ! -L "$script" ] && head -c 2 "$script" | grep -q '^#!'; then
-        sed -i "1s|^#!.*python.*|#!$prefix/bin/python3|" "$script"
-    fi
-done
-rm -f "$venv"/bin/activate* "$venv"/bin/Activate.ps1
+# The virtualenv was built under DESTDIR: drop what names the build directory (pip's console scripts, which
+# /usr/bin/corehandler replaces; the activate scripts; pip's record of where it installed from) and any
+# bytecode (compiled on the target by postinst, removed by prerm, as dh_python3 does).
+find "$venv/bin" -type f -delete
+rm -rf "$venv/include"
+sed -i '/^command = /d' "$venv/pyvenv.cfg"
 find "$venv" -name direct_url.json -delete
 find "$venv" -name __pycache__ -type d -prune -exec rm -rf {} +
 if grep -rIl -- "$destdir" "$venv" "$destdir$libexec"; then
