@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from corehandler.errors import CorehandlerError
-from corehandler.paths import Paths
+from corehandler.paths import DEFAULT_STATE_DIR, Paths
 
 PID_FILE = "corehandler.pid"  # the supervisor's pid; flocked while it lives
 SERVE_PID_FILE = "serve.pid"  # the pid of the daemon it is running now
@@ -63,11 +63,13 @@ def systemd_is_pid1(run_root: Path = Path("/run")) -> bool:
     return (run_root / "systemd" / "system").is_dir()
 
 
-def serve_command(config_dir: Path | None = None) -> list[str]:
+def serve_command(config_dir: Path | None = None, state_dir: Path | None = None) -> list[str]:
     """The daemon's command line, run with the interpreter that runs us (the package's private one)."""
     command = [sys.executable, "-m", "corehandler"]
     if config_dir is not None:
         command += ["--config-dir", str(config_dir)]
+    if state_dir is not None:
+        command += ["--state-dir", str(state_dir)]
     return command + ["serve"]
 
 
@@ -127,7 +129,9 @@ def start(paths: Paths, config_dir: Path | None = None, *, command: list[str] | 
     if current.running:
         return current
     if command is None:
-        command = serve_command(config_dir)
+        # A state directory given to `install` on the command line must be the one the daemon watches.
+        state_dir = None if paths.state_dir == DEFAULT_STATE_DIR else paths.state_dir
+        command = serve_command(config_dir, state_dir)
     paths.run_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
     paths.log_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
     os.chmod(paths.log_dir, 0o750)
@@ -166,7 +170,7 @@ def _detach_and_exec(argv: list[str], log_file: Path, keep_fd: int) -> None:  # 
     # which the daemon joins: stop()'s last resort kills the group.
     os.setpgid(0, 0)
     os.chdir("/")
-    os.umask(0o022)  # what systemd gives a service
+    os.umask(0o022)  # its pid files are for anyone's `status`; the daemon gets the unit's 0077 (see _loop)
     null = os.open("/dev/null", os.O_RDWR)
     log = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
     os.fchmod(log, 0o640)
@@ -324,7 +328,8 @@ class _Supervisor:
             started = time.monotonic()
             self.log("starting: " + " ".join(self.command))
             try:
-                self.child = subprocess.Popen(self.command, stdin=subprocess.DEVNULL)
+                # UMask=0077 as in corehandler.service: dumps hold secrets.
+                self.child = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, umask=0o077)
             except OSError as err:
                 self.log(f"cannot run {self.command[0]}: {err.strerror}")
                 self._ready(f"cannot run {self.command[0]}: {err.strerror}")

@@ -17,7 +17,8 @@ trap 'rm -rf "$work"' EXIT
 mkdir "$work/corehandler"
 if [ -d "$src/.git" ] || [ -f "$src/.git" ]; then
     # What is committed or staged, not the build leftovers of a working tree.
-    (cd "$src" && git ls-files -z --cached --others --exclude-standard) | (cd "$src" && xargs -0 cp --parents -P -t "$work/corehandler")
+    (cd "$src" && git ls-files -z --cached --others --exclude-standard |
+        xargs -0 cp --parents -P -t "$work/corehandler")
 else
     cp -a "$src/." "$work/corehandler/"
 fi

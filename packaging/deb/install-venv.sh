@@ -21,7 +21,7 @@ rm -rf "$venv" "$destdir$libexec"
 "$python" -m pip --python "$venv/bin/python3" install --no-compile --no-cache-dir --disable-pip-version-check \
     --no-warn-script-location --constraint packaging/deb/constraints.txt .
 
-site=$(echo "$venv"/lib/python3.11/site-packages)
+site=$venv/lib/python3.11/site-packages
 mkdir -p "$destdir$libexec"
 mv "$site/corehandler/libexec/csplice" "$site/corehandler/libexec/feeder" "$destdir$libexec/"
 rmdir "$site/corehandler/libexec"

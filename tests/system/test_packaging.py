@@ -14,12 +14,12 @@ import re
 import shutil
 import stat
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from support.crash import build_crasher, crash
+from support.waiting import wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.deb, pytest.mark.slow]
 
@@ -56,16 +56,6 @@ def package_state() -> str:
 
 def supervisor(verb: str) -> subprocess.CompletedProcess:
     return run(PYTHON, "-m", "corehandler.supervise", verb, check=False, timeout=60)
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ The real `corehandler serve` under the supervisor is exercised by tests/system/t
 from __future__ import annotations
 
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -18,16 +19,7 @@ import pytest
 
 from corehandler import supervise
 from corehandler.paths import Paths
-
-
-def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+from support.waiting import wait_for
 
 
 def alive(pid: int) -> bool:
@@ -76,6 +68,9 @@ def test_start_detaches_a_locked_supervisor_and_stop_ends_it(paths, tmp_path):
     assert stat.S_IMODE(os.stat(st.log_file).st_mode) == 0o640
     assert stat.S_IMODE(os.stat(paths.log_dir).st_mode) == 0o750
     assert "starting: " in Path(st.log_file).read_text()
+    assert stat.S_IMODE(os.stat(st.pid_file).st_mode) == 0o644  # `status` needs no root
+    umask = re.search(r"^Umask:\s+(\d+)$", Path(f"/proc/{st.daemon_pid}/status").read_text(), re.M).group(1)
+    assert umask == "0077"  # as corehandler.service's UMask=
 
     assert supervise.stop(paths) is True
     assert not alive(st.pid) and not alive(st.daemon_pid)
@@ -205,6 +200,6 @@ def test_systemd_is_pid1_follows_sd_booted(tmp_path):
 
 def test_serve_command_runs_this_interpreter():
     assert supervise.serve_command() == [sys.executable, "-m", "corehandler", "serve"]
-    assert supervise.serve_command(Path("/etc/x")) == [sys.executable, "-m", "corehandler", "--config-dir", "/etc/x",
-                                                       "serve"]
+    assert supervise.serve_command(Path("/etc/x"), Path("/srv/y")) == [
+        sys.executable, "-m", "corehandler", "--config-dir", "/etc/x", "--state-dir", "/srv/y", "serve"]
 
