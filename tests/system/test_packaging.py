@@ -189,3 +189,21 @@ def supervisor_gone() -> bool:
             if cmdline[:1] == [PYTHON.encode()] and b"corehandler" in b" ".join(cmdline):
                 return False
     return True
+
+
+@pytest.mark.parametrize("saved", [True, False], ids=["saved-values", "nothing-saved"])
+def test_postrm_gives_the_kernel_a_handler_back_when_prerm_could_not(clean_host, saved):
+    """prerm restores through `corehandler uninstall`; if that failed (or dpkg --force skipped it), the
+    kernel must not be left naming a csplice that is gone: postrm, which runs without Python, restores
+    what the postinst saved, or the kernel's defaults."""
+    Path("/proc/sys/kernel/core_pattern").write_text(f"|{CSPLICE} %P %i %I %u %g %d %s %t %c %h %e\n")
+    Path("/proc/sys/kernel/core_pipe_limit").write_text("16\n")
+    STATE.mkdir(mode=0o700)
+    if saved:
+        (STATE / "package-previous-sysctl.conf").write_text(
+            "".join(f"{name.replace('/', '.')} = {value}\n" for name, value in FOREIGN.items()))
+    result = run("sh", str(ROOT / "debian" / "corehandler.postrm"), "purge")
+    expected = FOREIGN if saved else {"kernel/core_pattern": "core", "kernel/core_pipe_limit": "0"}
+    assert {name: sysctl(name) for name in FOREIGN} == expected
+    assert "corehandler: restored kernel.core_pattern" in result.stderr
+    assert not STATE.exists()
