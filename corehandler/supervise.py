@@ -93,8 +93,10 @@ def _lock_held(pid_file: Path) -> bool:
     """True while a supervisor holds the pid file's lock, which it does from start until it exits."""
     try:
         fd = os.open(pid_file, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return False
+    except OSError as err:
+        raise SuperviseError(f"cannot read the supervisor's pid file {pid_file}: {err.strerror}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -132,9 +134,12 @@ def start(paths: Paths, config_dir: Path | None = None, *, command: list[str] | 
         # A state directory given to `install` on the command line must be the one the daemon watches.
         state_dir = None if paths.state_dir == DEFAULT_STATE_DIR else paths.state_dir
         command = serve_command(config_dir, state_dir)
-    paths.run_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-    paths.log_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
-    os.chmod(paths.log_dir, 0o750)
+    try:
+        paths.run_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        paths.log_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+        os.chmod(paths.log_dir, 0o750)
+    except OSError as err:
+        raise SuperviseError(f"cannot prepare {err.filename} for the supervised daemon: {err.strerror}") from None
     log_file = _log_file(paths)
     argv = [sys.executable, "-m", "corehandler.supervise", "run", "--run-dir", str(paths.run_dir),
             "--log-file", str(log_file), "--kill-after", str(kill_after)]
@@ -155,6 +160,8 @@ def start(paths: Paths, config_dir: Path | None = None, *, command: list[str] | 
         message = _read_ready(ready_r, timeout)
     finally:
         os.close(ready_r)
+    if message.startswith("already running"):  # another start() won the race: that one is ours too
+        return status(paths)
     if not message.startswith("ready "):
         # It said why and is on its way out (or said nothing in time): let it finish so that no half-started
         # supervisor is seen by the next status().

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,19 @@ import pytest
 from corehandler import supervise
 from corehandler.paths import Paths
 from support.waiting import wait_for
+
+
+def supervisors_of(paths: Paths) -> list[int]:
+    """Live supervisor processes for this run directory, by their command lines."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"corehandler.supervise" in cmdline and str(paths.run_dir).encode() in cmdline and alive(int(proc.name)):
+            found.append(int(proc.name))
+    return found
 
 
 def alive(pid: int) -> bool:
@@ -203,3 +217,21 @@ def test_serve_command_runs_this_interpreter():
     assert supervise.serve_command(Path("/etc/x"), Path("/srv/y")) == [
         sys.executable, "-m", "corehandler", "--config-dir", "/etc/x", "--state-dir", "/srv/y", "serve"]
 
+
+
+def test_concurrent_starts_end_with_one_supervisor(paths, tmp_path):
+    command = script(tmp_path, "sleeper.py", SLEEPER)
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: supervise.start(paths, command=command), range(4)))
+    assert len({r.pid for r in results}) == 1 and all(r.running for r in results)
+    # The losers' supervisors saw the lock taken and left: one supervisor and one daemon remain.
+    wait_for(lambda: supervisors_of(paths) == [results[0].pid], what="the other supervisors to exit")
+    assert Path(results[0].log_file).read_text().count("starting: ") == 1
+
+
+def test_an_unwritable_run_dir_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    bad = Paths(run_dir=blocker / "run", log_dir=tmp_path / "log")
+    with pytest.raises(supervise.SuperviseError, match=r"cannot prepare .*/file/run for the supervised daemon"):
+        supervise.start(bad, command=["/bin/true"])
