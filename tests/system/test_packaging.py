@@ -121,6 +121,8 @@ def test_install_crash_remove_purge(deb, clean_host, tmp_path_factory):
         st = os.stat(STATE / sub)
         assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == 0, sub
     assert run("/usr/bin/corehandler", "--version").stdout.strip() == "corehandler 0.1.0"
+    # The package owns the boot-time setting in /usr/lib/sysctl.d; `install --package` wrote none in /etc.
+    assert not os.path.lexists("/etc/sysctl.d/50-corehandler.conf")
 
     # The installed unit, with its real /usr/bin/corehandler, passes systemd's own checks.
     unit = "/lib/systemd/system/corehandler.service"
@@ -132,6 +134,7 @@ def test_install_crash_remove_purge(deb, clean_host, tmp_path_factory):
     # -- the daemon, started by the non-systemd path --------------------------------------------------------
     assert not Path("/run/systemd/system").exists(), "this test is for hosts where systemd is not PID 1"
     assert supervisor("status").returncode == 0
+    assert json.loads(run("/usr/bin/corehandler", "--json", "status").stdout)["daemon"]["state"] == "running"
     first_supervisor = supervisor("status").stdout
     # An upgrade (here: the same version again) stops and restarts it, and keeps the values from before the
     # first installation, not ours.
