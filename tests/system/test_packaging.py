@@ -39,6 +39,8 @@ PRESERVED = (STATE, LOGS, Path("/etc/corehandler"), Path("/etc/sysctl.d/50-coreh
 
 def run(*cmd: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    if cmd[0] == "apt-get":  # on a shared machine someone else's apt-get may hold dpkg's lock for a while
+        cmd = (cmd[0], "-o", "DPkg::Lock::Timeout=300", *cmd[1:])
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if check and result.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {result.returncode}\n{result.stdout}\n{result.stderr}")
