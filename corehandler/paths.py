@@ -40,6 +40,7 @@ class Paths:
     proc_root: Path = Path("/proc")
     sysctl_d: Path = Path("/etc/sysctl.d")
     run_dir: Path = field(default=Path("/run/corehandler"))
+    log_dir: Path = Path("/var/log/corehandler")  # the supervised daemon's log, where systemd is not PID 1
 
     @property
     def spool_dir(self) -> Path:

@@ -1,0 +1,44 @@
+#!/bin/sh
+# Installs corehandler into DESTDIR as the Debian package lays it out (run by debian/rules, from the source
+# root):
+#   /usr/lib/corehandler/            a private virtualenv on Debian's python3.11 holding corehandler and its
+#                                    dependencies from PyPI (Debian 12's python3-pydantic is v1; we need v2)
+#   /usr/libexec/corehandler/        csplice and feeder, built by CMake through the wheel build; the path
+#                                    core_pattern names, short and outside the virtualenv
+#   /usr/bin/corehandler             a wrapper running the CLI with that interpreter
+# Versions are pinned in packaging/deb/constraints.txt, so a rebuild gets the same dependencies.
+set -eu
+
+destdir=$1
+prefix=/usr/lib/corehandler
+libexec=/usr/libexec/corehandler
+python=/usr/bin/python3.11
+venv=$destdir$prefix
+
+rm -rf "$venv" "$destdir$libexec"
+"$python" -m venv --without-pip "$venv"
+# Debian's pip drives the private interpreter, so no pip lands in the package.
+"$python" -m pip --python "$venv/bin/python3" install --no-compile --no-cache-dir --disable-pip-version-check \
+    --no-warn-script-location --constraint packaging/deb/constraints.txt .
+
+site=$venv/lib/python3.11/site-packages
+mkdir -p "$destdir$libexec"
+mv "$site/corehandler/libexec/csplice" "$site/corehandler/libexec/feeder" "$destdir$libexec/"
+rmdir "$site/corehandler/libexec"
+# corehandler.paths looks beside the package first; both names reach the same binaries.
+ln -sr "$destdir$libexec" "$site/corehandler/libexec"
+
+# The virtualenv was built under DESTDIR: drop what names the build directory (pip's console scripts, which
+# /usr/bin/corehandler replaces; the activate scripts; pip's record of where it installed from) and any
+# bytecode (compiled on the target by postinst, removed by prerm, as dh_python3 does).
+find "$venv/bin" -type f -delete
+rm -rf "$venv/include"
+sed -i '/^command = /d' "$venv/pyvenv.cfg"
+find "$venv" -name direct_url.json -delete
+find "$venv" -name __pycache__ -type d -prune -exec rm -rf {} +
+if grep -rIl -- "$destdir" "$venv" "$destdir$libexec"; then
+    echo "install-venv.sh: the files above still name the build directory $destdir" >&2
+    exit 1
+fi
+
+install -D -m 0755 packaging/deb/corehandler.sh "$destdir/usr/bin/corehandler"

@@ -1,0 +1,214 @@
+"""The Debian package, end to end on this host: build it from the tree, `apt-get install` it, crash a real
+process into it, `apt-get remove` (dumps kept), `apt-get purge` (nothing left), with the kernel's previous
+core handler given back exactly.
+
+This host has no systemd as PID 1, so the package runs the daemon through corehandler.supervise: that is the
+path under test here. The unit file is checked as installed with systemd-analyze.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from support.crash import build_crasher, crash
+from support.waiting import wait_for
+
+pytestmark = [pytest.mark.root, pytest.mark.deb, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTHON = "/usr/lib/corehandler/bin/python3"
+CSPLICE = "/usr/libexec/corehandler/csplice"
+STATE = Path("/var/lib/corehandler")
+LOGS = Path("/var/log/corehandler")
+RUN = Path("/run/corehandler")
+SUPERVISOR_LOG = LOGS / "corehandler.log"
+# Stands for systemd-coredump or apport: a handler that was there first, which the package replaces and
+# must give back exactly, with a pipe limit of its own.
+FOREIGN = {"kernel/core_pattern": "|/bin/false corehandler-package-test %p", "kernel/core_pipe_limit": "3"}
+# Anything of these found before the test is someone's (another test, an admin): moved aside and back.
+PRESERVED = (STATE, LOGS, Path("/etc/corehandler"), Path("/etc/sysctl.d/50-corehandler.conf"))
+
+
+def run(*cmd: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    if cmd[0] == "apt-get":  # on a shared machine someone else's apt-get may hold dpkg's lock for a while
+        cmd = (cmd[0], "-o", "DPkg::Lock::Timeout=300", *cmd[1:])
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {result.returncode}\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def sysctl(name: str) -> str:
+    return Path("/proc/sys", name).read_text().removesuffix("\n")
+
+
+def package_state() -> str:
+    result = run("dpkg-query", "-W", "-f=${db:Status-Status}", "corehandler", check=False)
+    return result.stdout if result.returncode == 0 else "not-installed"
+
+
+def supervisor(verb: str) -> subprocess.CompletedProcess:
+    return run(PYTHON, "-m", "corehandler.supervise", verb, check=False, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def deb(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("deb")
+    run(str(ROOT / "packaging" / "deb" / "build.sh"), str(out), timeout=1200)
+    (package,) = out.glob("corehandler_*_*.deb")
+    return package
+
+
+@pytest.fixture
+def clean_host(host_core_settings):
+    """No corehandler package, no state of anyone else's in the way; both put back afterwards."""
+    if package_state() != "not-installed":
+        pytest.fail(f"the corehandler package is already on this host ({package_state()}): "
+                    "`apt-get purge corehandler` first")
+    aside = {}
+    for path in PRESERVED:
+        if os.path.lexists(path):
+            aside[path] = path.with_name(f"{path.name}.before-package-test-{os.getpid()}")
+            os.rename(path, aside[path])
+    for name, value in FOREIGN.items():
+        Path("/proc/sys", name).write_text(value + "\n")
+    try:
+        yield
+    finally:
+        if package_state() != "not-installed":
+            run("apt-get", "purge", "-y", "-q", "corehandler", check=False)
+        for path, moved in aside.items():
+            if os.path.lexists(path):
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+            os.rename(moved, path)
+
+
+def test_lintian_finds_no_errors(deb):
+    if shutil.which("lintian") is None:
+        pytest.fail("lintian is not installed (scripts/apt/packaging.txt lists it)")
+    result = run("lintian", "--fail-on", "error", str(deb), check=False, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not re.search(r"^E: ", result.stdout, re.M), result.stdout
+
+
+def spool_record(exe: Path) -> dict | None:
+    for path in (STATE / "spool").glob("*.json"):
+        record = json.loads(path.read_text())
+        if record["proc"]["exe"] == str(exe):
+            return record
+    return None
+
+
+def test_install_crash_remove_purge(deb, clean_host, tmp_path_factory):
+    crasher = build_crasher(tmp_path_factory.mktemp("crasher"))
+
+    # -- install ------------------------------------------------------------------------------------------
+    run("apt-get", "install", "-y", "-q", "--no-install-recommends", str(deb))
+    assert package_state() == "installed"
+    pattern = sysctl("kernel/core_pattern")
+    assert pattern.startswith(f"|{CSPLICE} %P %i %I %u %g %d %s %t %c %h %e"), pattern
+    assert int(sysctl("kernel/core_pipe_limit")) >= 16
+    conffiles = run("dpkg-query", "-W", "-f=${Conffiles}", "corehandler").stdout
+    assert "/etc/corehandler/corehandler.toml" in conffiles and "/etc/logrotate.d/corehandler" in conffiles
+    for sub in ("", "spool", "store"):
+        st = os.stat(STATE / sub)
+        assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == 0, sub
+    assert run("/usr/bin/corehandler", "--version").stdout.strip() == "corehandler 0.1.0"
+    # The package owns the boot-time setting in /usr/lib/sysctl.d; `install --package` wrote none in /etc.
+    assert not os.path.lexists("/etc/sysctl.d/50-corehandler.conf")
+
+    # The installed unit, with its real /usr/bin/corehandler, passes systemd's own checks.
+    unit = "/lib/systemd/system/corehandler.service"
+    verify = run("systemd-analyze", "verify", unit, check=False, timeout=60)
+    assert verify.returncode == 0 and verify.stderr == "", verify
+    security = run("systemd-analyze", "security", "--offline=yes", "--threshold=20", unit, timeout=60)
+    assert "Overall exposure level for corehandler.service: 1." in security.stdout
+
+    # -- the daemon, started by the non-systemd path --------------------------------------------------------
+    assert not Path("/run/systemd/system").exists(), "this test is for hosts where systemd is not PID 1"
+    assert supervisor("status").returncode == 0
+    assert json.loads(run("/usr/bin/corehandler", "--json", "status").stdout)["daemon"]["state"] == "running"
+    first_supervisor = supervisor("status").stdout
+    # An upgrade (here: the same version again) stops and restarts it, and keeps the values from before the
+    # first installation, not ours.
+    run("apt-get", "install", "-y", "-q", "--reinstall", str(deb))
+    assert supervisor("status").returncode == 0 and supervisor("status").stdout != first_supervisor
+    assert sysctl("kernel/core_pattern") == pattern
+    assert f"starting: {PYTHON} -m corehandler serve" in SUPERVISOR_LOG.read_text()
+    assert stat.S_IMODE(os.stat(LOGS).st_mode) == 0o750
+    assert stat.S_IMODE(os.stat(SUPERVISOR_LOG).st_mode) == 0o640
+
+    # -- a real crash, captured by the installed csplice ----------------------------------------------------
+    # The daemon is stopped first so the record waits in the spool where this test can see it.
+    assert supervisor("stop").returncode == 0 and supervisor("status").returncode == 3
+    died = crash(crasher, "segv", mib=4)
+    assert died.returncode == -11, died
+    record = wait_for(lambda: spool_record(crasher), 30, "the crash's record in the spool")
+    assert record["signal"] == 11 and record["capture"]["complete"] is True
+    core = STATE / "spool" / record["core"]
+    assert core.read_bytes()[:4] == b"\x7fELF" and stat.S_IMODE(core.stat().st_mode) == 0o600
+    assert core.stat().st_size == record["capture"]["bytes"] > 4 << 20
+    assert supervisor("start").returncode == 0 and supervisor("status").returncode == 0
+
+    # -- remove: the daemon stops, the kernel gets its handler back, the dumps stay ---------------------------
+    run("apt-get", "remove", "-y", "-q", "corehandler")
+    assert package_state() == "config-files"
+    assert {name: sysctl(name) for name in FOREIGN} == FOREIGN
+    assert supervisor_gone()
+    assert not Path(CSPLICE).exists() and not Path("/usr/lib/corehandler").exists()
+    kept = [p.name for p in STATE.rglob("*") if p.name.startswith(record["id"]) or
+            p.name.startswith(f".tmp.{record['id']}")]
+    assert kept, f"the crash {record['id']} is gone from {STATE} after remove"
+
+    # -- purge: nothing of ours is left ----------------------------------------------------------------------
+    run("apt-get", "purge", "-y", "-q", "corehandler")
+    assert package_state() == "not-installed"
+    assert {name: sysctl(name) for name in FOREIGN} == FOREIGN
+    leftovers = [p for p in (STATE, LOGS, RUN, Path("/etc/corehandler"), Path("/etc/sysctl.d/50-corehandler.conf"),
+                             Path("/usr/lib/sysctl.d/50-corehandler.conf"), Path("/usr/lib/corehandler"),
+                             Path("/usr/libexec/corehandler"), Path("/usr/bin/corehandler"),
+                             Path("/lib/systemd/system/corehandler.service"),
+                             Path("/etc/systemd/system/multi-user.target.wants/corehandler.service"),
+                             Path("/var/lib/systemd/deb-systemd-helper-enabled/corehandler.service.dsh-also"))
+                 if os.path.lexists(p)]
+    assert leftovers == []
+
+
+def supervisor_gone() -> bool:
+    """No supervisor or daemon of the package's is alive (the package's python is gone with it)."""
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if cmdline[:1] == [PYTHON.encode()] and b"corehandler" in b" ".join(cmdline):
+                return False
+    return True
+
+
+@pytest.mark.parametrize("saved", [True, False], ids=["saved-values", "nothing-saved"])
+def test_postrm_gives_the_kernel_a_handler_back_when_prerm_could_not(clean_host, saved):
+    """prerm restores through `corehandler uninstall`; if that failed (or dpkg --force skipped it), the
+    kernel must not be left naming a csplice that is gone: postrm, which runs without Python, restores
+    what the postinst saved, or the kernel's defaults."""
+    Path("/proc/sys/kernel/core_pattern").write_text(f"|{CSPLICE} %P %i %I %u %g %d %s %t %c %h %e\n")
+    Path("/proc/sys/kernel/core_pipe_limit").write_text("16\n")
+    STATE.mkdir(mode=0o700)
+    if saved:
+        (STATE / "package-previous-sysctl.conf").write_text(
+            "".join(f"{name.replace('/', '.')} = {value}\n" for name, value in FOREIGN.items()))
+    result = run("sh", str(ROOT / "debian" / "corehandler.postrm"), "purge")
+    expected = FOREIGN if saved else {"kernel/core_pattern": "core", "kernel/core_pipe_limit": "0"}
+    assert {name: sysctl(name) for name in FOREIGN} == expected
+    assert "corehandler: restored kernel.core_pattern" in result.stderr
+    assert not STATE.exists()

@@ -1,0 +1,144 @@
+"""The files the package ships, checked with the tools that will read them: systemd-analyze for the unit,
+systemd-tmpfiles for the tmpfiles.d file, and the contracts in docs/design.md for the sysctl.d template.
+
+The installed copies are checked again, as installed, by tests/system/test_packaging.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+UNIT = ROOT / "packaging" / "systemd" / "corehandler.service"
+DROPINS = sorted((ROOT / "packaging" / "systemd").glob("*.conf"))
+SYSCTL_TEMPLATE = ROOT / "packaging" / "sysctl.d" / "50-corehandler.conf.in"
+TMPFILES = ROOT / "packaging" / "tmpfiles.d" / "corehandler.conf"
+INSTALLED_CSPLICE = "/usr/libexec/corehandler/csplice"
+# docs/design.md: csplice's argv, in this order; %F is added by `corehandler install` where the kernel has it.
+SPECIFIERS = "%P %i %I %u %g %d %s %t %c %h %e"
+# systemd-analyze security's 0-10 scale; systemd-coredump@.service itself scores 4.5 on Debian 12.
+MAX_EXPOSURE = 2.0
+
+
+def systemd_analyze() -> str:
+    path = shutil.which("systemd-analyze")
+    if path is None:
+        pytest.skip("systemd-analyze is not installed (apt-get install systemd)")
+    return path
+
+
+def unit_directives(text: str) -> dict[str, list[str]]:
+    """Key -> every value it is given (systemd allows repeats), across sections."""
+    found: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("#", ";", "[")):
+            key, _, value = line.partition("=")
+            found.setdefault(key, []).append(value)
+    return found
+
+
+def runnable_unit(tmp_path: Path) -> Path:
+    """The unit with its one packaged path, /usr/bin/corehandler, replaced by this interpreter running the
+    same module, so that `verify` can check the command exists on a machine without the package."""
+    text = UNIT.read_text()
+    assert "ExecStart=/usr/bin/corehandler serve\n" in text
+    unit = tmp_path / "corehandler.service"
+    unit.write_text(text.replace("ExecStart=/usr/bin/corehandler serve",
+                                 f"ExecStart={sys.executable} -m corehandler serve"))
+    return unit
+
+
+def test_systemd_analyze_verify_is_clean(tmp_path):
+    result = subprocess.run([systemd_analyze(), "verify", str(runnable_unit(tmp_path))], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout == "" and result.stderr == "", result
+
+
+def exposure(unit: Path) -> float:
+    result = subprocess.run([systemd_analyze(), "security", "--offline=yes", "--no-pager", str(unit)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result
+    found = re.search(r"Overall exposure level for corehandler\.service: (\d+\.\d+) ", result.stdout)
+    assert found, result.stdout
+    return float(found.group(1))
+
+
+def test_systemd_analyze_security_rates_it_better_than_systemd_coredump(tmp_path):
+    assert exposure(UNIT) <= MAX_EXPOSURE
+    # The no-metrics drop-in only tightens it.
+    merged = tmp_path / "corehandler.service"
+    merged.write_text(UNIT.read_text() + (ROOT / "packaging/systemd/no-metrics.conf").read_text())
+    assert exposure(merged) < exposure(UNIT)
+
+
+def test_the_unit_runs_the_daemon_as_the_design_says():
+    d = unit_directives(UNIT.read_text())
+    assert d["ExecStart"] == ["/usr/bin/corehandler serve"]
+    assert d["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
+    assert d["Restart"] == ["on-failure"]
+    assert d["StateDirectory"] == ["corehandler"] and d["StateDirectoryMode"] == ["0700"]
+    assert d["CapabilityBoundingSet"] == [""]  # every file the daemon touches is root's own
+    assert d["ProtectSystem"] == ["strict"] and d["NoNewPrivileges"] == ["yes"]
+    assert d["RestrictAddressFamilies"] == ["AF_UNIX AF_INET AF_INET6"]
+    # It must read /proc/sys (kernel settings for `status`-like checks): no ProcSubset=pid.
+    assert "ProcSubset" not in d
+    assert "PrivateNetwork" not in d  # metrics are on by default; the drop-in turns the network off
+
+
+def test_the_example_dropins_are_valid_units(tmp_path):
+    for dropin in DROPINS:
+        merged = tmp_path / "corehandler.service"
+        merged.write_text(runnable_unit(tmp_path).read_text() + dropin.read_text())
+        result = subprocess.run([systemd_analyze(), "verify", str(merged)], capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 0 and result.stderr == "", (dropin.name, result)
+
+
+def sysctl_values(text: str) -> dict[str, str]:
+    values = {}
+    for line in text.splitlines():
+        if line.strip() and not line.lstrip().startswith(("#", ";")):
+            key, _, value = line.partition("=")
+            values[key.strip()] = value.strip()
+    return values
+
+
+def test_the_sysctl_template_names_csplice_with_the_design_argv():
+    rendered = SYSCTL_TEMPLATE.read_text().replace("@CSPLICE@", INSTALLED_CSPLICE)
+    values = sysctl_values(rendered)
+    assert set(values) == {"kernel.core_pattern", "kernel.core_pipe_limit"}
+    assert values["kernel.core_pattern"] == f"|{INSTALLED_CSPLICE} {SPECIFIERS}"
+    # The kernel cuts core_pattern at 127 characters, silently; leave room for " %F".
+    assert len(values["kernel.core_pattern"]) + len(" %F") <= 127
+    assert int(values["kernel.core_pipe_limit"]) > 0  # /proc/PID must outlive the capture
+    # Applied after systemd's 50-coredump.conf at boot (sysctl.d files apply in name order, later wins).
+    assert sorted(["50-coredump.conf", "50-corehandler.conf"])[-1] == "50-corehandler.conf"
+
+
+def test_debian_version_is_the_project_version():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    first = (ROOT / "debian" / "changelog").read_text().splitlines()[0]
+    assert re.match(rf"corehandler \({re.escape(project)}(-\d+)?\) ", first), (project, first)
+
+
+@pytest.mark.root
+def test_tmpfiles_creates_the_state_dirs_root_only(tmp_path):
+    tool = shutil.which("systemd-tmpfiles")
+    if tool is None:
+        pytest.skip("systemd-tmpfiles is not installed (apt-get install systemd)")
+    result = subprocess.run([tool, "--create", f"--root={tmp_path}", str(TMPFILES)], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result
+    for sub in ("", "spool", "store"):
+        st = os.stat(tmp_path / "var/lib/corehandler" / sub)
+        assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == 0, sub
