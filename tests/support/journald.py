@@ -127,3 +127,51 @@ def field_bytes(entry: dict, key: str) -> bytes | None:
         return bytes(value)
     return value.encode()
 
+
+
+def expected_dump_fields(record: dict, stored: dict) -> dict[str, bytes]:
+    """The journal fields a dump's entry must carry, worked out from the record on their own."""
+    def b(value) -> bytes:
+        return str(value).encode("utf-8", "surrogateescape")
+
+    cap = record["capture"]
+    expected = {
+        "PRIORITY": b"2",
+        "SYSLOG_IDENTIFIER": b"corehandler",
+        "COREDUMP_PID": b(record["pid"]),
+        "COREDUMP_UID": b(record["uid"]),
+        "COREDUMP_GID": b(record["gid"]),
+        "COREDUMP_SIGNAL": b(record["signal"]),
+        "COREDUMP_SIGNAL_NAME": b(signal.Signals(record["signal"]).name),
+        "COREDUMP_EXE": b(record["proc"]["exe"]),
+        "COREDUMP_COMM": b(record["comm"]),
+        "COREDUMP_CMDLINE": b(" ".join(record["proc"]["cmdline"])),
+        "COREDUMP_HOSTNAME": b(record["hostname"]),
+        "COREDUMP_TIMESTAMP": b(record["timestamp"] * 1_000_000),
+        "COREDUMP_TRUNCATED": b"1" if cap["truncated"] else b"0",
+        "COREHANDLER_ID": b(record["id"]),
+        "COREHANDLER_DROPPED": b"1" if cap["dropped"] else b"0",
+        "COREHANDLER_DUMP_BYTES": b(cap["bytes"] + cap["drained_bytes"]),
+        "COREHANDLER_CAPTURED_BYTES": b(cap["bytes"]),
+        "COREHANDLER_DRAINED_BYTES": b(cap["drained_bytes"]),
+        "COREHANDLER_CAPTURE_SECONDS": f"{cap['ns'] / 1e9:.9f}".encode(),
+        "COREHANDLER_THROUGHPUT_BYTES_PER_SECOND": b(round(cap["throughput_bytes_per_second"])),
+        "COREHANDLER_STATUS": b(stored["status"]),
+    }
+    if cap["strategy"]:  # none for a dump dropped unread
+        expected["COREHANDLER_STRATEGY"] = b(cap["strategy"])
+    if cap["truncated"]:
+        expected["COREHANDLER_TRUNCATED_REASON"] = b(cap["truncated_reason"])
+    if cap["dropped"]:
+        expected["COREHANDLER_DROPPED_REASON"] = b(cap["dropped_reason"])
+    if stored["path"]:
+        expected["COREDUMP_FILENAME"] = b(stored["path"])
+        expected["COREHANDLER_COMPRESSED_BYTES"] = b(stored["compressed_bytes"])
+        expected["COREHANDLER_RAW_BYTES"] = b(stored["raw_bytes"])
+    return expected
+
+
+def mismatches(entry: dict, expected: dict[str, bytes]) -> dict[str, tuple]:
+    """Fields whose value in the journal entry differs from the expected one: (journal, expected)."""
+    return {key: (field_bytes(entry, key), value) for key, value in expected.items()
+            if field_bytes(entry, key) != value}

@@ -45,21 +45,25 @@ class RecordMaker:
         (path,) = set(self.spool.glob("*.json")) - before
         return json.loads(path.read_text())
 
-    def store_dump(self, record: dict, level: int = 3) -> dict:
-        """What the daemon reports in on_ingested's `stored`: the core compressed with zstd into the store."""
-        started = time.monotonic()
-        core = record.get("core")
-        stored = {"id": record["id"], "path": None, "raw_bytes": 0, "compressed_bytes": None,
-                  "compress_seconds": None, "ingest_seconds": None, "ingested_at": time.time(),
-                  "status": "metadata_only", "problem": None}
-        if core:
-            source = self.spool / core
-            target = self.store / f"{record['id']}.zst"
-            t0 = time.monotonic()
-            with open(source, "rb") as src, open(target, "wb") as dst:
-                zstandard.ZstdCompressor(level=level).copy_stream(src, dst)
-            stored.update(path=str(target), raw_bytes=source.stat().st_size,
-                          compressed_bytes=target.stat().st_size, compress_seconds=time.monotonic() - t0,
-                          status="truncated" if record["capture"]["truncated"] else "ok")
-        stored["ingest_seconds"] = time.monotonic() - started
-        return stored
+    def store_dump(self, record: dict) -> dict:
+        return store_dump(record, self.spool, self.store)
+
+
+def store_dump(record: dict, spool: Path, store: Path, level: int = 3) -> dict:
+    """What the daemon reports in on_ingested's `stored`: the core compressed with zstd into `store`."""
+    started = time.monotonic()
+    core = record.get("core")
+    stored = {"id": record["id"], "path": None, "raw_bytes": 0, "compressed_bytes": None,
+              "compress_seconds": None, "ingest_seconds": None, "ingested_at": time.time(),
+              "status": "metadata_only", "problem": None}
+    if core:
+        source = spool / core
+        target = store / f"{record['id']}.zst"
+        t0 = time.monotonic()
+        with open(source, "rb") as src, open(target, "wb") as dst:
+            zstandard.ZstdCompressor(level=level).copy_stream(src, dst)
+        stored.update(path=str(target), raw_bytes=source.stat().st_size,
+                      compressed_bytes=target.stat().st_size, compress_seconds=time.monotonic() - t0,
+                      status="truncated" if record["capture"]["truncated"] else "ok")
+    stored["ingest_seconds"] = time.monotonic() - started
+    return stored
