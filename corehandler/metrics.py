@@ -5,14 +5,17 @@ node_exporter textfile. Counters and histograms are derived from the spool recor
 restart `seed` replays the index and they continue instead of dropping to zero; the errors counter is the
 exception (it counts this daemon run's errors).
 
-Seed rows: any mapping with
-  record   the spool record as ingested: a dict, or its JSON text (str/bytes). Required.
-  stored   optional dict with the `on_ingested` stored keys (raw_bytes, compressed_bytes, compress_seconds,
-           ingest_seconds, status); the same keys may instead sit at the top level of the row (SQLite columns).
+Seed rows: any mapping with (the names of store.py's index columns, so `[d.summary() for d in store.all()]`
+fits as is)
+  record        the spool record as ingested: a dict, or its JSON text. Required.
+  raw_bytes, stored_bytes (or compressed_bytes), status
+                as in on_ingested's `stored`; compress_seconds and ingest_seconds too when the row has them
+                (the index does not keep them, so those two histograms count this daemon run only).
+  stored        optional: instead of top-level keys, a dict shaped like on_ingested's `stored`.
   deleted_rule, freed_bytes
-           optional: the row is a tombstone of a dump retention removed (by that rule). Counted in the dump
-           counters and in the retention counters, but not in the store gauges.
-Rows the index no longer has (deleted without a tombstone) are not counted after a restart: Prometheus sees
+                optional: the row is a tombstone of a dump retention removed (by that rule); it counts in the
+                dump counters and in the retention counters.
+Dumps the index no longer has (deleted without a tombstone) are not counted after a restart: Prometheus sees
 that as a counter reset, which rate() and increase() handle.
 """
 
@@ -22,7 +25,6 @@ import json
 import logging
 import os
 import platform
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ from prometheus_client.exposition import ThreadingWSGIServer, generate_latest, m
 from prometheus_client.process_collector import ProcessCollector
 
 from corehandler import __version__, facts
+from corehandler.atomicfile import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -142,19 +145,8 @@ class MetricsObserver:
 
     def write_textfile(self) -> None:
         """Writes the node_exporter textfile atomically: readers see the old file or the new, never half."""
-        if self.textfile is None:
-            return
-        data = self.exposition()
-        directory = self.textfile.parent
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.textfile.name}.", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                os.fchmod(f.fileno(), 0o644)
-            os.replace(tmp, self.textfile)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        if self.textfile is not None:
+            write_atomic(self.textfile, self.exposition(), 0o644)
 
     # Daemon events
 
@@ -243,14 +235,20 @@ class MetricsObserver:
         self._count_stored(stored)
 
     def _count_stored(self, stored: Mapping[str, Any]) -> None:
-        raw, packed = facts.number(stored, "raw_bytes"), facts.number(stored, "compressed_bytes")
+        raw = facts.number(stored, "raw_bytes")
+        packed = facts.number(stored, "compressed_bytes")
+        if packed is None:  # an index row (store.py) calls it stored_bytes
+            packed = facts.number(stored, "stored_bytes")
+        # Metadata-only dumps have nothing compressed: 0 bytes, and no ratio or compression time to count.
+        if not packed:
+            packed = None
         if packed is not None:
             self.compressed_bytes.inc(packed)
-        if raw and packed:
-            self.compression_ratio.observe(raw / packed)
-        seconds = facts.number(stored, "compress_seconds")
-        if seconds is not None and packed is not None:
-            self.compress_duration.observe(seconds)
+            if raw:
+                self.compression_ratio.observe(raw / packed)
+            seconds = facts.number(stored, "compress_seconds")
+            if seconds is not None:
+                self.compress_duration.observe(seconds)
         seconds = facts.number(stored, "ingest_seconds")
         if seconds is not None:
             self.ingest_duration.observe(seconds)

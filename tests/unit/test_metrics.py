@@ -135,6 +135,23 @@ def test_seeding_from_the_index_continues_the_counters(three_dumps):
     assert value(samples(restarted.exposition()), "corehandler_retention_deletions_total", rule="max_age") == 1
 
 
+def test_seeding_from_rows_shaped_like_the_store_index(three_dumps):
+    """store.py's Dump.summary(): the record as a dict, stored_bytes, and no compression or ingest times."""
+    live = MetricsObserver()
+    feed(live, three_dumps)
+    rows = [{"id": r["id"], "record": r, "raw_bytes": s["raw_bytes"], "stored_bytes": s["compressed_bytes"] or 0,
+             "status": s["status"], "path": s["path"] and os.path.basename(s["path"])} for r, s in three_dumps]
+    restarted = MetricsObserver()
+    assert restarted.seed(rows) == 3
+    want, got = samples(live.exposition()), samples(restarted.exposition())
+    for name in ("corehandler_dumps_total", "corehandler_captured_bytes_total", "corehandler_compressed_bytes_total",
+                 "corehandler_capture_throughput_bytes_per_second_sum", "corehandler_compression_ratio_count",
+                 "corehandler_hold_duration_seconds_count", "corehandler_dump_size_bytes_sum"):
+        assert {k: v for k, v in got.items() if k[0] == name} == {k: v for k, v in want.items() if k[0] == name}
+    assert value(got, "corehandler_compress_duration_seconds_count") == 0
+    assert value(got, "corehandler_ingest_duration_seconds_count") == 0
+
+
 def test_events_never_raise_and_count_observer_errors(maker):
     observer = MetricsObserver()
     # Strange but readable: counted as a dump whose outcome is unknown, not as an error.
