@@ -31,7 +31,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.exposition import ThreadingWSGIServer, generate_latest, make_wsgi_app, start_http_server
+from prometheus_client.exposition import ThreadingWSGIServer, generate_latest, start_http_server
 from prometheus_client.process_collector import ProcessCollector
 
 from corehandler import __version__, facts
@@ -77,28 +77,29 @@ class MetricsObserver:
                                      "Bytes read from the kernel and discarded past a limit", registry=r)
         self.compressed_bytes = Counter("corehandler_compressed_bytes",
                                         "Bytes written to the store after compression", registry=r)
-        self.dump_size = Histogram("corehandler_dump_size_bytes", "Size of each dump as the kernel wrote it "
-                                   "(kept plus drained bytes)", buckets=SIZE_BUCKETS, registry=r)
-        self.capture_duration = Histogram("corehandler_capture_duration_seconds",
+
+        def histogram(name: str, documentation: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, documentation, buckets=buckets, registry=r)
+
+        self.dump_size = histogram("corehandler_dump_size_bytes",
+                                   "Size of each dump as the kernel wrote it (kept plus drained bytes)", SIZE_BUCKETS)
+        self.capture_duration = histogram("corehandler_capture_duration_seconds",
                                           "Time csplice spent copying each dump from the kernel's pipe",
-                                          buckets=DURATION_BUCKETS, registry=r)
-        self.throughput = Histogram("corehandler_capture_throughput_bytes_per_second",
+                                          DURATION_BUCKETS)
+        self.throughput = histogram("corehandler_capture_throughput_bytes_per_second",
                                     "Capture throughput of each dump (kept plus drained bytes over copy time)",
-                                    buckets=THROUGHPUT_BUCKETS, registry=r)
-        self.hold = Histogram("corehandler_hold_duration_seconds",
+                                    THROUGHPUT_BUCKETS)
+        self.hold = histogram("corehandler_hold_duration_seconds",
                               "Time each crashed process was held by csplice, from handler start "
                               "(handler.started_realtime_ns) to capture end; records without "
-                              "capture.ended_realtime_ns count the copy only (capture.ns)",
-                              buckets=DURATION_BUCKETS, registry=r)
-        self.compress_duration = Histogram("corehandler_compress_duration_seconds",
-                                           "Time the daemon spent compressing each dump",
-                                           buckets=DURATION_BUCKETS, registry=r)
-        self.compression_ratio = Histogram("corehandler_compression_ratio",
-                                           "Raw size over compressed size of each stored dump",
-                                           buckets=RATIO_BUCKETS, registry=r)
-        self.ingest_duration = Histogram("corehandler_ingest_duration_seconds",
+                              "capture.ended_realtime_ns count the copy only (capture.ns)", DURATION_BUCKETS)
+        self.compress_duration = histogram("corehandler_compress_duration_seconds",
+                                           "Time the daemon spent compressing each dump", DURATION_BUCKETS)
+        self.compression_ratio = histogram("corehandler_compression_ratio",
+                                           "Raw size over compressed size of each stored dump", RATIO_BUCKETS)
+        self.ingest_duration = histogram("corehandler_ingest_duration_seconds",
                                          "Time the daemon spent ingesting each dump (validate, compress, index)",
-                                         buckets=DURATION_BUCKETS, registry=r)
+                                         DURATION_BUCKETS)
         self.last_dump = Gauge("corehandler_last_dump_timestamp_seconds",
                                "Time of the most recent dump (the kernel's %t)", registry=r)
         self.backlog = Gauge("corehandler_ingest_backlog", "Committed spool records waiting to be ingested",
