@@ -6,39 +6,38 @@ Find them with `journalctl MESSAGE_ID=<id>`:
   240de2af0a3e441c8602d0269540ea6c  retention removed a dump
   a219c89f8f754bd9b672a00dd7c65b78  a daemon error
 
-Entries go to journald over its native protocol (systemd.journal(3)'s sd_journal_sendv, re-done here) rather
-than through systemd-python's journal.send, because the socket must be a parameter: journal.send always uses
-/run/systemd/journal/socket, so tests could reach a private journald only by running the sending code inside
-its mount namespace, and a daemon logging into a journald namespace (/run/systemd/journal.NAME/socket) could
-not at all. Same wire format: `KEY=value\\n`, or `KEY\\n<le64 length>value\\n` for values holding a newline; an
-entry too large for one datagram goes in a sealed memfd passed with SCM_RIGHTS.
+Entries go to journald through systemd-python's journal.send (sd_journal_sendv(3)): it picks the native
+protocol's binary framing for values holding a newline and passes an entry too large for a datagram in a
+sealed memfd. It always sends to /run/systemd/journal/socket. Values go as bytes, so a comm or command line
+that is not UTF-8 reaches the journal as the process's bytes; only MESSAGE, which journal.send takes as text,
+shows such bytes as \\xNN escapes.
 
-When journald is absent (no socket), stale (a socket nobody listens on: ECONNREFUSED) or stuck (send times
-out), the entry is written as one line to stderr, `<priority>MESSAGE {fields as JSON}`, and journald is tried
-again after `retry_seconds`; entries written to stderr are not replayed into the journal later.
+When journald is absent (no socket), stale (a socket nobody listens on: ECONNREFUSED), stuck (its socket's
+queue stays full for `send_timeout`) or refuses the entry for any other reason, the entry is written as one
+line to stderr, `<priority>MESSAGE {fields as JSON}`, and journald is tried again after `retry_seconds`;
+entries written to stderr are not replayed into the journal later.
 """
 
 from __future__ import annotations
 
-import array
 import errno
-import fcntl
 import json
 import logging
-import os
+import select
 import socket
-import struct
 import sys
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any, TextIO
+
+from systemd import journal
 
 from corehandler import facts
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SOCKET = Path("/run/systemd/journal/socket")
+# Where sd_journal_sendv always sends; not a parameter because libsystemd offers none.
+SOCKET = "/run/systemd/journal/socket"
 MESSAGE_ID_DUMP = "7a7dd158d6224178bebec48e1516b612"
 MESSAGE_ID_DELETED = "240de2af0a3e441c8602d0269540ea6c"
 MESSAGE_ID_ERROR = "a219c89f8f754bd9b672a00dd7c65b78"
@@ -47,37 +46,43 @@ SYSLOG_IDENTIFIER = "corehandler"
 # syslog priorities. A crash is critical, as systemd-coredump logs it, so alerting on PRIORITY keeps working.
 PRIORITY_CRIT, PRIORITY_ERR, PRIORITY_INFO = 2, 3, 6
 
-_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
-
 Fields = dict[str, str]
 
 
-def encode(fields: Mapping[str, str]) -> bytes:
-    """The native protocol's datagram. Values are the record's strings: lone surrogates become their bytes."""
-    out = bytearray()
-    for key, value in fields.items():
-        data = value.encode("utf-8", "surrogateescape")
-        if b"\n" in data:
-            out += key.encode() + b"\n" + struct.pack("<Q", len(data)) + data + b"\n"
-        else:
-            out += key.encode() + b"=" + data + b"\n"
-    return bytes(out)
+def check_journald(timeout: float) -> None:
+    """Raises OSError unless journald listens on SOCKET and has room for an entry within `timeout` seconds.
+
+    journal.send cannot be trusted to say so: sd_journal_sendv reports success when the socket is missing (the
+    entry is lost), and blocks, holding the GIL, while journald does not read (its queue of
+    net.unix.max_dgram_qlen datagrams is full). A socket connected to journald's, which sends nothing, tells
+    both: connect fails when it is absent or stale, and it polls writable only while the queue has room.
+    """
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as probe:
+        probe.connect(SOCKET)
+        if not select.select([], [probe], [], timeout)[1]:
+            raise TimeoutError(errno.ETIMEDOUT, f"journald took no entry in {timeout:g} s")
+
+
+def send_to_journald(fields: Mapping[str, str], timeout: float) -> None:
+    """Sends one entry with journal.send; raises OSError when journald cannot take it."""
+    check_journald(timeout)
+    # Record strings carry undecodable bytes as lone surrogates: sent as bytes they are the original bytes.
+    values = {key: value.encode("utf-8", "surrogateescape") for key, value in fields.items()
+              if key not in ("MESSAGE", "MESSAGE_ID")}
+    message = fields.get("MESSAGE", "").encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    journal.send(message, MESSAGE_ID=fields.get("MESSAGE_ID"), **values)
 
 
 class JournalObserver:
     """Writes one journal entry per event; never raises from an event."""
 
-    def __init__(self, socket_path: str | os.PathLike = DEFAULT_SOCKET, *, retry_seconds: float = 30.0,
-                 send_timeout: float = 2.0, stderr: TextIO | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.socket_path = os.fspath(socket_path)
+    def __init__(self, *, retry_seconds: float = 30.0, send_timeout: float = 2.0,
+                 stderr: TextIO | None = None) -> None:
         self.retry_seconds = retry_seconds
         self.send_timeout = send_timeout
         self.stderr = stderr
-        self.clock = clock
         # When journald last failed; None while it works.
         self.down_since: float | None = None
-        self._sock: socket.socket | None = None
 
     # Daemon events
 
@@ -94,55 +99,29 @@ class JournalObserver:
         pass
 
     def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        pass
 
     # Sending
 
     def send(self, fields: Fields) -> bool:
         """Sends an entry to journald, or to stderr when journald is unavailable. True if journald took it."""
-        now = self.clock()
+        now = time.monotonic()
         if self.down_since is not None and now - self.down_since < self.retry_seconds:
             self._to_stderr(fields)
             return False
         try:
-            self._send(encode(fields))
+            send_to_journald(fields, self.send_timeout)
         except OSError as err:
             if self.down_since is None:
-                self._note(f"journald unavailable at {self.socket_path} ({err.strerror or err}); writing "
-                           f"entries to stderr, retrying every {self.retry_seconds:g} s")
+                self._note(f"journald unavailable at {SOCKET} ({err.strerror or err}); writing entries to "
+                           f"stderr, retrying every {self.retry_seconds:g} s")
             self.down_since = now
             self._to_stderr(fields)
             return False
         if self.down_since is not None:
             self.down_since = None
-            self._note(f"journald at {self.socket_path} is back")
+            self._note("journald is back")
         return True
-
-    def _send(self, data: bytes) -> None:
-        if self._sock is None:
-            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-            self._sock.settimeout(self.send_timeout)
-        try:
-            self._sock.sendto(data, self.socket_path)
-        except OSError as err:
-            if err.errno not in (errno.EMSGSIZE, errno.ENOBUFS):
-                raise
-            self._send_memfd(data)
-
-    def _send_memfd(self, data: bytes) -> None:
-        """An entry larger than a datagram: journald reads it from a sealed memfd passed along (as sd-journal)."""
-        fd = os.memfd_create("corehandler-journal", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
-            rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))]
-            self._sock.sendmsg([], rights, 0, self.socket_path)
-        finally:
-            os.close(fd)
 
     def _to_stderr(self, fields: Fields) -> None:
         rest = {k: v for k, v in fields.items() if k not in ("MESSAGE", "PRIORITY")}

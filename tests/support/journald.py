@@ -1,10 +1,11 @@
-"""A real systemd-journald of the test's own, and a reader of journald's native protocol for unit tests.
+"""A real systemd-journald of the test's own, and code under test that sends to it from the same namespace.
 
 PrivateJournald runs /lib/systemd/systemd-journald in a private mount namespace (unshare -m) where a tmpfs
 covers /run, and temp directories are bound over /run/systemd/journal (its sockets) and /run/log/journal (its
 volatile storage), with our journald.conf over /etc/systemd/journald.conf. The host's journal, if any, is never
-touched; the socket and the journal files are visible from outside through the temp directories, so the code
-under test sends from the test process itself and `journalctl --directory` reads the result.
+touched. systemd-python's journal.send always sends to /run/systemd/journal/socket, so the code under test runs
+in a namespace of its own with the same temp directory bound there (JournalClient); `journalctl --directory`
+reads the result from outside.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import struct
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -30,35 +31,69 @@ RateLimitBurst=0
 Audit=no
 """
 
-START = """set -e
+# Both journald and its clients see "$1/sock" as /run/systemd/journal, and nothing else of the host's /run.
+NAMESPACE = """set -e
 mount --make-rprivate /
 mount -t tmpfs -o mode=0755 tmpfs /run
 mkdir -p /run/systemd/journal /run/log/journal
 mount --bind "$1/sock" /run/systemd/journal
-mount --bind "$1/log" /run/log/journal
+"""
+
+START = NAMESPACE + """mount --bind "$1/log" /run/log/journal
 mount --bind "$1/journald.conf" /etc/systemd/journald.conf
 exec {journald}
 """
 
+CLIENT = NAMESPACE + """shift
+exec "$@"
+"""
 
-def decode_native(data: bytes) -> dict[str, bytes]:
-    """Parses one native-protocol entry (KEY=value lines, or KEY, le64 length, value for binary values)."""
-    fields: dict[str, bytes] = {}
-    i = 0
-    while i < len(data):
-        end = data.index(b"\n", i)
-        line = data[i:end]
-        if b"=" in line:
-            key, _, value = line.partition(b"=")
-            i = end + 1
-        else:
-            key = line
-            (size,) = struct.unpack("<Q", data[end + 1:end + 9])
-            value = data[end + 9:end + 9 + size]
-            assert data[end + 9 + size:end + 10 + size] == b"\n"
-            i = end + 10 + size
-        fields[key.decode()] = value
-    return fields
+# Runs in the client's namespace: a JournalObserver made with the options in argv[1], called once per line of
+# stdin (`[method, args]`); each call answers one line of JSON (the result) on stdout.
+DRIVER = """
+import json, os, sys
+from corehandler.journal import JournalObserver
+observer = JournalObserver(**json.loads(sys.argv[1]))
+for line in sys.stdin:
+    method, args = json.loads(line)
+    if method == "close_stderr":
+        os.close(2)
+        result = None
+    else:
+        result = getattr(observer, method)(*args)
+    print(json.dumps(result), flush=True)
+"""
+
+
+class JournalClient:
+    """corehandler.journal.JournalObserver in a process that sees the private journald's socket directory."""
+
+    def __init__(self, root: Path, **options: object) -> None:
+        self.stderr_path = root / f"client-{time.monotonic_ns()}.stderr"
+        with open(self.stderr_path, "wb") as stderr:
+            self.process = subprocess.Popen(
+                ["unshare", "--mount", "sh", "-c", CLIENT, "sh", str(root),
+                 sys.executable, "-P", "-c", DRIVER, json.dumps(options)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True, cwd="/")
+
+    def call(self, method: str, *args: object) -> object:
+        self.process.stdin.write(json.dumps([method, args]) + "\n")
+        self.process.stdin.flush()
+        answer = self.process.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"journal client died ({self.process.wait()}): {self.stderr()}")
+        return json.loads(answer)
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="surrogateescape")
+
+    def close(self) -> int:
+        """Ends the client; its exit status."""
+        if self.process.poll() is None:
+            self.process.stdin.close()
+        code = self.process.wait(timeout=30)
+        self.process.stdout.close()
+        return code
 
 
 class PrivateJournald:
@@ -102,6 +137,17 @@ class PrivateJournald:
             self.process.wait(timeout=10)
             self.process.stderr.close()
         self.process = None
+
+    def pause(self) -> None:
+        """Stops journald (SIGSTOP): its socket is there, but nobody reads it."""
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.process.send_signal(signal.SIGCONT)
+
+    def client(self, **options: object) -> JournalClient:
+        """A JournalObserver(**options) that sends to this journald (started or not)."""
+        return JournalClient(self.root, **options)
 
     def entries(self, *matches: str) -> list[dict]:
         out = subprocess.run(["journalctl", "--directory", str(self.log_dir), "--output", "json", "--all",

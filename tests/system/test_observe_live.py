@@ -11,7 +11,6 @@ import urllib.request
 import pytest
 
 from corehandler import journal, paths
-from corehandler.journal import JournalObserver
 from corehandler.metrics import MetricsObserver
 from support.crash import build_crasher, crash, python_crash
 from support.journald import PrivateJournald, expected_dump_fields, field_bytes, mismatches
@@ -63,16 +62,17 @@ def test_real_crashes_reach_prometheus_and_the_journal(csplice, tmp_path, host_c
     journald = PrivateJournald(tmp_path / "journald")
     journald.start()
     metrics = MetricsObserver(exe_label_allowlist=[crasher.name])
-    observers = [metrics, JournalObserver(journald.socket_path)]
+    # The JournalObserver runs where the private journald's socket is /run/systemd/journal/socket.
+    client = journald.client()
     port = free_port()
     metrics.serve("127.0.0.1", port)
     prometheus = None
     try:
         for record, stored in dumps:
-            for observer in observers:
-                observer.on_ingested(record, stored)
-        for observer in observers:
-            observer.on_state(0, sum(s["compressed_bytes"] for _, s in dumps), len(dumps))
+            metrics.on_ingested(record, stored)
+            client.call("on_ingested", record, stored)
+        metrics.on_state(0, sum(s["compressed_bytes"] for _, s in dumps), len(dumps))
+        assert client.close() == 0 and client.stderr() == ""
 
         # What an admin's curl sees.
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
@@ -101,8 +101,8 @@ def test_real_crashes_reach_prometheus_and_the_journal(csplice, tmp_path, host_c
         for record, stored in dumps:
             assert mismatches(by_id[record["id"]], expected_dump_fields(record, stored)) == {}
     finally:
-        for observer in observers:
-            observer.close()
+        metrics.close()
+        client.close()
         journald.stop()
         if prometheus is not None:
             prometheus.stop()
