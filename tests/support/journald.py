@@ -11,6 +11,7 @@ reads the result from outside.
 from __future__ import annotations
 
 import json
+import select
 import signal
 import socket
 import subprocess
@@ -76,9 +77,13 @@ class JournalClient:
                  sys.executable, "-P", "-c", DRIVER, json.dumps(options)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True, cwd="/")
 
-    def call(self, method: str, *args: object) -> object:
+    def call(self, method: str, *args: object, timeout: float = 30.0) -> object:
+        """The observer's `method(*args)`; fails instead of hanging when the observer blocks."""
         self.process.stdin.write(json.dumps([method, args]) + "\n")
         self.process.stdin.flush()
+        if not select.select([self.process.stdout], [], [], timeout)[0]:
+            self.process.kill()
+            raise TimeoutError(f"journal client blocked in {method} for {timeout:g} s: {self.stderr()}")
         answer = self.process.stdout.readline()
         if not answer:
             raise RuntimeError(f"journal client died ({self.process.wait()}): {self.stderr()}")
@@ -91,7 +96,11 @@ class JournalClient:
         """Ends the client; its exit status."""
         if self.process.poll() is None:
             self.process.stdin.close()
-        code = self.process.wait(timeout=30)
+        try:
+            code = self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait()
         self.process.stdout.close()
         return code
 
@@ -102,6 +111,7 @@ class PrivateJournald:
         self.sock_dir, self.log_dir = root / "sock", root / "log"
         self.socket_path = self.sock_dir / "socket"
         self.process: subprocess.Popen | None = None
+        self.clients: list[JournalClient] = []
         for d in (self.sock_dir, self.log_dir):
             d.mkdir(parents=True, exist_ok=True)
         (root / "journald.conf").write_text(CONFIG)
@@ -146,8 +156,16 @@ class PrivateJournald:
         self.process.send_signal(signal.SIGCONT)
 
     def client(self, **options: object) -> JournalClient:
-        """A JournalObserver(**options) that sends to this journald (started or not)."""
-        return JournalClient(self.root, **options)
+        """A JournalObserver(**options) that sends to this journald (started or not); ended by close()."""
+        client = JournalClient(self.root, **options)
+        self.clients.append(client)
+        return client
+
+    def close(self) -> None:
+        """Ends the clients, then journald."""
+        for client in self.clients:
+            client.close()
+        self.stop()
 
     def entries(self, *matches: str) -> list[dict]:
         out = subprocess.run(["journalctl", "--directory", str(self.log_dir), "--output", "json", "--all",

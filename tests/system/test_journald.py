@@ -23,7 +23,7 @@ ERROR = f"MESSAGE_ID={journal.MESSAGE_ID_ERROR}"
 def journald(tmp_path):
     server = PrivateJournald(tmp_path / "journald")
     yield server
-    server.stop()
+    server.close()
 
 
 def test_every_dump_outcome_reaches_the_journal_with_its_fields(feeder, csplice, tmp_path, journald):

@@ -102,7 +102,6 @@ def test_real_crashes_reach_prometheus_and_the_journal(csplice, tmp_path, host_c
             assert mismatches(by_id[record["id"]], expected_dump_fields(record, stored)) == {}
     finally:
         metrics.close()
-        client.close()
-        journald.stop()
+        journald.close()
         if prometheus is not None:
             prometheus.stop()
