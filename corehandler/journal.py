@@ -1,0 +1,257 @@
+"""journald entries for dumps, retention deletions and errors: a daemon observer (docs/design.md).
+
+Find them with `journalctl MESSAGE_ID=<id>`:
+  7a7dd158d6224178bebec48e1516b612  a dump (one per dump the daemon ingests; COREHANDLER_ID is the id
+                                    `corehandler list` shows)
+  240de2af0a3e441c8602d0269540ea6c  retention removed a dump
+  a219c89f8f754bd9b672a00dd7c65b78  a daemon error
+
+Entries go to journald through systemd-python's journal.send (sd_journal_sendv(3)): it picks the native
+protocol's binary framing for values holding a newline and passes an entry too large for a datagram in a
+sealed memfd. It always sends to /run/systemd/journal/socket. Values go as bytes, so a comm or command line
+that is not UTF-8 reaches the journal as the process's bytes; only MESSAGE, which journal.send takes as text,
+shows such bytes as \\xNN escapes.
+
+When journald is absent (no socket), stale (a socket nobody listens on: ECONNREFUSED), stuck (its socket's
+queue stays full for `send_timeout`) or refuses the entry for any other reason, the entry is written as one
+line to stderr, `<priority>MESSAGE {fields as JSON}`, and journald is tried again after `retry_seconds`;
+entries written to stderr are not replayed into the journal later.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import select
+import socket
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TextIO
+
+from systemd import journal
+
+from corehandler import facts
+
+log = logging.getLogger(__name__)
+
+# Where sd_journal_sendv always sends; not a parameter because libsystemd offers none.
+SOCKET = "/run/systemd/journal/socket"
+MESSAGE_ID_DUMP = "7a7dd158d6224178bebec48e1516b612"
+MESSAGE_ID_DELETED = "240de2af0a3e441c8602d0269540ea6c"
+MESSAGE_ID_ERROR = "a219c89f8f754bd9b672a00dd7c65b78"
+SYSLOG_IDENTIFIER = "corehandler"
+
+# syslog priorities. A crash is critical, as systemd-coredump logs it, so alerting on PRIORITY keeps working.
+PRIORITY_CRIT, PRIORITY_ERR, PRIORITY_INFO = 2, 3, 6
+
+Fields = dict[str, str]
+
+
+def check_journald(timeout: float) -> None:
+    """Raises OSError unless journald listens on SOCKET and has room for an entry within `timeout` seconds.
+
+    journal.send cannot be trusted to say so: sd_journal_sendv reports success when the socket is missing (the
+    entry is lost), and blocks, holding the GIL, while journald does not read (its queue of
+    net.unix.max_dgram_qlen datagrams is full). A socket connected to journald's, which sends nothing, tells
+    both: connect fails when it is absent or stale, and it polls writable only while the queue has room.
+    """
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as probe:
+        probe.connect(SOCKET)
+        if not select.select([], [probe], [], timeout)[1]:
+            raise TimeoutError(errno.ETIMEDOUT, f"journald took no entry in {timeout:g} s")
+
+
+def send_to_journald(fields: Mapping[str, str], timeout: float) -> None:
+    """Sends one entry with journal.send; raises OSError when journald cannot take it."""
+    check_journald(timeout)
+    # Record strings carry undecodable bytes as lone surrogates: sent as bytes they are the original bytes.
+    values = {key: value.encode("utf-8", "surrogateescape") for key, value in fields.items()
+              if key not in ("MESSAGE", "MESSAGE_ID")}
+    message = fields.get("MESSAGE", "").encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    journal.send(message, MESSAGE_ID=fields.get("MESSAGE_ID"), **values)
+
+
+class JournalObserver:
+    """Writes one journal entry per event; never raises from an event."""
+
+    def __init__(self, *, retry_seconds: float = 30.0, send_timeout: float = 2.0,
+                 stderr: TextIO | None = None) -> None:
+        self.retry_seconds = retry_seconds
+        self.send_timeout = send_timeout
+        self.stderr = stderr
+        # When journald last failed; None while it works.
+        self.down_since: float | None = None
+
+    # Daemon events
+
+    def on_ingested(self, record: Mapping[str, Any], stored: Mapping[str, Any]) -> None:
+        self._safely(dump_entry, record, stored)
+
+    def on_deleted(self, dump_id: str, exe: str | None, rule: str, freed_bytes: int) -> None:
+        self._safely(deleted_entry, dump_id, exe, rule, freed_bytes)
+
+    def on_error(self, kind: str, message: str, dump_id: str | None) -> None:
+        self._safely(error_entry, kind, message, dump_id)
+
+    def on_state(self, backlog: int, store_bytes: int, store_count: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    # Sending
+
+    def send(self, fields: Fields) -> bool:
+        """Sends an entry to journald, or to stderr when journald is unavailable. True if journald took it."""
+        now = time.monotonic()
+        if self.down_since is not None and now - self.down_since < self.retry_seconds:
+            self._to_stderr(fields)
+            return False
+        try:
+            send_to_journald(fields, self.send_timeout)
+        except OSError as err:
+            if self.down_since is None:
+                self._note(f"journald unavailable at {SOCKET} ({err.strerror or err}); writing entries to "
+                           f"stderr, retrying every {self.retry_seconds:g} s")
+            self.down_since = now
+            self._to_stderr(fields)
+            return False
+        if self.down_since is not None:
+            self.down_since = None
+            self._note("journald is back")
+        return True
+
+    def _to_stderr(self, fields: Fields) -> None:
+        rest = {k: v for k, v in fields.items() if k not in ("MESSAGE", "PRIORITY")}
+        message = fields.get("MESSAGE", "").replace("\n", "\\n")
+        line = f"<{fields.get('PRIORITY', PRIORITY_INFO)}>{message} {json.dumps(rest)}\n"
+        self._write_stderr(line)
+
+    def _note(self, text: str) -> None:
+        self._write_stderr(f"<{PRIORITY_ERR}>corehandler: {text}\n")
+
+    def _write_stderr(self, line: str) -> None:
+        stream = self.stderr or sys.stderr
+        try:
+            stream.write(line.encode("utf-8", "backslashreplace").decode("utf-8"))
+            stream.flush()
+        except (OSError, ValueError):  # stderr closed too: nowhere left to say it
+            pass
+
+    def _safely(self, build: Callable[..., Fields], *args: Any) -> None:
+        try:
+            self.send(build(*args))
+        except Exception as err:
+            log.warning("journal: %s failed, ignoring: %s", build.__name__, err, exc_info=err)
+
+
+# Entries
+
+def _put(fields: Fields, key: str, value: Any) -> None:
+    """Adds a field unless the value is unknown; numbers and booleans in the journal's usual spelling."""
+    if value is None:
+        return
+    if isinstance(value, bool):
+        fields[key] = "1" if value else "0"
+    elif isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        fields[key] = str(int(value))
+    else:
+        fields[key] = str(value)
+
+
+def _seconds(value: float | None) -> str | None:
+    return None if value is None else f"{value:.9f}"
+
+
+def _mib(value: float | None) -> str:
+    return "?" if value is None else f"{value / 2**20:.1f} MiB"
+
+
+def dump_entry(record: Mapping[str, Any], stored: Mapping[str, Any]) -> Fields:
+    cap = facts.capture(record)
+    outcome, reason = facts.outcome(record, stored)
+    number = facts.signal_number(record)
+    name = facts.signal_name(number)
+    comm, exe = facts.comm(record), facts.exe(record)
+    argv = facts.cmdline(record)
+    seconds = facts.capture_seconds(record)
+    throughput = facts.number(cap, "throughput_bytes_per_second")
+    timestamp = facts.number(record, "timestamp")
+
+    f: Fields = {"MESSAGE_ID": MESSAGE_ID_DUMP, "PRIORITY": str(PRIORITY_CRIT),
+                 "SYSLOG_IDENTIFIER": SYSLOG_IDENTIFIER}
+    what = f"Process {record.get('pid')} ({comm}) of user {record.get('uid')} "
+    if outcome == facts.DROPPED:
+        what += f"crashed on {name}; dump dropped ({reason}), metadata kept"
+    elif outcome == facts.TRUNCATED:
+        what += (f"dumped core on {name}; truncated ({reason}) at {_mib(facts.number(cap, 'bytes'))} "
+                 f"of {_mib(facts.dump_bytes(record))}")
+    else:
+        what += f"dumped core on {name}: {_mib(facts.dump_bytes(record))}"
+    if seconds and throughput:
+        what += f", captured in {seconds:.3f} s ({throughput / 2**20:.0f} MiB/s)"
+    if stored.get("path"):
+        what += f", stored as {stored['path']}"
+    f["MESSAGE"] = what
+    _put(f, "COREDUMP_PID", record.get("pid"))
+    _put(f, "COREDUMP_TID", record.get("tid"))
+    _put(f, "COREDUMP_UID", record.get("uid"))
+    _put(f, "COREDUMP_GID", record.get("gid"))
+    _put(f, "COREDUMP_SIGNAL", number)
+    _put(f, "COREDUMP_SIGNAL_NAME", name)
+    _put(f, "COREDUMP_EXE", exe)
+    _put(f, "COREDUMP_COMM", comm)
+    # Space-joined, as systemd-coredump writes it; the record keeps the exact argv.
+    _put(f, "COREDUMP_CMDLINE", " ".join(argv) if argv is not None else None)
+    _put(f, "COREDUMP_HOSTNAME", record.get("hostname"))
+    # µs since the Epoch, as systemd-coredump's field of the same name.
+    _put(f, "COREDUMP_TIMESTAMP", None if timestamp is None else int(timestamp) * 1_000_000)
+    _put(f, "COREDUMP_RLIMIT", record.get("rlimit_core"))
+    _put(f, "COREDUMP_TRUNCATED", outcome == facts.TRUNCATED)
+    _put(f, "COREDUMP_FILENAME", stored.get("path"))
+    _put(f, "COREHANDLER_ID", stored.get("id") or record.get("id"))
+    _put(f, "COREHANDLER_OUTCOME", outcome)
+    _put(f, "COREHANDLER_TRUNCATED_REASON", reason if outcome == facts.TRUNCATED else None)
+    _put(f, "COREHANDLER_DROPPED", outcome == facts.DROPPED)
+    _put(f, "COREHANDLER_DROPPED_REASON", reason if outcome == facts.DROPPED else None)
+    _put(f, "COREHANDLER_STATUS", stored.get("status"))
+    _put(f, "COREHANDLER_PROBLEM", stored.get("problem"))
+    _put(f, "COREHANDLER_CAPTURE_ERROR", cap.get("error"))
+    _put(f, "COREHANDLER_DUMP_BYTES", facts.dump_bytes(record))
+    _put(f, "COREHANDLER_CAPTURED_BYTES", cap.get("bytes"))
+    _put(f, "COREHANDLER_DRAINED_BYTES", cap.get("drained_bytes"))
+    _put(f, "COREHANDLER_CAPTURE_SECONDS", _seconds(seconds))
+    _put(f, "COREHANDLER_THROUGHPUT_BYTES_PER_SECOND", None if throughput is None else round(throughput))
+    _put(f, "COREHANDLER_HOLD_SECONDS", _seconds(facts.hold_seconds(record)))
+    _put(f, "COREHANDLER_STRATEGY", cap.get("strategy"))
+    _put(f, "COREHANDLER_RAW_BYTES", stored.get("raw_bytes"))
+    _put(f, "COREHANDLER_COMPRESSED_BYTES", stored.get("compressed_bytes"))
+    _put(f, "COREHANDLER_COMPRESS_SECONDS", _seconds(facts.number(stored, "compress_seconds")))
+    errors = record.get("errors")
+    if isinstance(errors, list) and errors:
+        _put(f, "COREHANDLER_RECORD_ERRORS", "\n".join(str(e) for e in errors))
+    return f
+
+
+def deleted_entry(dump_id: str, exe: str | None, rule: str, freed_bytes: int) -> Fields:
+    f: Fields = {"MESSAGE_ID": MESSAGE_ID_DELETED, "PRIORITY": str(PRIORITY_INFO),
+                 "SYSLOG_IDENTIFIER": SYSLOG_IDENTIFIER,
+                 "MESSAGE": f"Removed dump {dump_id} ({exe or 'unknown executable'}) by retention rule {rule}, "
+                            f"freed {_mib(freed_bytes)}"}
+    _put(f, "COREHANDLER_ID", dump_id)
+    _put(f, "COREDUMP_EXE", exe)
+    _put(f, "COREHANDLER_RULE", rule)
+    _put(f, "COREHANDLER_FREED_BYTES", freed_bytes)
+    return f
+
+
+def error_entry(kind: str, message: str, dump_id: str | None) -> Fields:
+    f: Fields = {"MESSAGE_ID": MESSAGE_ID_ERROR, "PRIORITY": str(PRIORITY_ERR),
+                 "SYSLOG_IDENTIFIER": SYSLOG_IDENTIFIER,
+                 "MESSAGE": f"corehandler {kind} error" + (f" on dump {dump_id}" if dump_id else "")
+                            + f": {message}"}
+    _put(f, "COREHANDLER_ERROR_KIND", kind)
+    _put(f, "COREHANDLER_ID", dump_id)
+    return f

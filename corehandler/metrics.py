@@ -1,0 +1,325 @@
+"""Prometheus metrics of the dumps the daemon ingests: a daemon observer (docs/design.md, "Daemon events").
+
+Everything lives on a private CollectorRegistry, served over HTTP (`serve`) and, when configured, written as a
+node_exporter textfile. Counters and histograms are derived from the spool record of each dump, so after a
+restart `seed` replays the index and they continue instead of dropping to zero; the errors counter is the
+exception (it counts this daemon run's errors).
+
+Seed rows: any mapping with (the names of store.py's index columns, so `[d.summary() for d in store.all()]`
+fits as is)
+  record        the spool record as ingested: a dict, or its JSON text. Required.
+  raw_bytes, stored_bytes (or compressed_bytes), status
+                as in on_ingested's `stored`; compress_seconds and ingest_seconds too when the row has them
+                (the index does not keep them, so those two histograms count this daemon run only).
+  stored        optional: instead of top-level keys, a dict shaped like on_ingested's `stored`.
+  deleted_rule, freed_bytes
+                optional: the row is a tombstone of a dump retention removed (by that rule); it counts in the
+                dump counters and in the retention counters.
+Dumps the index no longer has (deleted without a tombstone) are not counted after a restart: Prometheus sees
+that as a counter reset, which rate() and increase() handle.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer, generate_latest, start_http_server
+from prometheus_client.process_collector import ProcessCollector
+
+from corehandler import __version__, facts
+from corehandler.atomicfile import write_atomic
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LISTEN = "127.0.0.1"
+DEFAULT_PORT = 9577
+# Label value for executables not on the allow-list: one series for all of them keeps cardinality bounded.
+OTHER_EXE = "other"
+ERROR_KINDS = ("ingest", "compress", "disk_full", "corrupt", "config", "observer")
+
+# 256 KiB .. 64 GiB in powers of two: a small daemon's core to the largest dump the default limits allow.
+SIZE_BUCKETS = tuple(float(2**k) for k in range(18, 37))
+# 1 MB/s (a throttled disk) .. 50 GB/s (a COREDUMP_USE_PIPE kernel into page cache), 1-2-5 steps.
+THROUGHPUT_BUCKETS = tuple(m * 10.0**e for e in range(6, 11) for m in (1, 2, 5))
+# 100 µs (1 MB at 10 GB/s) .. 1 h (csplice's default timeout; 64 GB at 20 MB/s), 1-2.5-5 steps.
+DURATION_BUCKETS = tuple(round(m * 10.0**e, 6) for e in range(-4, 3) for m in (1, 2.5, 5)) + (1800.0, 3600.0)
+# Raw size over compressed size; cores full of untouched pages compress by hundreds.
+RATIO_BUCKETS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0, 128.0, 256.0, 1024.0)
+
+
+class MetricsObserver:
+    """Counts what the daemon reports; never raises from an event (a failure is logged and counted)."""
+
+    def __init__(self, *, exe_label_allowlist: Iterable[str] = (), textfile: str | os.PathLike | None = None,
+                 store_dir: str | os.PathLike | None = None,
+                 store_limit_bytes: Callable[[], int | None] | None = None,
+                 csplice_version: str | None = None) -> None:
+        # _created series would restart with every daemon even for seeded counters, which reads as a reset.
+        disable_created_metrics()
+        self._allow = tuple(name for name in exe_label_allowlist if name)
+        self.textfile = Path(textfile) if textfile else None
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.dumps = Counter("corehandler_dumps", "Dumps handled, by signal and outcome (complete, truncated, "
+                             "dropped, orphan); reason says why a dump was truncated or dropped",
+                             ["signal", "outcome", "reason", "exe"], registry=r)
+        self.captured_bytes = Counter("corehandler_captured_bytes", "Bytes of core written to the spool",
+                                      ["exe"], registry=r)
+        self.drained_bytes = Counter("corehandler_drained_bytes",
+                                     "Bytes read from the kernel and discarded past a limit", registry=r)
+        self.compressed_bytes = Counter("corehandler_compressed_bytes",
+                                        "Bytes written to the store after compression", registry=r)
+
+        def histogram(name: str, documentation: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, documentation, buckets=buckets, registry=r)
+
+        self.dump_size = histogram("corehandler_dump_size_bytes",
+                                   "Size of each dump as the kernel wrote it (kept plus drained bytes)", SIZE_BUCKETS)
+        self.capture_duration = histogram("corehandler_capture_duration_seconds",
+                                          "Time csplice spent copying each dump from the kernel's pipe",
+                                          DURATION_BUCKETS)
+        self.throughput = histogram("corehandler_capture_throughput_bytes_per_second",
+                                    "Capture throughput of each dump (kept plus drained bytes over copy time)",
+                                    THROUGHPUT_BUCKETS)
+        self.hold = histogram("corehandler_hold_duration_seconds",
+                              "Time each crashed process was held by csplice, from handler start "
+                              "(handler.started_realtime_ns) to capture end; records without "
+                              "capture.ended_realtime_ns count the copy only (capture.ns)", DURATION_BUCKETS)
+        self.compress_duration = histogram("corehandler_compress_duration_seconds",
+                                           "Time the daemon spent compressing each dump", DURATION_BUCKETS)
+        self.compression_ratio = histogram("corehandler_compression_ratio",
+                                           "Raw size over compressed size of each stored dump", RATIO_BUCKETS)
+        self.ingest_duration = histogram("corehandler_ingest_duration_seconds",
+                                         "Time the daemon spent ingesting each dump (validate, compress, index)",
+                                         DURATION_BUCKETS)
+        self.last_dump = Gauge("corehandler_last_dump_timestamp_seconds",
+                               "Time of the most recent dump (the kernel's %t)", registry=r)
+        self.backlog = Gauge("corehandler_ingest_backlog", "Committed spool records waiting to be ingested",
+                             registry=r)
+        self.store_bytes = Gauge("corehandler_store_bytes", "Bytes the store's dumps take on disk", registry=r)
+        self.store_dumps = Gauge("corehandler_store_dumps", "Dumps in the store", registry=r)
+        self.deletions = Counter("corehandler_retention_deletions", "Dumps removed by retention, by rule",
+                                 ["rule"], registry=r)
+        self.freed_bytes = Counter("corehandler_retention_freed_bytes", "Bytes freed by retention, by rule",
+                                   ["rule"], registry=r)
+        self.errors = Counter("corehandler_errors", "Daemon errors since the daemon started, by kind",
+                              ["kind"], registry=r)
+        for kind in ERROR_KINDS:
+            self.errors.labels(kind)
+        Info("corehandler_build", "Versions of the running corehandler", registry=r).info(
+            {"version": __version__, "csplice_version": csplice_version or "",
+             "python_version": platform.python_version()})
+        r.register(_StoreCollector(store_dir, store_limit_bytes))
+        self._server: ThreadingWSGIServer | None = None
+        self._last_timestamp = 0.0
+
+    @classmethod
+    def from_config(cls, metrics_config: Any, **kwargs: Any) -> MetricsObserver:
+        """From the [metrics] section (anything with exe_label_allowlist and textfile attributes)."""
+        return cls(exe_label_allowlist=metrics_config.exe_label_allowlist,
+                   textfile=metrics_config.textfile or None, **kwargs)
+
+    # Serving
+
+    def serve(self, listen: str = DEFAULT_LISTEN, port: int = DEFAULT_PORT) -> tuple[str, int]:
+        """Starts the /metrics HTTP server in a thread; returns the bound address (port 0 picks a free one)."""
+        http_registry = CollectorRegistry(auto_describe=True)
+        http_registry.register(_Forward(self.registry))
+        # The daemon's own CPU and memory, over HTTP only: node_exporter has process_* of its own, so these
+        # must stay out of the textfile.
+        ProcessCollector(registry=http_registry)
+        self._server, _ = start_http_server(port, addr=listen, registry=http_registry)
+        host, bound = self._server.server_address[:2]
+        log.info("serving metrics on %s port %d", host, bound)
+        return host, bound
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def write_textfile(self) -> None:
+        """Writes the node_exporter textfile atomically: readers see the old file or the new, never half."""
+        if self.textfile is not None:
+            write_atomic(self.textfile, self.exposition(), 0o644)
+
+    # Daemon events
+
+    def seed(self, rows: Iterable[Mapping[str, Any]]) -> int:
+        """Replays the index into the counters (once, before the first event). Returns the rows counted."""
+        count = 0
+        for row in rows:
+            with self._guard("seed"):
+                record = row["record"]
+                if isinstance(record, (str, bytes)):
+                    record = json.loads(record)
+                stored = row.get("stored")
+                if not isinstance(stored, Mapping):
+                    stored = row
+                self._count_dump(record, stored)
+                if row.get("deleted_rule"):
+                    self._count_deletion(str(row["deleted_rule"]), row.get("freed_bytes") or 0)
+                count += 1
+        with self._guard("seed"):
+            self.write_textfile()
+        return count
+
+    def on_ingested(self, record: Mapping[str, Any], stored: Mapping[str, Any]) -> None:
+        with self._guard("on_ingested"):
+            self._count_dump(record, stored)
+
+    def on_deleted(self, dump_id: str, exe: str | None, rule: str, freed_bytes: int) -> None:
+        with self._guard("on_deleted"):
+            self._count_deletion(rule, freed_bytes)
+
+    def on_error(self, kind: str, message: str, dump_id: str | None) -> None:
+        with self._guard("on_error"):
+            self.errors.labels(kind).inc()
+
+    def on_state(self, backlog: int, store_bytes: int, store_count: int) -> None:
+        with self._guard("on_state"):
+            self.backlog.set(backlog)
+            self.store_bytes.set(store_bytes)
+            self.store_dumps.set(store_count)
+            self.write_textfile()
+
+    def close(self) -> None:
+        with self._guard("close"):
+            self.write_textfile()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    # Counting
+
+    def exe_label(self, exe: str | None) -> str:
+        if exe:
+            base = os.path.basename(exe)
+            for name in self._allow:
+                if name == exe or name == base:
+                    return name
+        return OTHER_EXE
+
+    def _count_dump(self, record: Mapping[str, Any], stored: Mapping[str, Any]) -> None:
+        outcome, reason = facts.outcome(record, stored)
+        signal = facts.signal_name(facts.signal_number(record)) or "unknown"
+        exe = self.exe_label(facts.exe(record))
+        self.dumps.labels(signal, outcome, reason, exe).inc()
+        cap = facts.capture(record)
+        kept = facts.number(cap, "bytes") or 0.0
+        self.captured_bytes.labels(exe).inc(kept)
+        self.drained_bytes.inc(facts.number(cap, "drained_bytes") or 0.0)
+        size = facts.dump_bytes(record)
+        if size is not None:
+            self.dump_size.observe(size)
+        seconds = facts.capture_seconds(record)
+        throughput = facts.number(cap, "throughput_bytes_per_second")
+        # A dropped dump is drained too, so its figures are real capture figures; a zero-length copy is not.
+        if seconds is not None and seconds > 0:
+            self.capture_duration.observe(seconds)
+            if throughput is not None:
+                self.throughput.observe(throughput)
+        hold = facts.hold_seconds(record)
+        if hold is not None:
+            self.hold.observe(hold)
+        timestamp = facts.number(record, "timestamp")
+        if timestamp is not None and timestamp > self._last_timestamp:
+            self._last_timestamp = timestamp
+            self.last_dump.set(timestamp)
+        self._count_stored(stored)
+
+    def _count_stored(self, stored: Mapping[str, Any]) -> None:
+        raw = facts.number(stored, "raw_bytes")
+        packed = facts.number(stored, "compressed_bytes")
+        if packed is None:  # an index row (store.py) calls it stored_bytes
+            packed = facts.number(stored, "stored_bytes")
+        # Metadata-only dumps have nothing compressed: 0 bytes, and no ratio or compression time to count.
+        if not packed:
+            packed = None
+        if packed is not None:
+            self.compressed_bytes.inc(packed)
+            if raw:
+                self.compression_ratio.observe(raw / packed)
+            seconds = facts.number(stored, "compress_seconds")
+            if seconds is not None:
+                self.compress_duration.observe(seconds)
+        seconds = facts.number(stored, "ingest_seconds")
+        if seconds is not None:
+            self.ingest_duration.observe(seconds)
+
+    def _count_deletion(self, rule: str, freed_bytes: float) -> None:
+        self.deletions.labels(rule).inc()
+        self.freed_bytes.labels(rule).inc(max(float(freed_bytes), 0.0))
+
+    def _guard(self, event: str) -> _Guard:
+        return _Guard(self, event)
+
+
+class _Guard:
+    """Turns an exception in an observer event into a log line and an `observer` error, as the contract asks."""
+
+    def __init__(self, observer: MetricsObserver, event: str) -> None:
+        self.observer, self.event = observer, event
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, value, traceback) -> bool:
+        if value is None or not isinstance(value, Exception):
+            return False
+        log.warning("metrics: %s failed, ignoring: %s", self.event, value, exc_info=value)
+        try:
+            self.observer.errors.labels("observer").inc()
+        except Exception:  # never let accounting of a failure become a failure
+            pass
+        return True
+
+
+class _Forward:
+    """Collects another registry, so the HTTP registry can add process metrics without touching ours."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self):
+        return self.registry.collect()
+
+
+class _StoreCollector:
+    """The store's limit and its filesystem's size at scrape time; a failing probe gives no sample, not an error."""
+
+    def __init__(self, store_dir: str | os.PathLike | None,
+                 limit: Callable[[], int | None] | None) -> None:
+        self.store_dir, self.limit = store_dir, limit
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        if self.limit is not None:
+            try:
+                value = self.limit()
+            except Exception as err:
+                log.debug("metrics: store limit unavailable: %s", err)
+                value = None
+            if value is not None:
+                yield GaugeMetricFamily("corehandler_store_limit_bytes",
+                                        "Bytes the store may use (retention.max_use resolved)", value=value)
+        if self.store_dir is not None:
+            try:
+                st = os.statvfs(self.store_dir)
+            except OSError as err:
+                log.debug("metrics: statvfs %s: %s", self.store_dir, err)
+                return
+            yield GaugeMetricFamily("corehandler_store_filesystem_size_bytes",
+                                    "Size of the store's filesystem", value=st.f_blocks * st.f_frsize)
+            yield GaugeMetricFamily("corehandler_store_filesystem_avail_bytes",
+                                    "Bytes available to unprivileged users on the store's filesystem",
+                                    value=st.f_bavail * st.f_frsize)

@@ -1,0 +1,51 @@
+"""The journal entries JournalObserver builds, from real csplice records. (Sending them to a real journald, and
+the stderr fallback when it is absent or stale, is in tests/system/test_journald.py: journal.send always uses
+the host's /run/systemd/journal/socket, so only a private mount namespace keeps such tests hermetic.)"""
+
+from __future__ import annotations
+
+import os
+
+from corehandler import journal
+from support.records import RecordMaker
+
+
+def test_dump_entry_from_a_real_record(feeder, csplice, tmp_path):
+    maker = RecordMaker(feeder, csplice, tmp_path / "spool-root", max_dump_bytes=1 << 20)
+    record = maker.make(3 << 20, signal=6, comm=b"cr\xffsher")
+    stored = maker.store_dump(record)
+    got = journal.dump_entry(record, stored)
+    cap = record["capture"]
+    assert got["MESSAGE_ID"] == journal.MESSAGE_ID_DUMP
+    assert got["PRIORITY"] == "2"
+    assert got["COREDUMP_PID"] == str(os.getpid())
+    assert got["COREDUMP_SIGNAL"] == "6" and got["COREDUMP_SIGNAL_NAME"] == "SIGABRT"
+    # The record's text for the process's bytes, which journal.send gets back as those bytes.
+    assert got["COREDUMP_COMM"].encode("utf-8", "surrogateescape") == b"cr\xffsher"
+    assert got["COREDUMP_EXE"] == os.readlink("/proc/self/exe")
+    assert got["COREDUMP_TIMESTAMP"] == str(record["timestamp"] * 10**6)
+    assert got["COREDUMP_TRUNCATED"] == "1"
+    assert got["COREHANDLER_TRUNCATED_REASON"] == "max_dump_bytes"
+    assert got["COREHANDLER_DROPPED"] == "0" and "COREHANDLER_DROPPED_REASON" not in got
+    assert got["COREHANDLER_CAPTURED_BYTES"] == "1048576"
+    assert got["COREHANDLER_DUMP_BYTES"] == str(3 << 20)
+    assert got["COREHANDLER_THROUGHPUT_BYTES_PER_SECOND"] == str(round(cap["throughput_bytes_per_second"]))
+    assert got["COREDUMP_FILENAME"] == stored["path"]
+    assert got["COREHANDLER_ID"] == record["id"]
+    assert "truncated (max_dump_bytes)" in got["MESSAGE"]
+
+
+def test_deletion_and_error_entries():
+    deleted = journal.deleted_entry("dump-1", None, "max_age", 4096)
+    assert deleted["MESSAGE_ID"] == journal.MESSAGE_ID_DELETED and deleted["PRIORITY"] == "6"
+    assert deleted["MESSAGE"] == "Removed dump dump-1 (unknown executable) by retention rule max_age, freed 0.0 MiB"
+    assert "COREDUMP_EXE" not in deleted and deleted["COREHANDLER_FREED_BYTES"] == "4096"
+    error = journal.error_entry("disk_full", "no space", None)
+    assert error["MESSAGE_ID"] == journal.MESSAGE_ID_ERROR and error["PRIORITY"] == "3"
+    assert error["MESSAGE"] == "corehandler disk_full error: no space" and "COREHANDLER_ID" not in error
+
+
+def test_a_record_missing_every_field_still_makes_an_entry():
+    got = journal.dump_entry({}, {})
+    assert got["COREHANDLER_OUTCOME"] == "unknown"
+    assert "COREDUMP_PID" not in got and "COREDUMP_FILENAME" not in got
