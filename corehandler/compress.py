@@ -14,11 +14,13 @@ from typing import BinaryIO, Callable
 
 import zstandard
 
+from corehandler.errors import CorehandlerError
+
 CHUNK = 1 << 20
 COMPRESSED_SUFFIX, RAW_SUFFIX = ".zst", ".core"
 
 
-class CompressError(Exception):
+class CompressError(CorehandlerError):
     """Compressing or storing failed; the raw dump is untouched."""
 
 
@@ -26,7 +28,7 @@ class DiskFullError(CompressError):
     """No space left for the stored dump; the raw dump is kept for a later attempt."""
 
 
-class VerifyError(Exception):
+class VerifyError(CorehandlerError):
     """A stored dump does not decompress, or not to the size and hash recorded at ingest."""
 
 

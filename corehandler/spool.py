@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from corehandler.errors import CorehandlerError
+
 log = logging.getLogger(__name__)
 
 RECORD_SCHEMA = 1
@@ -25,7 +27,7 @@ STALE_TMP_JSON_SEC = 600.0
 ID_RE = re.compile(r"^(?P<usec>\d+)-(?P<boot>[0-9a-f]{16})-(?P<pid>\d+)(?:\.\d+)?$")
 
 
-class SpoolRecordError(Exception):
+class SpoolRecordError(CorehandlerError):
     """A committed record that cannot be read or is not schema 1."""
 
 

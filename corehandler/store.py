@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from corehandler.errors import CorehandlerError
+
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "truncated", "metadata_only", "invalid", "orphan")
 
@@ -38,7 +40,7 @@ _COLUMNS = ("id", "crashed_at", "ingested_at", "pid", "uid", "gid", "signal", "e
             "deleting", "record")
 
 
-class StoreError(Exception):
+class StoreError(CorehandlerError):
     """The index cannot be opened or is of a newer schema."""
 
 
