@@ -17,6 +17,9 @@ import zstandard
 from corehandler.errors import CorehandlerError
 
 CHUNK = 1 << 20
+# Output holes are made per block of this size that is all zeros.
+HOLE = 64 << 10
+_ZEROS = bytes(HOLE)
 COMPRESSED_SUFFIX, RAW_SUFFIX = ".zst", ".core"
 
 
@@ -110,7 +113,7 @@ def open_stored(path: Path) -> BinaryIO:
     """A reader of the dump's original bytes, compressed or raw."""
     f = open(path, "rb")
     if path.name.endswith(COMPRESSED_SUFFIX):
-        return zstandard.ZstdDecompressor().stream_reader(f, read_size=CHUNK, closefd=True)
+        return zstandard.ZstdDecompressor().stream_reader(f, read_size=CHUNK, read_across_frames=True, closefd=True)
     return f
 
 
@@ -152,10 +155,13 @@ def decompress_to(path: Path, out: BinaryIO) -> tuple[int, str]:
     start = out.tell()
 
     def write(chunk: bytes) -> None:
-        if chunk[:1] == b"\0" and chunk[-1:] == b"\0" and chunk == bytes(len(chunk)):
-            out.seek(len(chunk), os.SEEK_CUR)
-        else:
-            out.write(chunk)
+        view = memoryview(chunk)
+        for pos in range(0, len(chunk), HOLE):
+            block = view[pos:pos + HOLE]
+            if block[:1] == b"\0" and block[-1:] == b"\0" and block == _ZEROS[:len(block)]:
+                out.seek(len(block), os.SEEK_CUR)
+            else:
+                out.write(block)
 
     result = _copy(path, write)
     out.truncate(start + result[0])
