@@ -1,0 +1,32 @@
+"""Files that others read (csplice, systemd-sysctl, a later uninstall) are replaced whole, never seen half
+written: write a temp file beside the target, fsync it, rename it over, fsync the directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def write_atomic(path: Path, data: bytes, mode: int) -> None:
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    # O_EXCL|O_NOFOLLOW: never write through a link someone planted under the temp name.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        os.fchmod(fd, mode)  # the umask may have narrowed it
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        os.rename(tmp, path)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

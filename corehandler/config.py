@@ -1,0 +1,341 @@
+"""The configuration: /etc/corehandler/corehandler.toml plus corehandler.d/*.toml drop-ins, validated strictly.
+
+Drop-ins are read in name order after the main file; each value replaces the one before it key by key
+within a section, so a drop-in holding `[capture] max_pending = 8` changes only that key. A missing main
+file means the defaults. Every error names the file, the key and the value that is wrong.
+
+Values come out parsed: sizes as int bytes, durations as float seconds, min_free/max_use/keep_free as
+units.SizeOrPercent. The models are also the documentation: each field's description becomes the comment
+above it in the shipped config/corehandler.toml (render_toml(..., commented_defaults=True)).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import json
+import math
+import os
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from corehandler import units
+from corehandler.atomicfile import write_atomic
+from corehandler.errors import ConfigError
+from corehandler.paths import DEFAULT_STATE_DIR, Paths
+from corehandler.strategy import choose_strategy
+
+
+@dataclasses.dataclass(frozen=True)
+class _Human:
+    """Marks a field whose value is shown in human units (TOML output, the shipped file)."""
+
+    format: Any
+
+
+def _checked(parse, fmt, lo, hi):
+    def check(value):
+        parsed = parse(value)
+        if not lo <= parsed <= hi:
+            raise ValueError(f"must be between {fmt(lo)} and {fmt(hi)}")
+        return parsed
+
+    return check
+
+
+def Size(lo: int = 0, hi: int = units.MAX_SIZE):  # noqa: N802 (a type factory, read as a type)
+    return Annotated[int, BeforeValidator(_checked(units.parse_size, units.format_size, lo, hi)),
+                     _Human(units.format_size)]
+
+
+def Duration(lo: float = 0.0, hi: float = units.MAX_DURATION):  # noqa: N802
+    return Annotated[float, BeforeValidator(_checked(units.parse_duration, units.format_duration, lo, hi)),
+                     _Human(units.format_duration)]
+
+
+SizeOrPercent = Annotated[units.SizeOrPercent, BeforeValidator(units.SizeOrPercent.parse), _Human(str)]
+Count = Annotated[int, Field(ge=0, le=2**31 - 1)]
+
+
+def _absolute_path(value) -> Path:
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise ValueError("must be an absolute path")
+    if any(ord(c) < 32 or c == "\x7f" for c in value):
+        # csplice reads its settings line by line.
+        raise ValueError("must not contain control characters")
+    if len(value.encode()) > 3000:
+        raise ValueError("is too long")
+    return Path(os.path.normpath(value))
+
+
+def _optional_absolute_path(value) -> str:
+    if value == "":
+        return value
+    return str(_absolute_path(value))
+
+
+def _ip_address(value) -> str:
+    if not isinstance(value, str):
+        raise ValueError("must be an IP address string")
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise ValueError("must be an IP address such as 127.0.0.1 or ::1") from None
+
+
+AbsolutePath = Annotated[Path, BeforeValidator(_absolute_path), _Human(str)]
+
+
+class _Section(BaseModel):
+    # strict: TOML has types, so "64" for a count or "yes" for a boolean is a mistake worth reporting.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, arbitrary_types_allowed=True)
+
+
+STRATEGIES = ("auto", "rw", "splice", "rw2", "splice2")
+
+
+class CaptureConfig(_Section):
+    strategy: Literal["auto", "rw", "splice", "rw2", "splice2"] = Field(
+        "auto", description="auto | rw | splice | rw2 | splice2; auto = what bench/ measured best for this kernel")
+    chunk_size: Size(4096, 64 << 20) = Field(64 << 10, description="bytes per read/splice call (4K..64M)")
+    pipe_size: Size(0, 1 << 30) = Field(0, description="enlarge the core pipe to this size (F_SETPIPE_SZ); 0 "
+                                                       "keeps the kernel's")
+    max_dump_size: Size() = Field(32 << 30, description="larger dumps are truncated here and flagged; 0 = no "
+                                                        "limit")
+    min_free: SizeOrPercent = Field(units.SizeOrPercent(percent=15.0), description="stop writing when the spool's"
+                                    " filesystem has less free: a size or a percentage of it")
+    max_pending: Count = Field(64, description="records waiting in the spool beyond which crashes are kept as "
+                                               "metadata only; 0 = no limit")
+    max_per_exe_per_minute: Count = Field(16, description="crashes of one executable per minute that keep their "
+                                                          "core; 0 = no limit")
+    timeout: Duration(0, 7 * 86400) = Field(3600.0, description="longest capture before truncating; 0 = none")
+    fsync: bool = Field(False, description="fsync the core before committing its record")
+    sparse: bool = Field(True, description="skip writing all-zero pages (the file stays sparse)")
+    collect_environ: bool = Field(False, description="keep the crashed process's environment (may hold secrets)")
+    collect_maps: bool = Field(False, description="keep the crashed process's /proc/PID/maps")
+
+
+class CompressionConfig(_Section):
+    enabled: bool = Field(True, description="compress dumps with zstd in the store")
+    level: int = Field(3, ge=1, le=22, description="zstd level (1..22)")
+    threads: int = Field(0, ge=0, le=256, description="zstd worker threads; 0 = one per CPU")
+
+
+class RetentionConfig(_Section):
+    max_use: SizeOrPercent = Field(units.SizeOrPercent(percent=10.0), description="most the store may use: a size "
+                                   "or a percentage of its filesystem")
+    keep_free: SizeOrPercent = Field(units.SizeOrPercent(percent=15.0), description="delete oldest dumps while "
+                                     "the filesystem has less free than this")
+    max_age: Duration() = Field(0.0, description="delete dumps older than this, e.g. \"2w\"; 0 = no limit")
+    max_count: Count = Field(0, description="most dumps kept; 0 = no limit")
+    max_per_exe: Count = Field(0, description="most dumps kept per executable; 0 = no limit")
+    interval: Duration(1, units.MAX_DURATION) = Field(3600.0, description="how often retention runs besides "
+                                                                          "after each ingest")
+
+
+class MetricsConfig(_Section):
+    enabled: bool = Field(True, description="serve Prometheus metrics over HTTP")
+    listen: Annotated[str, BeforeValidator(_ip_address)] = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(9577, ge=1, le=65535, description="TCP port")
+    textfile: Annotated[str, BeforeValidator(_optional_absolute_path)] = Field(
+        "", description="also write node_exporter textfile metrics here; \"\" = off")
+    exe_label_allowlist: list[str] = Field([], description="executables that get their own metric label; "
+                                                           "others count as \"other\"")
+
+
+class JournalConfig(_Section):
+    enabled: bool = Field(True, description="log each dump to journald")
+
+
+class Config(_Section):
+    state_dir: AbsolutePath = Field(DEFAULT_STATE_DIR, description="spool, store and index live here")
+    capture: CaptureConfig = CaptureConfig()
+    compression: CompressionConfig = CompressionConfig()
+    retention: RetentionConfig = RetentionConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    journal: JournalConfig = JournalConfig()
+
+    def paths(self, base: Paths) -> Paths:
+        """base with this config's state_dir."""
+        return dataclasses.replace(base, state_dir=self.state_dir)
+
+
+# --- loading ---------------------------------------------------------------------------------------------
+
+def config_files(paths: Paths) -> list[Path]:
+    """The files load_config reads, in order: the main file if present, then the drop-ins by name."""
+    try:
+        files = [paths.config_file] if paths.config_file.exists() else []
+    except OSError as e:
+        raise ConfigError(f"{paths.config_file}: cannot read: {e.strerror}", file=str(paths.config_file)) from None
+    try:
+        dropins = sorted(p for p in paths.dropin_dir.iterdir() if p.name.endswith(".toml"))
+    except (FileNotFoundError, NotADirectoryError):
+        dropins = []
+    except OSError as e:
+        raise ConfigError(f"{paths.dropin_dir}: cannot list drop-ins: {e.strerror}",
+                          file=str(paths.dropin_dir)) from None
+    return files + dropins
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}", file=str(path)) from None
+    except ValueError as e:  # TOMLDecodeError (with line and column) and invalid UTF-8
+        raise ConfigError(f"{path}: not valid TOML: {e}", file=str(path)) from None
+
+
+def _merge(merged: dict, origin: dict, data: dict, file: str) -> None:
+    """Lays data over merged section by section, key by key, noting which file each key came from."""
+    for key, value in data.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key].update(value)
+        else:
+            merged[key] = dict(value) if isinstance(value, dict) else value
+            origin[(key,)] = file
+        for sub in value if isinstance(value, dict) else ():
+            origin[(key, sub)] = file
+
+
+def _problem(error: dict, origin: dict, default_file: str) -> tuple[str, str, str, Any]:
+    loc = tuple(str(part) for part in error["loc"])
+    file = origin.get(loc[:2]) or origin.get(loc[:1]) or default_file
+    key = ".".join(loc)
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        message = "unknown option"
+    elif error["type"] == "model_type":
+        message = "must be a table ([section])"
+    if error["type"] == "missing":
+        return file, key, message, None
+    return file, key, message, error.get("input")
+
+
+def load_config(paths: Paths) -> Config:
+    """The effective config; raises ConfigError naming file, key and value for anything wrong."""
+    merged: dict = {}
+    origin: dict = {}
+    for path in config_files(paths):
+        _merge(merged, origin, _read_toml(path), str(path))
+    try:
+        return Config.model_validate(merged)
+    except ValidationError as e:
+        problems = [_problem(err, origin, str(paths.config_file)) for err in e.errors()]
+        lines = [f"{file}: {key}" + (f" = {toml_value(value)}" if value is not None else "") + f": {message}"
+                 for file, key, message, value in problems]
+        file, key, _, value = problems[0]
+        raise ConfigError("; ".join(lines), file=file, key=key, value=value) from None
+
+
+# --- csplice's settings file -----------------------------------------------------------------------------
+
+def _yes_no(value: bool) -> str:
+    return "yes" if value else "no"
+
+
+def render_csplice_settings(config: Config, paths: Paths) -> str:
+    """csplice.conf for this config. paths is the effective one (config.paths(base), or the CLI's override):
+    its spool_dir is where csplice writes."""
+    capture = config.capture
+    strategy = choose_strategy(paths.proc_root) if capture.strategy == "auto" else capture.strategy
+    min_free = capture.min_free
+    settings = {
+        "spool_dir": str(paths.spool_dir),
+        "strategy": strategy,
+        "chunk_bytes": capture.chunk_size,
+        "pipe_bytes": capture.pipe_size,
+        "max_dump_bytes": capture.max_dump_size,
+        "min_free_bytes": min_free.bytes or 0,
+        # csplice counts whole percents; rounding up keeps at least the configured share free.
+        "min_free_percent": math.ceil(min_free.percent) if min_free.percent is not None else 0,
+        "max_pending": capture.max_pending,
+        "max_per_exe_per_minute": capture.max_per_exe_per_minute,
+        "timeout_sec": math.ceil(capture.timeout),
+        "fsync": _yes_no(capture.fsync),
+        "sparse": _yes_no(capture.sparse),
+        "collect_environ": _yes_no(capture.collect_environ),
+        "collect_maps": _yes_no(capture.collect_maps),
+    }
+    lines = ["# Generated by corehandler from its configuration; edit corehandler.toml instead.",
+             f"# capture.strategy = {capture.strategy}"]
+    lines += [f"{key}={value}" for key, value in settings.items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_csplice_settings(config: Config, paths: Paths) -> None:
+    """Replaces paths.csplice_settings atomically (mode 0644), so a crash never reads half a file."""
+    target = paths.csplice_settings
+    try:
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_atomic(target, render_csplice_settings(config, paths).encode(), 0o644)
+    except OSError as e:
+        raise ConfigError(f"cannot write csplice settings {target}: {e.strerror}", file=str(target)) from None
+
+
+# --- TOML output -----------------------------------------------------------------------------------------
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {toml_value(v)}" for k, v in value.items()) + "}"
+    # A TOML basic string: JSON's escapes, minus the surrogate pairs and raw DEL that TOML refuses.
+    text = json.dumps(str(value), ensure_ascii=False)
+    return text.replace("\x7f", "\\u007f")
+
+
+def _field_lines(model: BaseModel, commented: bool) -> list[str]:
+    lines = []
+    for name, info in type(model).model_fields.items():
+        if isinstance(getattr(model, name), BaseModel):
+            continue
+        value = getattr(model, name)
+        human = next((m for m in info.metadata if isinstance(m, _Human)), None)
+        text = toml_value(human.format(value) if human else value)
+        if commented:
+            lines += [f"# {info.description}", f"#{name} = {text}"]
+        else:
+            lines.append(f"{name} = {text}")
+    return lines
+
+
+DEFAULTS_HEADER = """\
+# corehandler configuration. Every option is shown commented out with its default; uncomment to change it.
+# Drop-ins in corehandler.d/*.toml are read after this file, in name order; a later file wins key by key.
+# Sizes are binary ("64K", "4G", "1.5GiB"), durations "90s", "1h30m", "2w"; "15%" is a share of a filesystem.
+# `corehandler config check` validates it; `corehandler config show` prints what is in effect."""
+
+
+def render_toml(config: Config, *, commented_defaults: bool = False) -> str:
+    """The config as TOML in human units. commented_defaults renders the shipped file's form."""
+    out = [DEFAULTS_HEADER] if commented_defaults else []
+    out.append("\n".join(_field_lines(config, commented_defaults)))
+    for name in type(config).model_fields:
+        section = getattr(config, name)
+        if isinstance(section, BaseModel):
+            out.append("\n".join([f"[{name}]"] + _field_lines(section, commented_defaults)))
+    return "\n\n".join(out) + "\n"
+
+
+def config_json(config: Config) -> dict:
+    """The config with parsed values: sizes in bytes, durations in seconds, SizeOrPercent as "15%" or bytes."""
+    def plain(value):
+        if isinstance(value, BaseModel):
+            return {name: plain(getattr(value, name)) for name in type(value).model_fields}
+        if isinstance(value, units.SizeOrPercent):
+            return value.bytes if value.bytes is not None else units.format_percent(value.percent)
+        if isinstance(value, Path):
+            return str(value)
+        return value
+
+    return plain(config)

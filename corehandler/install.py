@@ -1,0 +1,318 @@
+"""`corehandler install`, `uninstall` and `status`: make csplice the kernel's core handler and undo it exactly.
+
+install, as root:
+  1. checks csplice: an absolute path whose every component is owned by root and not writable by anyone
+     else (the kernel runs it as root: a path others can change is a root shell for them), and that it runs;
+  2. refuses when another pipe handler is in core_pattern (systemd-coredump, apport, ...) unless forced;
+  3. creates the state directories (state 0700, spool 0700, store 0700, owned by root);
+  4. saves the current core_pattern and core_pipe_limit in <state>/previous-sysctl.json, unless they are
+     already ours (so installing twice keeps the values from before the first install);
+  5. writes csplice.conf from the config, then the sysctl.d file, then core_pipe_limit and core_pattern live
+     (the pattern last: by the time the kernel runs csplice, its settings are in place);
+  6. calls start_daemon(paths) when given (the CLI passes the supervisor's start where systemd is absent).
+uninstall puts the saved values back, exactly, if the live pattern is still ours, and removes the sysctl.d
+file. Dumps in the state directory are left alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import stat
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+from corehandler import paths as paths_mod
+from corehandler import sysctl
+from corehandler.atomicfile import write_atomic
+from corehandler.config import Config, render_csplice_settings, write_csplice_settings
+from corehandler.errors import HandlerConflictError, NotRootError, SystemFailure, UnsafePathError
+from corehandler.paths import Paths
+
+# The kernel's %-specifiers csplice takes, in csplice's argv order (docs/design.md, csplice/crash.h).
+SPECIFIERS = "%P %i %I %u %g %d %s %t %c %h %e"
+# %F, a pidfd of the crashed process, exists from Linux 6.16; older kernels would pass it through literally.
+PIDFD_SPECIFIER = "%F"
+PIDFD_SINCE = (6, 16)
+# The kernel's CORENAME_MAX_SIZE is 128 with the terminating NUL; longer patterns are cut short silently.
+MAX_CORE_PATTERN = 127
+# Non-zero keeps /proc/PID of a crashed process alive until csplice has read it; 16 concurrent captures.
+PIPE_LIMIT = 16
+PREVIOUS_FILE = "previous-sysctl.json"
+ROOT_UID = 0
+# Owners trusted for every component of csplice's path (tests running unprivileged add their own uid).
+TRUSTED_UIDS = frozenset({ROOT_UID})
+# What uninstall restores when it finds our pattern but no saved values: the kernel's own defaults.
+KERNEL_DEFAULTS = {sysctl.CORE_PATTERN: "core", sysctl.CORE_PIPE_LIMIT: "0"}
+
+
+def _sysctl_root(paths: Paths) -> Path:
+    return paths.proc_root / "sys"
+
+
+def kernel_version(release: str) -> tuple[int, int]:
+    """(major, minor) of a release string such as "6.18.44-fc-v657"; (0, 0) if it does not parse."""
+    m = re.match(r"(\d+)\.(\d+)", release)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def core_pattern_for(csplice: Path, kernel_release: str) -> str:
+    pattern = f"|{csplice} {SPECIFIERS}"
+    if kernel_version(kernel_release) >= PIDFD_SINCE:
+        pattern += f" {PIDFD_SPECIFIER}"
+    if len(pattern) > MAX_CORE_PATTERN:
+        raise SystemFailure(f"core_pattern would be {len(pattern)} characters, the kernel takes at most "
+                            f"{MAX_CORE_PATTERN}: install corehandler under a shorter path than {csplice.parent}")
+    if any(c.isspace() for c in str(csplice)):
+        raise SystemFailure(f"csplice path {csplice} contains whitespace, which core_pattern cannot quote")
+    return pattern
+
+
+def handler_program(pattern: str) -> str | None:
+    """The program of a pipe pattern ("|/usr/lib/x %p" -> "/usr/lib/x"), None for a file pattern."""
+    if not pattern.startswith("|"):
+        return None
+    words = pattern[1:].split()
+    return words[0] if words else ""
+
+
+def is_ours(pattern: str) -> bool:
+    """True for a csplice pipe pattern, whichever installation of corehandler wrote it."""
+    program = handler_program(pattern)
+    return program is not None and Path(program).name == "csplice"
+
+
+def check_handler_path(path: Path) -> Path:
+    """The real path of csplice, after checking that only root can change what the kernel will run there."""
+    if not path.is_absolute():
+        raise UnsafePathError(f"csplice path {path} is not absolute")
+    real = Path(os.path.realpath(path))
+    try:
+        st = real.stat()
+    except OSError as e:
+        raise SystemFailure(f"csplice not found at {real}: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode) or not st.st_mode & stat.S_IXUSR:
+        raise UnsafePathError(f"csplice at {real} is not an executable file")
+    for part in [real, *real.parents]:
+        st = part.stat()
+        if st.st_uid not in TRUSTED_UIDS:
+            raise UnsafePathError(f"refusing csplice at {real}: {part} is owned by uid {st.st_uid}, not root, "
+                                  f"and the kernel runs csplice as root")
+        sticky_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not sticky_dir:
+            raise UnsafePathError(f"refusing csplice at {real}: {part} is writable by group or others "
+                                  f"(mode {stat.S_IMODE(st.st_mode):04o}), and the kernel runs csplice as root")
+    return real
+
+
+def csplice_version(path: Path) -> str:
+    try:
+        result = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SystemFailure(f"cannot run {path} --version: {e}") from None
+    if result.returncode != 0:
+        raise SystemFailure(f"{path} --version failed with exit code {result.returncode}")
+    return result.stdout.strip()
+
+
+def require_root(verb: str) -> None:
+    if os.geteuid() != ROOT_UID:
+        raise NotRootError(f"{verb} changes kernel settings and needs root (run it with sudo)")
+
+
+def ensure_state_dirs(paths: Paths) -> None:
+    """state, spool and store directories: 0700 and root's, whatever they were before."""
+    for directory in (paths.state_dir, paths.spool_dir, paths.store_dir):
+        try:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            st = os.lstat(directory)
+            if not stat.S_ISDIR(st.st_mode):
+                raise SystemFailure(f"{directory} exists and is not a directory")
+            if st.st_uid != ROOT_UID:
+                os.chown(directory, ROOT_UID, ROOT_UID)
+            os.chmod(directory, 0o700)
+        except OSError as e:
+            raise SystemFailure(f"cannot create {directory}: {e.strerror}") from None
+
+
+def _previous_path(paths: Paths) -> Path:
+    return paths.state_dir / PREVIOUS_FILE
+
+
+def read_previous(paths: Paths) -> dict | None:
+    path = _previous_path(paths)
+    try:
+        saved = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise SystemFailure(f"cannot read the saved kernel settings {path}: {e}") from None
+    if not all(isinstance(saved.get(name), str) for name in KERNEL_DEFAULTS):
+        raise SystemFailure(f"the saved kernel settings {path} lack {' or '.join(KERNEL_DEFAULTS)}")
+    return saved
+
+
+def _live(paths: Paths) -> dict[str, str]:
+    return {name: sysctl.read(name, _sysctl_root(paths)) for name in (sysctl.CORE_PATTERN, sysctl.CORE_PIPE_LIMIT)}
+
+
+def install(config: Config, paths: Paths, *, csplice: Path | None = None, force: bool = False,
+            start_daemon: Callable[[Paths], object] | None = None) -> dict:
+    """Makes csplice the live and persistent core handler (see the module docstring); returns what it did."""
+    require_root("install")
+    program = check_handler_path(csplice or paths_mod.csplice_path())
+    version = csplice_version(program)
+    root = _sysctl_root(paths)
+    pattern = core_pattern_for(program, sysctl.read("kernel.osrelease", root))
+    live = _live(paths)
+    current = live[sysctl.CORE_PATTERN]
+    if handler_program(current) is not None and not is_ours(current) and not force:
+        raise HandlerConflictError(f"another core handler is installed ({handler_program(current)}): "
+                                   f"`corehandler install --force` replaces it and uninstall puts it back")
+
+    ensure_state_dirs(paths)
+    already_ours = is_ours(current)
+    if not already_ours:
+        write_atomic(_previous_path(paths), json.dumps({**live, "saved_at": time.time()}, indent=1).encode(),
+                     0o600)
+    write_csplice_settings(config, paths)
+    pipe_limit = str(max(PIPE_LIMIT, _int_or_zero(live[sysctl.CORE_PIPE_LIMIT])))
+    values = {sysctl.CORE_PATTERN: pattern, sysctl.CORE_PIPE_LIMIT: pipe_limit}
+    sysctl_d = sysctl.write_sysctl_d(values, paths.sysctl_d)
+    sysctl.write(sysctl.CORE_PIPE_LIMIT, pipe_limit, root)
+    sysctl.write(sysctl.CORE_PATTERN, pattern, root)
+    if start_daemon is not None:
+        start_daemon(paths)
+    return {"core_pattern": pattern, "core_pipe_limit": pipe_limit, "csplice": str(program),
+            "csplice_version": version, "replaced": None if already_ours else current, "previous_kept": already_ours,
+            "sysctl_d": str(sysctl_d), "settings": str(paths.csplice_settings), "state_dir": str(paths.state_dir),
+            "daemon_started": start_daemon is not None}
+
+
+def _int_or_zero(text: str) -> int:
+    return int(text) if text.strip().isdigit() else 0
+
+
+def uninstall(paths: Paths, *, stop_daemon: Callable[[Paths], object] | None = None) -> dict:
+    """Restores the saved core_pattern and core_pipe_limit if ours is live, and removes the sysctl.d file."""
+    require_root("uninstall")
+    root = _sysctl_root(paths)
+    previous = read_previous(paths)
+    current = sysctl.read(sysctl.CORE_PATTERN, root)
+    restored = None
+    if is_ours(current):
+        restored = {name: (previous or KERNEL_DEFAULTS)[name] for name in KERNEL_DEFAULTS}
+        # The pattern first: once it is not ours, no new crash reaches csplice.
+        sysctl.write(sysctl.CORE_PATTERN, restored[sysctl.CORE_PATTERN], root)
+        sysctl.write(sysctl.CORE_PIPE_LIMIT, restored[sysctl.CORE_PIPE_LIMIT], root)
+    removed = sysctl.remove_sysctl_d(paths.sysctl_d)
+    if restored is not None or not is_ours(current):
+        # Either restored, or someone else's handler is live now: the saved values are spent either way.
+        _previous_path(paths).unlink(missing_ok=True)
+    if stop_daemon is not None:
+        stop_daemon(paths)
+    return {"was_installed": is_ours(current), "restored": restored, "restored_from":
+            "saved" if previous else ("kernel defaults" if restored else None),
+            "left_alone": None if is_ours(current) else current, "sysctl_d_removed": removed,
+            "daemon_stopped": stop_daemon is not None}
+
+
+# --- status ----------------------------------------------------------------------------------------------
+
+def _spool_summary(spool_dir: Path) -> dict:
+    summary = {"path": str(spool_dir), "exists": spool_dir.is_dir(), "pending": 0, "orphans": None, "bytes": 0}
+    try:
+        entries = list(os.scandir(spool_dir))
+    except FileNotFoundError:
+        return summary
+    except OSError as e:
+        return {**summary, "error": e.strerror}
+    for entry in entries:
+        if entry.is_file(follow_symlinks=False):
+            summary["bytes"] += entry.stat(follow_symlinks=False).st_blocks * 512
+            if entry.name.endswith(".json") and not entry.name.startswith("."):
+                summary["pending"] += 1
+    try:
+        from corehandler import spool  # branch `daemon`'s module knows the lock protocol that defines orphans
+    except ImportError:
+        return summary
+    summary["orphans"] = len(spool.find_orphans(spool_dir))
+    return summary
+
+
+def _store_summary(index_path: Path) -> dict | None:
+    """Count and bytes from the daemon's index, opened read-only so status never creates or locks it long."""
+    if not index_path.exists():
+        return None
+    try:
+        db = sqlite3.connect(f"file:{index_path}?mode=ro", uri=True, timeout=2)
+        try:
+            count, stored = db.execute("SELECT COUNT(*), COALESCE(SUM(stored_bytes), 0) FROM dumps").fetchone()
+        finally:
+            db.close()
+    except sqlite3.Error as e:
+        return {"path": str(index_path), "error": str(e)}
+    return {"path": str(index_path), "count": count, "bytes": stored}
+
+
+def _daemon_summary(paths: Paths) -> dict:
+    try:
+        from corehandler import supervise  # branch `packaging`'s supervisor knows its pid file and lock
+    except ImportError:
+        return {"state": "unknown"}
+    found = supervise.status(paths)
+    return {"state": "running" if found.running else "stopped", **found.as_dict()}
+
+
+def _settings_summary(config: Config, paths: Paths) -> dict:
+    path = paths.csplice_settings
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {"path": str(path), "state": "missing (csplice runs on its built-in defaults)"}
+    except OSError as e:
+        return {"path": str(path), "state": f"unreadable: {e.strerror}"}
+    current = text == render_csplice_settings(config, paths)
+    return {"path": str(path), "state": "current" if current else "differs from the config (reinstall or reload)"}
+
+
+def status(config: Config, paths: Paths, *, csplice: Path | None = None) -> dict:
+    """What is installed and how the spool and store stand; never changes anything, needs no root."""
+    root = _sysctl_root(paths)
+    program = csplice or paths_mod.csplice_path()
+    live = _live(paths)
+    handler = {"path": str(program), "exists": program.exists(), "version": None, "problem": None}
+    expected = None
+    try:
+        real = check_handler_path(program)
+        handler["version"] = csplice_version(real)
+        expected = core_pattern_for(real, sysctl.read("kernel.osrelease", root))
+    except (UnsafePathError, SystemFailure) as e:
+        handler["problem"] = e.message
+    pipe_limit = _int_or_zero(live[sysctl.CORE_PIPE_LIMIT])
+    persistent = sysctl.read_sysctl_d(paths.sysctl_d)
+    try:
+        previous = read_previous(paths)
+    except SystemFailure as e:
+        previous = {"error": e.message}
+    return {
+        "installed": is_ours(live[sysctl.CORE_PATTERN]),
+        "core_pattern": live[sysctl.CORE_PATTERN],
+        "core_pattern_expected": expected,
+        "core_pattern_matches": expected is not None and live[sysctl.CORE_PATTERN] == expected,
+        "core_pipe_limit": pipe_limit,
+        "core_pipe_limit_ok": pipe_limit > 0,
+        "sysctl_d": {"path": str(sysctl.sysctl_d_file(paths.sysctl_d)), "exists": persistent is not None,
+                     "matches_live": persistent is not None and all(persistent.get(k) == v for k, v in live.items())},
+        "previous": previous,
+        "csplice": handler,
+        "settings": _settings_summary(config, paths),
+        "state_dir": str(paths.state_dir),
+        "spool": _spool_summary(paths.spool_dir),
+        "store": _store_summary(paths.index_path),
+        "daemon": _daemon_summary(paths),
+    }
