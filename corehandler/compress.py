@@ -140,6 +140,20 @@ def verify(path: Path, raw_bytes: int, sha256: str | None) -> None:
         raise VerifyError(f"{path.name} decompresses to data with sha256 {digest}, expected {sha256}")
 
 
+def check_header(path: Path, raw_bytes: int) -> None:
+    """A cheap check (no decompression): a compressed file starts with a zstd frame of the right size."""
+    if not path.name.endswith(COMPRESSED_SUFFIX):
+        return
+    with open(path, "rb") as f:
+        head = f.read(18)  # the longest frame header
+    try:
+        params = zstandard.get_frame_parameters(head)
+    except zstandard.ZstdError as e:
+        raise VerifyError(f"{path.name} does not start with a zstd frame: {e}") from e
+    if params.content_size not in (raw_bytes, zstandard.CONTENTSIZE_UNKNOWN):
+        raise VerifyError(f"{path.name} says it holds {params.content_size} bytes, expected {raw_bytes}")
+
+
 def measure(path: Path) -> tuple[int, str]:
     """Size and sha256 of the original bytes; VerifyError if the file is corrupt."""
     return _copy(path, lambda chunk: None)

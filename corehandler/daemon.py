@@ -12,6 +12,7 @@ the daemon there: compressing, compressed, stored, indexed, core_removed.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import select
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from corehandler import compress, elfcore, retention, spool
+from corehandler.errors import CorehandlerError
 from corehandler.inotify import IN_Q_OVERFLOW, Watch
 from corehandler.store import Store, row_from_record
 
@@ -49,15 +51,16 @@ class Settings:
         return self.state_dir / "spool"
 
 
-def settings_from_config(config, paths) -> Settings:
-    """Settings from a corehandler.config.Config; percentages resolve against the state dir's filesystem."""
-    state_dir = config.paths(paths).state_dir
+def settings_from_config(config, paths, **overrides) -> Settings:
+    """Settings from a corehandler.config.Config and the effective Paths (state_dir already applied);
+    percentages resolve against the state dir's filesystem."""
+    state_dir = paths.state_dir
     state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     total, _ = retention.filesystem(state_dir)
     return Settings(state_dir=state_dir, compression=config.compression.enabled, level=config.compression.level,
                     threads=config.compression.threads,
                     policy=retention.policy_from_config(config.retention, total),
-                    retention_interval=config.retention.interval or 3600.0)
+                    retention_interval=config.retention.interval, **overrides)
 
 
 class Stopping(Exception):
@@ -330,9 +333,21 @@ class Daemon:
         signal.signal(signal.SIGINT, lambda *_: self.stop())
         signal.signal(signal.SIGHUP, lambda *_: self.request_reload())
 
+    def _lock(self) -> int:
+        """One daemon per state dir: two would compress the same records side by side."""
+        path = self.settings.state_dir / "daemon.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise CorehandlerError(f"another corehandler daemon is running on {self.settings.state_dir}") from None
+        return fd
+
     def run(self) -> int:
         s = self.settings
         s.spool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        lock = self._lock()
         self._install_signals()
         self.store = Store(s.state_dir)
         watch = Watch(s.spool_dir)
@@ -377,6 +392,7 @@ class Daemon:
         finally:
             watch.close()
             self.store.close()
+            os.close(lock)
             for obs in self.observers:
                 close = getattr(obs, "close", None)
                 if close:
