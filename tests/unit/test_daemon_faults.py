@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -22,30 +23,40 @@ from corehandler.store import Store
 from support.spoolfeed import feed, write_settings
 
 RUNDAEMON = Path(__file__).parent.parent / "support" / "rundaemon.py"
+_pending: dict[int, bytes] = {}  # output read past the last line wait_line returned, by fd
 
 
 def start(state_dir: Path, *args: str, pause: str | None = None) -> subprocess.Popen:
     env = dict(os.environ)
     if pause:
         env[PAUSE_ENV] = pause
-    return subprocess.Popen([sys.executable, str(RUNDAEMON), str(state_dir), "--threads", "1", *args],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, str(RUNDAEMON), str(state_dir), "--threads", "1", *args],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    for stream in (proc.stdout, proc.stderr):  # fd numbers are reused: forget an earlier process's output
+        _pending.pop(stream.fileno(), None)
+    return proc
 
 
 def wait_line(stream, needle: str, timeout: float = 30.0) -> list[str]:
-    import selectors
-    sel = selectors.DefaultSelector()
-    sel.register(stream, selectors.EVENT_READ)
-    seen, deadline = [], time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if sel.select(timeout=0.2):
-            line = stream.readline()
-            if not line:
-                break
-            seen.append(line)
-            if needle in line:
+    """Reads the stream's lines until one holds needle. Reads the fd directly: a buffered readline after
+    select() would hide lines that arrived together."""
+    fd, seen = stream.fileno(), []
+    deadline = time.monotonic() + timeout
+    while True:
+        buf = _pending.get(fd, b"")
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            _pending[fd] = buf
+            seen.append(line.decode(errors="replace"))
+            if needle in seen[-1]:
                 return seen
-    raise AssertionError(f"no line with {needle!r} in {seen}")
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            raise AssertionError(f"no line with {needle!r} in {seen}")
+        data = os.read(fd, 65536)
+        if not data:
+            raise AssertionError(f"end of output before a line with {needle!r}: {seen}")
+        _pending[fd] = buf + data
 
 
 def sha_of(path: Path) -> str:
@@ -56,6 +67,7 @@ def run_to_completion(state_dir: Path, n: int) -> None:
     """A fresh daemon finishes the work; then it is stopped with SIGTERM (which must exit 0)."""
     proc = start(state_dir)
     try:
+        wait_line(proc.stderr, "Watching")  # SIGTERM before the handlers are set would just kill it
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             pending = [x for x in os.listdir(state_dir / "spool") if x != ".rate"]
@@ -141,7 +153,7 @@ def test_sigterm_stops_cleanly(fed):
     wait_line(proc.stderr, "Watching")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
-    assert "Stopping" in proc.stderr.read()
+    wait_line(proc.stderr, "Stopping")
     run_to_completion(state_dir, len(expected))
     check_invariants(state_dir, expected)
 
