@@ -4,6 +4,7 @@ streaming decompression, and decompression for `dump`. With compression off, dum
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import os
 import stat
@@ -163,7 +164,9 @@ def decompress_to(path: Path, out: BinaryIO) -> tuple[int, str]:
     """Writes the original bytes to out; a regular file gets holes where the dump has zero pages (cores are
     often mostly zeros), which reads back identically. Returns size and sha256."""
     fd = out.fileno()
-    sparse = stat.S_ISREG(os.fstat(fd).st_mode) and out.seekable()
+    # Holes need seeks; with O_APPEND (`>>`) every write lands at the end, so a seek would lose the zeros.
+    sparse = stat.S_ISREG(os.fstat(fd).st_mode) and out.seekable() and \
+        not fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND
     if not sparse:
         return _copy(path, out.write)
     start = out.tell()

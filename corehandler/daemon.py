@@ -88,6 +88,8 @@ def _status(record: dict, info: elfcore.CoreInfo | None, core_missing: bool) -> 
         if info is not None:
             problems.extend(info.problems)
         return "orphan", problems
+    if record.get("unreadable") and record.get("core") is None:
+        return "invalid", problems
     if record.get("core") is None and not core_missing:
         reason = capture.get("dropped_reason") or capture.get("error")
         return "metadata_only", [f"dump not kept: {reason}"] if reason else []
@@ -107,7 +109,9 @@ def _status(record: dict, info: elfcore.CoreInfo | None, core_missing: bool) -> 
 
 class Daemon:
     def __init__(self, settings: Settings, observers: Sequence = (),
-                 reload: Callable[[], Settings] | None = None):
+                 reload: Callable[[], Settings] | None = None, *, handle_signals: bool = False):
+        """handle_signals: SIGTERM/SIGINT stop, SIGHUP reloads (the process's main thread only; tests
+        running the daemon in a thread call stop() and request_reload())."""
         self.settings = settings
         self.observers = list(observers)
         self.reload = reload
@@ -117,6 +121,10 @@ class Daemon:
         self._reload_pending = False
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.store: Store | None = None
+        if handle_signals:  # now, not in run(): a SIGHUP before the loop starts is kept, not fatal
+            signal.signal(signal.SIGTERM, lambda *_: self.stop())
+            signal.signal(signal.SIGINT, lambda *_: self.stop())
+            signal.signal(signal.SIGHUP, lambda *_: self.request_reload())
 
     # -- observers ----------------------------------------------------------------------------------------
 
@@ -248,8 +256,10 @@ class Daemon:
             return False
         try:
             done = self.ingest(dump_id)
-        except _Retry:
+        except _Retry as e:
             self._retry_at[dump_id] = time.monotonic() + self.settings.retry_interval
+            if isinstance(e.__cause__, compress.DiskFullError):
+                self.retain()  # keep_free may make room for the retry
             return False
         except Stopping:
             return False
@@ -326,13 +336,6 @@ class Daemon:
 
     # -- main loop ------------------------------------------------------------------------------------------
 
-    def _install_signals(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return  # run() in a test thread: stop() and request_reload() instead
-        signal.signal(signal.SIGTERM, lambda *_: self.stop())
-        signal.signal(signal.SIGINT, lambda *_: self.stop())
-        signal.signal(signal.SIGHUP, lambda *_: self.request_reload())
-
     def _lock(self) -> int:
         """One daemon per state dir: two would compress the same records side by side."""
         path = self.settings.state_dir / "daemon.lock"
@@ -348,7 +351,6 @@ class Daemon:
         s = self.settings
         s.spool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         lock = self._lock()
-        self._install_signals()
         self.store = Store(s.state_dir)
         watch = Watch(s.spool_dir)
         try:

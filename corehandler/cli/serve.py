@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 
 from corehandler.cli import load
@@ -45,6 +46,8 @@ def observers_for(config, paths) -> list:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    # Until the daemon has its handler, a reload request (SIGHUP) must not kill us; the config is read below.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     logging.basicConfig(stream=sys.stderr, level=logging.DEBUG if args.debug else logging.INFO,
                         format="%(levelname)s: %(message)s")
     config, paths = load(args)  # an invalid config stops us here, with the message naming file and key
@@ -58,5 +61,5 @@ def run_serve(args: argparse.Namespace) -> int:
 
     write_csplice_settings(config, paths)
     daemon = Daemon(settings_from_config(config, paths, sweep_interval=args.sweep_interval),
-                    observers_for(config, paths), reload)
+                    observers_for(config, paths), reload, handle_signals=True)
     return daemon.run()

@@ -44,7 +44,7 @@ def main() -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(message)s")
     settings = Settings(a.state_dir, compression=not a.no_compression, level=a.level, threads=a.threads,
                         policy=Policy(max_count=a.max_count), sweep_interval=a.sweep, retry_interval=a.retry)
-    return Daemon(settings, observers=[PrintObserver()]).run()
+    return Daemon(settings, observers=[PrintObserver()], handle_signals=True).run()
 
 
 if __name__ == "__main__":

@@ -54,8 +54,14 @@ def live(tmp_path, host_core_settings):
 
 
 def serve(base):
+    """`corehandler serve`, returned once it watches the spool (its log lines up to then are in .started)."""
     proc = subprocess.Popen(base + ["serve", "--sweep-interval", "1"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
+    proc.started = []
+    while not proc.started or "Watching" not in proc.started[-1]:
+        line = proc.stderr.readline()
+        assert line, f"serve exited: {proc.started}"
+        proc.started.append(line)
     return proc
 
 

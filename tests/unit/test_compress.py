@@ -96,3 +96,12 @@ def test_missing_source_is_a_compress_error(tmp_path):
 def test_threads_zero_means_one_per_cpu():
     assert compress.resolve_threads(0) == os.cpu_count()
     assert compress.resolve_threads(3) == 3
+
+
+def test_decompress_to_an_append_mode_file_keeps_the_zeros(tmp_path, core):
+    stored = compress.store_file(core, tmp_path, "id1")
+    out = tmp_path / "out"
+    out.write_bytes(b"head")
+    with open(out, "ab") as f:  # what `corehandler dump ID >> file` gives us
+        compress.decompress_to(stored.path, f)
+    assert out.read_bytes() == b"head" + core.read_bytes()

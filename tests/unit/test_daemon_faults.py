@@ -95,17 +95,27 @@ def check_invariants(state_dir: Path, expected: dict[str, str]) -> None:
         compress.verify(state_dir / "store" / r.path, r.raw_bytes, r.sha256)
 
 
-@pytest.fixture
-def fed(tmp_path, feeder, csplice):
-    """Three committed records of 2 MiB in a fresh state dir; returns (state_dir, id -> sha256)."""
+def new_spool(tmp_path, feeder, csplice):
+    """A fresh state dir; returns it, the id -> sha256 of what was fed, and add(pid, size) to feed more."""
     state_dir = tmp_path / "state"
     spool_dir = state_dir / "spool"
     spool_dir.mkdir(parents=True, mode=0o700)
     settings = write_settings(tmp_path / "s.conf", spool_dir)
     expected = {}
-    for pid in (11, 12, 13):
-        r = feed(feeder, csplice, settings, size=2 << 20, pid=pid)
+
+    def add(pid: int, size: int) -> None:
+        r = feed(feeder, csplice, settings, size=size, pid=pid)
         expected[r["id"]] = sha_of(spool_dir / r["core"])
+
+    return state_dir, expected, add
+
+
+@pytest.fixture
+def fed(tmp_path, feeder, csplice):
+    """Three committed records of 2 MiB in a fresh state dir; returns (state_dir, id -> sha256)."""
+    state_dir, expected, add = new_spool(tmp_path, feeder, csplice)
+    for pid in (11, 12, 13):
+        add(pid, 2 << 20)
     return state_dir, expected
 
 
@@ -124,17 +134,12 @@ def test_sigkill_at_each_ingest_step_loses_nothing(fed, point):
 
 
 def test_sigkill_at_random_times_loses_nothing(tmp_path, feeder, csplice):
-    state_dir = tmp_path / "state"
-    spool_dir = state_dir / "spool"
-    spool_dir.mkdir(parents=True, mode=0o700)
-    settings = write_settings(tmp_path / "s.conf", spool_dir)
-    expected = {}
+    state_dir, expected, add = new_spool(tmp_path, feeder, csplice)
     rng = random.Random(1234)
     mid_compression = 0
     for round_ in range(6):
         for pid in range(2):
-            r = feed(feeder, csplice, settings, size=4 << 20, pid=100 * round_ + pid + 1)
-            expected[r["id"]] = sha_of(spool_dir / r["core"])
+            add(100 * round_ + pid + 1, 4 << 20)
         proc = start(state_dir, "--level", "15")  # ~0.5 s per dump: most kills land mid-compression
         time.sleep(rng.uniform(0.3, 1.5))
         proc.kill()
