@@ -107,6 +107,14 @@ def _status(record: dict, info: elfcore.CoreInfo | None, core_missing: bool) -> 
     return "ok", problems
 
 
+def _event(dump, path: Path | None, compress_seconds: float, ingest_seconds: float) -> dict:
+    """The `stored` argument of on_ingested (docs/design.md, Daemon events)."""
+    return {"id": dump.id, "path": str(path) if path else None, "raw_bytes": dump.raw_bytes,
+            "compressed_bytes": dump.stored_bytes, "compress_seconds": compress_seconds,
+            "ingest_seconds": ingest_seconds, "ingested_at": dump.ingested_at, "status": dump.status,
+            "problem": dump.problem}
+
+
 class Daemon:
     def __init__(self, settings: Settings, observers: Sequence = (),
                  reload: Callable[[], Settings] | None = None, *, handle_signals: bool = False):
@@ -193,8 +201,10 @@ class Daemon:
         s = self.settings
         spool_dir = s.spool_dir
         start = time.monotonic()
-        if self.store.has(dump_id):
-            spool.remove_record(spool_dir, dump_id)  # a kill after indexing: only the cleanup was left
+        done = self.store.get(dump_id)
+        if done is not None:  # a kill after indexing: the cleanup and the event were left
+            if spool.record_path(spool_dir, dump_id).exists():
+                self._finish(done.record, _event(done, self.store.file_path(done), 0.0, 0.0))
             return True
         try:
             record = spool.read_record(spool_dir, dump_id)
@@ -231,25 +241,27 @@ class Daemon:
                 raise _Retry() from e
             self._checkpoint("stored")
 
-        ingested_at = time.time()
         row = row_from_record(record, status=status, problem="; ".join(problems) or None,
                               path=stored.path.name if stored else None,
                               raw_bytes=stored.raw_bytes if stored else 0,
                               stored_bytes=stored.stored_bytes if stored else 0,
-                              sha256=stored.sha256 if stored else None, ingested_at=ingested_at)
+                              sha256=stored.sha256 if stored else None)
         self.store.insert(row)
-        self._checkpoint("indexed")
-        spool.core_path(spool_dir, dump_id).unlink(missing_ok=True)
-        _checkpoint_pause("core_removed")
-        spool.remove_record(spool_dir, dump_id)
-        log.info("Ingested %s: %s%s, %d -> %d bytes", dump_id, status, f" ({row['problem']})" if row["problem"] else "",
-                 row["raw_bytes"], row["stored_bytes"])
-        self._notify("on_ingested", record, {
-            "id": dump_id, "path": str(stored.path) if stored else None, "raw_bytes": row["raw_bytes"],
-            "compressed_bytes": row["stored_bytes"], "compress_seconds": stored.seconds if stored else 0.0,
-            "ingest_seconds": time.monotonic() - start, "ingested_at": ingested_at, "status": status,
-            "problem": row["problem"]})
+        _checkpoint_pause("indexed")  # from here on, stopping would only delay the cleanup
+        dump = self.store.get(dump_id)
+        self._finish(record, _event(dump, stored.path if stored else None, stored.seconds if stored else 0.0,
+                                    time.monotonic() - start))
         return True
+
+    def _finish(self, record: dict, event: dict) -> None:
+        """Removes the raw files of an indexed dump and tells the observers."""
+        dump_id = event["id"]
+        spool.core_path(self.settings.spool_dir, dump_id).unlink(missing_ok=True)
+        _checkpoint_pause("core_removed")
+        spool.remove_record(self.settings.spool_dir, dump_id)
+        log.info("Ingested %s: %s%s, %d -> %d bytes", dump_id, event["status"],
+                 f" ({event['problem']})" if event["problem"] else "", event["raw_bytes"], event["compressed_bytes"])
+        self._notify("on_ingested", record, event)
 
     def _try_ingest(self, dump_id: str) -> bool:
         if self._retry_at.get(dump_id, 0) > time.monotonic():

@@ -142,16 +142,20 @@ class Store:
         self.state_dir = Path(state_dir)
         self.store_dir = self.state_dir / "store"
         self.index_path = self.state_dir / "index.sqlite"
-        if readonly:
-            if not self.index_path.exists():
-                raise StoreError(f"no index at {self.index_path}")
-            self.db = sqlite3.connect(f"file:{self.index_path}?mode=ro", uri=True, timeout=30)
-        else:
-            for d in (self.state_dir, self.store_dir):
-                d.mkdir(mode=0o700, parents=True, exist_ok=True)
-            self.db = sqlite3.connect(self.index_path, timeout=30)
-            os.chmod(self.index_path, 0o600)
-            self._migrate()
+        if readonly and not self.index_path.exists():
+            raise StoreError(f"no index at {self.index_path}")
+        try:
+            if readonly:
+                self.db = sqlite3.connect(f"file:{self.index_path}?mode=ro", uri=True, timeout=30)
+                self.db.execute("PRAGMA user_version").fetchone()  # fails here if it is not an SQLite file
+            else:
+                for d in (self.state_dir, self.store_dir):
+                    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+                self.db = sqlite3.connect(self.index_path, timeout=30)
+                os.chmod(self.index_path, 0o600)
+                self._migrate()
+        except (sqlite3.Error, OSError) as e:
+            raise StoreError(f"cannot open the index {self.index_path}: {e}") from e
 
     def _migrate(self) -> None:
         version = self.db.execute("PRAGMA user_version").fetchone()[0]

@@ -22,7 +22,7 @@ from pathlib import Path
 from corehandler import compress, retention
 from corehandler.cli import emit, load
 from corehandler.errors import CorehandlerError, NoMatchError, UsageError
-from corehandler.store import Dump, Filter, Store, StoreError
+from corehandler.store import Dump, Filter, Store
 from corehandler.units import UnitError, human_size, parse_duration
 
 
@@ -126,14 +126,9 @@ def build_filter(args: argparse.Namespace) -> Filter:
 
 def _open_store(args: argparse.Namespace, readonly: bool = True) -> Store:
     _, paths = load(args)
-    try:
-        return Store(paths.state_dir, readonly=readonly)
-    except StoreError:
-        if readonly:
-            raise NoMatchError(f"no dumps: there is no index in {paths.state_dir}") from None
-        raise
-    except Exception as e:  # sqlite3 and permission errors, in one line
-        raise CorehandlerError(f"cannot open the index in {paths.state_dir}: {e}") from e
+    if readonly and not (paths.state_dir / "index.sqlite").exists():
+        raise NoMatchError(f"no dumps: there is no index in {paths.state_dir}")
+    return Store(paths.state_dir, readonly=readonly)
 
 
 def select(args: argparse.Namespace, store: Store) -> list[Dump]:
@@ -327,11 +322,7 @@ def run_debug(args: argparse.Namespace) -> int:
 
 def run_vacuum(args: argparse.Namespace) -> int:
     config, paths = load(args)
-    try:
-        store = Store(paths.state_dir)
-    except Exception as e:
-        raise CorehandlerError(f"cannot open the index in {paths.state_dir}: {e}") from e
-    with store:
+    with Store(paths.state_dir) as store:
         total, _ = retention.filesystem(store.store_dir)
         policy = retention.policy_from_config(config.retention, total)
         done = retention.vacuum(store, policy, dry_run=args.dry_run)

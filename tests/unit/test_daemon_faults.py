@@ -63,8 +63,15 @@ def sha_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def run_to_completion(state_dir: Path, n: int) -> None:
-    """A fresh daemon finishes the work; then it is stopped with SIGTERM (which must exit 0)."""
+def ingested_events(proc: subprocess.Popen) -> set[str]:
+    """Ids of the on_ingested events an exited rundaemon printed."""
+    out = _pending.pop(proc.stdout.fileno(), b"") + proc.stdout.read()
+    return {e["stored"]["id"] for e in map(json.loads, out.splitlines()) if e["event"] == "ingested"}
+
+
+def run_to_completion(state_dir: Path, n: int) -> set[str]:
+    """A fresh daemon finishes the work; then it is stopped with SIGTERM (which must exit 0). Returns the ids
+    it reported ingested."""
     proc = start(state_dir)
     try:
         wait_line(proc.stderr, "Watching")  # SIGTERM before the handlers are set would just kill it
@@ -78,6 +85,7 @@ def run_to_completion(state_dir: Path, n: int) -> None:
             time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
+        return ingested_events(proc)
     finally:
         proc.kill()
         proc.wait()
@@ -129,8 +137,9 @@ def test_sigkill_at_each_ingest_step_loses_nothing(fed, point):
         proc.wait()
     finally:
         proc.kill()
-    run_to_completion(state_dir, len(expected))
+    reported = ingested_events(proc) | run_to_completion(state_dir, len(expected))
     check_invariants(state_dir, expected)
+    assert reported == set(expected)  # observers heard of every dump, the interrupted one included
 
 
 def test_sigkill_at_random_times_loses_nothing(tmp_path, feeder, csplice):

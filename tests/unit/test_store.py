@@ -123,3 +123,10 @@ def test_record_json_is_ascii(store):
     record = _record(1, comm="\udcff")
     row = _row(record)
     assert row["record"].isascii() and json.loads(row["record"])["comm"] == "\udcff"
+
+
+@pytest.mark.parametrize("readonly", [False, True])
+def test_a_damaged_index_is_one_clear_error(tmp_path, readonly):
+    (tmp_path / "index.sqlite").write_bytes(b"this is not a database, just some text" * 100)
+    with pytest.raises(StoreError, match="cannot open the index .*index.sqlite: file is not a database"):
+        Store(tmp_path, readonly=readonly)
