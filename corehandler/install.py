@@ -177,20 +177,39 @@ def install(config: Config, paths: Paths, *, csplice: Path | None = None, force:
     ensure_state_dirs(paths)
     already_ours = is_ours(current)
     if not already_ours:
-        write_atomic(_previous_path(paths), json.dumps({**live, "saved_at": time.time()}, indent=1).encode(),
-                     0o600)
+        try:
+            write_atomic(_previous_path(paths), json.dumps({**live, "saved_at": time.time()}, indent=1).encode(),
+                         0o600)
+        except OSError as e:
+            raise SystemFailure(f"cannot save the current kernel settings in {_previous_path(paths)}: "
+                                f"{e.strerror}") from None
     write_csplice_settings(config, paths)
     pipe_limit = str(max(PIPE_LIMIT, _int_or_zero(live[sysctl.CORE_PIPE_LIMIT])))
     values = {sysctl.CORE_PATTERN: pattern, sysctl.CORE_PIPE_LIMIT: pipe_limit}
     sysctl_d = sysctl.write_sysctl_d(values, paths.sysctl_d)
-    sysctl.write(sysctl.CORE_PIPE_LIMIT, pipe_limit, root)
-    sysctl.write(sysctl.CORE_PATTERN, pattern, root)
+    try:
+        sysctl.write(sysctl.CORE_PIPE_LIMIT, pipe_limit, root)
+        sysctl.write(sysctl.CORE_PATTERN, pattern, root)
+    except SystemFailure:
+        # Half installed is the worst state: the next boot would apply what the kernel refused now.
+        if not already_ours:
+            _restore_quietly(live, root)
+            sysctl.remove_sysctl_d(paths.sysctl_d)
+        raise
     if start_daemon is not None:
         start_daemon(paths)
     return {"core_pattern": pattern, "core_pipe_limit": pipe_limit, "csplice": str(program),
-            "csplice_version": version, "replaced": None if already_ours else current, "previous_kept": already_ours,
+            "csplice_version": version, "replaced": None if already_ours else current, "previous_saved": not already_ours,
             "sysctl_d": str(sysctl_d), "settings": str(paths.csplice_settings), "state_dir": str(paths.state_dir),
             "daemon_started": start_daemon is not None}
+
+
+def _restore_quietly(values: dict[str, str], root: Path) -> None:
+    for name, value in values.items():
+        try:
+            sysctl.write(name, value, root)
+        except SystemFailure:
+            pass  # the error being raised already says what failed
 
 
 def _int_or_zero(text: str) -> int:
@@ -210,14 +229,13 @@ def uninstall(paths: Paths, *, stop_daemon: Callable[[Paths], object] | None = N
         sysctl.write(sysctl.CORE_PATTERN, restored[sysctl.CORE_PATTERN], root)
         sysctl.write(sysctl.CORE_PIPE_LIMIT, restored[sysctl.CORE_PIPE_LIMIT], root)
     removed = sysctl.remove_sysctl_d(paths.sysctl_d)
-    if restored is not None or not is_ours(current):
-        # Either restored, or someone else's handler is live now: the saved values are spent either way.
-        _previous_path(paths).unlink(missing_ok=True)
+    # Restored, or someone else's handler is live now and must not be overwritten: the saved values are spent.
+    _previous_path(paths).unlink(missing_ok=True)
     if stop_daemon is not None:
         stop_daemon(paths)
-    return {"was_installed": is_ours(current), "restored": restored, "restored_from":
-            "saved" if previous else ("kernel defaults" if restored else None),
-            "left_alone": None if is_ours(current) else current, "sysctl_d_removed": removed,
+    return {"was_installed": restored is not None, "restored": restored,
+            "restored_from": None if restored is None else ("saved" if previous else "kernel defaults"),
+            "left_alone": None if restored is not None else current, "sysctl_d_removed": removed,
             "daemon_stopped": stop_daemon is not None}
 
 

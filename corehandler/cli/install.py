@@ -50,31 +50,45 @@ def run_uninstall(args: argparse.Namespace) -> int:
     return 0
 
 
-def _yes(flag: bool) -> str:
-    return "yes" if flag else "no"
+def _installed_line(st: dict) -> str:
+    if not st["installed"]:
+        return "no"
+    return "yes" if st["core_pattern_matches"] else "yes, but a different csplice or specifiers than this one's"
+
+
+def _sysctl_d_line(entry: dict) -> str:
+    if not entry["exists"]:
+        return "absent"
+    return "matches live" if entry["matches_live"] else "differs from live"
+
+
+def _spool_line(spool: dict) -> str:
+    if "error" in spool:
+        return f"unreadable ({spool['error']})"
+    orphans = f"{spool['orphans']} orphaned, " if spool["orphans"] is not None else ""
+    return f"{spool['pending']} pending, {orphans}{human_size(spool['bytes'])} on disk"
+
+
+def _store_line(store: dict | None) -> str:
+    if store is None:
+        return "no index yet"
+    return store.get("error") or f"{store['count']} dumps, {human_size(store['bytes'])}"
 
 
 def run_status(args: argparse.Namespace) -> int:
     config, paths = load(args)
     st = install.status(config, paths, csplice=args.csplice)
     handler = st["csplice"]
-    spool, store = st["spool"], st["store"]
+    pipe_note = "" if st["core_pipe_limit_ok"] else " (0: /proc/PID may vanish before csplice reads it)"
     lines = [
-        f"installed:        {_yes(st['installed'])}" + ("" if st["core_pattern_matches"] or not st["installed"]
-                                                         else " (a different csplice or specifiers)"),
+        f"installed:        {_installed_line(st)}",
         f"core_pattern:     {st['core_pattern']}",
-        f"core_pipe_limit:  {st['core_pipe_limit']}" + ("" if st["core_pipe_limit_ok"] else
-                                                        " (0: /proc/PID may vanish before csplice reads it)"),
-        f"sysctl.d:         {st['sysctl_d']['path']}: " + (("matches live" if st["sysctl_d"]["matches_live"]
-                                                            else "differs from live") if st["sysctl_d"]["exists"]
-                                                           else "absent"),
+        f"core_pipe_limit:  {st['core_pipe_limit']}{pipe_note}",
+        f"sysctl.d:         {st['sysctl_d']['path']}: {_sysctl_d_line(st['sysctl_d'])}",
         f"csplice:          {handler['path']} " + (handler["version"] or f"({handler['problem']})"),
         f"csplice settings: {st['settings']['path']}: {st['settings']['state']}",
-        f"spool:            {spool['path']}: {spool['pending']} pending, "
-        + (f"{spool['orphans']} orphaned, " if spool["orphans"] is not None else "")
-        + f"{human_size(spool['bytes'])} on disk",
-        "store:            " + ("no index yet" if store is None else store.get("error") or
-                                f"{store['count']} dumps, {human_size(store['bytes'])}"),
+        f"spool:            {st['spool']['path']}: {_spool_line(st['spool'])}",
+        f"store:            {_store_line(st['store'])}",
         f"daemon:           {st['daemon']['state']}",
     ]
     emit(args, st, "\n".join(lines))
