@@ -386,6 +386,9 @@ class Daemon:
                     break
                 if self._reload_pending:
                     self._do_reload()
+                    # The intervals may have changed; the new policy applies at once.
+                    next_sweep = time.monotonic() + self.settings.sweep_interval
+                    next_retain = 0.0
                 if watch in ready:
                     events = watch.read()
                     if any(mask & IN_Q_OVERFLOW for mask, _ in events):

@@ -221,3 +221,20 @@ def test_recovery_finishes_every_half_done_state(tmp_path, state, feeder, csplic
     assert sorted(os.listdir(store_dir)) == sorted(r.path for r in rows.values())
     for r in rows.values():
         compress.verify(store_dir / r.path, r.raw_bytes, r.sha256)
+
+
+def test_retention_timer_applies_a_reloaded_policy(tmp_path, state, feeder, csplice):
+    """No ingest after the reload: only the timer can delete, with the reloaded interval and policy. The
+    dumps are young at the reload and pass max_age seconds later."""
+    settings = write_settings(tmp_path / "s.conf", state / "spool")
+    for i in range(2):
+        feed(feeder, csplice, settings, size=65536, pid=800 + i)
+    rec = Recorder()
+    tighter = Settings(state, threads=1, sweep_interval=3600, retention_interval=0.2, policy=Policy(max_age=4))
+    with Running(Settings(state, threads=1, sweep_interval=3600), [rec], lambda: tighter) as d:
+        wait_for(lambda: spool_empty(state) and len(rec.of("ingested")) == 2, what="spool drained")
+        d.request_reload()
+        wait_for(lambda: d.settings is tighter, what="reload")
+        assert rec.of("deleted") == [] and len(indexed(state)) == 2
+        wait_for(lambda: len(rec.of("deleted")) == 2, what="retention by the timer")
+    assert [e[2] for e in rec.of("deleted")] == ["max_age", "max_age"] and indexed(state) == {}
