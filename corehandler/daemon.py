@@ -107,7 +107,7 @@ def _status(record: dict, info: elfcore.CoreInfo | None, core_missing: bool) -> 
     return "ok", problems
 
 
-def _event(dump, path: Path | None, compress_seconds: float, ingest_seconds: float) -> dict:
+def stored_event(dump, path: Path | None, compress_seconds: float, ingest_seconds: float) -> dict:
     """The `stored` argument of on_ingested (docs/design.md, Daemon events)."""
     return {"id": dump.id, "path": str(path) if path else None, "raw_bytes": dump.raw_bytes,
             "compressed_bytes": dump.stored_bytes, "compress_seconds": compress_seconds,
@@ -204,7 +204,7 @@ class Daemon:
         done = self.store.get(dump_id)
         if done is not None:  # a kill after indexing: the cleanup and the event were left
             if spool.record_path(spool_dir, dump_id).exists():
-                self._finish(done.record, _event(done, self.store.file_path(done), 0.0, 0.0))
+                self._finish(done.record, stored_event(done, self.store.file_path(done), 0.0, 0.0))
             return True
         try:
             record = spool.read_record(spool_dir, dump_id)
@@ -249,7 +249,7 @@ class Daemon:
         self.store.insert(row)
         _checkpoint_pause("indexed")  # from here on, stopping would only delay the cleanup
         dump = self.store.get(dump_id)
-        self._finish(record, _event(dump, stored.path if stored else None, stored.seconds if stored else 0.0,
+        self._finish(record, stored_event(dump, stored.path if stored else None, stored.seconds if stored else 0.0,
                                     time.monotonic() - start))
         return True
 

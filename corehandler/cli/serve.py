@@ -9,7 +9,8 @@ import sys
 
 from corehandler.cli import load
 from corehandler.config import write_csplice_settings
-from corehandler.daemon import Daemon, Settings, settings_from_config
+from corehandler.daemon import Daemon, Settings, settings_from_config, stored_event
+from corehandler.store import Store
 
 log = logging.getLogger("corehandler.serve")
 
@@ -21,9 +22,9 @@ def register(commands) -> None:
     p.add_argument("--debug", action="store_true", help="log debug messages too")
 
 
-def observers_for(config, paths) -> list:
+def observers_for(config, paths, store_limit) -> list:
     """The journald and Prometheus observers the config asks for (modules of branch `observe`; the daemon
-    runs without them where they are not installed)."""
+    runs without them where they are not installed). store_limit() is the current max_use in bytes."""
     observers = []
     if config.journal.enabled:
         try:
@@ -38,7 +39,13 @@ def observers_for(config, paths) -> list:
         except ImportError:
             log.warning("metrics observer not available, metrics are off")
         else:
-            metrics = MetricsObserver.from_config(config.metrics, store_dir=paths.store_dir)
+            metrics = MetricsObserver.from_config(config.metrics, store_dir=paths.store_dir,
+                                                  store_limit_bytes=store_limit)
+            # Counters continue from what the index holds, so a restart does not read as a reset.
+            if paths.index_path.exists():
+                with Store(paths.state_dir, readonly=True) as store:
+                    metrics.seed(dict(d.summary(), stored=stored_event(d, store.file_path(d), 0.0, 0.0))
+                                 for d in store.all())
             if config.metrics.enabled:
                 metrics.serve(config.metrics.listen, config.metrics.port)
             observers.append(metrics)
@@ -60,6 +67,7 @@ def run_serve(args: argparse.Namespace) -> int:
         return settings_from_config(new, new_paths, sweep_interval=args.sweep_interval)
 
     write_csplice_settings(config, paths)
-    daemon = Daemon(settings_from_config(config, paths, sweep_interval=args.sweep_interval),
-                    observers_for(config, paths), reload, handle_signals=True)
+    daemon = Daemon(settings_from_config(config, paths, sweep_interval=args.sweep_interval), (), reload,
+                    handle_signals=True)
+    daemon.observers.extend(observers_for(config, paths, lambda: daemon.settings.policy.max_use))
     return daemon.run()
