@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from corehandler import paths
+from corehandler import elfcore, paths
 from support.crash import build_crasher, crash
 from support.daemon_harness import wait_for
 
@@ -96,6 +96,11 @@ def test_crashes_are_ingested_listed_dumped_and_debuggable(live, tmp_path):
     record = json.loads((state / "spool" / record_name).read_text())
     raw_sha = sha_of(state / "spool" / record["core"])
     assert record["proc"]["exe"] == str(crasher)
+    # The kernel's own core, as elfcore reads it: the notes name the process, its signal and its files.
+    info = elfcore.inspect_core(state / "spool" / record["core"])
+    assert (info.status, info.problems, info.elf_class) == ("ok", [], 64)
+    assert (info.signal, info.fname) == (signal.SIGSEGV, crasher.name[:15])
+    assert info.pid == record["pid"] and str(crasher) in info.files
 
     proc = serve(base)
     try:
