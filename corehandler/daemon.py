@@ -79,32 +79,27 @@ def _checkpoint_pause(point: str) -> None:
 
 
 def _status(record: dict, info: elfcore.CoreInfo | None, core_missing: bool) -> tuple[str, list[str]]:
+    """The index status of a record and the problems that decided it."""
     capture = record.get("capture") or {}
-    problems = []
-    if record.get("unreadable"):
-        problems.extend(record.get("errors") or [])
+    # Records the daemon made itself (unreadable, orphan) carry their story in "errors"; csplice's errors
+    # are in the record for `info` and are not problems of the dump.
+    problems = list(record.get("errors") or []) if record.get("unreadable") or record.get("orphan") else []
+    if info is not None:
+        problems += info.problems
     if record.get("orphan"):
-        problems.extend(record.get("errors") or [])
-        if info is not None:
-            problems.extend(info.problems)
         return "orphan", problems
-    if record.get("unreadable") and record.get("core") is None:
-        return "invalid", problems
-    if record.get("core") is None and not core_missing:
+    if record.get("core") is None:
+        if record.get("unreadable"):
+            return "invalid", problems
         reason = capture.get("dropped_reason") or capture.get("error")
         return "metadata_only", [f"dump not kept: {reason}"] if reason else []
     if core_missing:
         return "invalid", problems + ["core file missing from the spool"]
-    assert info is not None
-    problems.extend(info.problems)
     if capture.get("truncated") or info.status == elfcore.STATUS_TRUNCATED:
-        reason = capture.get("truncated_reason")
-        if reason:
-            problems.insert(0, f"capture truncated: {reason}")
+        if capture.get("truncated_reason"):
+            problems.insert(0, f"capture truncated: {capture['truncated_reason']}")
         return "truncated", problems
-    if info.status != elfcore.STATUS_OK:
-        return "invalid", problems
-    return "ok", problems
+    return ("ok" if info.status == elfcore.STATUS_OK else "invalid"), problems
 
 
 def stored_event(dump, path: Path | None, compress_seconds: float, ingest_seconds: float) -> dict:
@@ -409,7 +404,7 @@ class Daemon:
         finally:
             watch.close()
             self.store.close()
-            os.close(lock)
+            os.close(lock)  # the wake-up pipe stays: stop() may still be called from another thread
             for obs in self.observers:
                 close = getattr(obs, "close", None)
                 if close:
