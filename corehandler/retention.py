@@ -159,9 +159,10 @@ def policy_from_config(retention, total_bytes: int) -> Policy:
 def vacuum(store, policy: Policy, *, now: float | None = None, busy: Iterable[str] = (),
            dry_run: bool = False) -> list[Deletion]:
     """Plans against the store's index and filesystem, then deletes (unless dry_run)."""
+    if not any((policy.max_use, policy.keep_free, policy.max_age, policy.max_count, policy.max_per_exe)):
+        return []  # no limits: nothing to read
     busy = set(busy)
-    items = [Item(d.id, d.crashed_at, d.exe, d.stored_bytes, d.id in busy) for d in store.all()]
+    items = [Item(i, t, exe, size, i in busy) for i, t, exe, size in store.sizes()]
     _, free = filesystem(store.store_dir)
     decisions = plan(items, policy, free_bytes=free, now=time.time() if now is None else now)
-    by_id = {d.id: d for d in store.all()}
-    return apply(decisions, lambda dump_id: store.delete(by_id[dump_id]), dry_run=dry_run)
+    return apply(decisions, lambda dump_id: store.delete(store.get(dump_id)), dry_run=dry_run)
