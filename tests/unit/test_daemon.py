@@ -230,7 +230,7 @@ def test_retention_timer_applies_a_reloaded_policy(tmp_path, state, feeder, cspl
     for i in range(2):
         feed(feeder, csplice, settings, size=65536, pid=800 + i)
     rec = Recorder()
-    tighter = Settings(state, threads=1, sweep_interval=3600, retention_interval=0.2, policy=Policy(max_age=4))
+    tighter = Settings(state, threads=1, sweep_interval=3600, retention_interval=0.2, policy=Policy(max_age=6))
     with Running(Settings(state, threads=1, sweep_interval=3600), [rec], lambda: tighter) as d:
         wait_for(lambda: spool_empty(state) and len(rec.of("ingested")) == 2, what="spool drained")
         d.request_reload()

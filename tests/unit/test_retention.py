@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -103,7 +105,7 @@ def _split(items, decisions):
     return kept, deleted
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=int(os.environ.get("HYPOTHESIS_EXAMPLES", "300")), deadline=None)
 @given(items_st, policy_st, free_st)
 def test_property_deterministic_and_total(items, policy, free):
     a = plan(items, policy, free_bytes=free, now=NOW)
@@ -114,7 +116,7 @@ def test_property_deterministic_and_total(items, policy, free):
     assert not any(d.item.busy and not d.keep for d in a)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=int(os.environ.get("HYPOTHESIS_EXAMPLES", "300")), deadline=None)
 @given(items_st, policy_st, free_st)
 def test_property_never_keeps_a_violating_set_when_a_deletion_could_fix_it(items, policy, free):
     decisions = plan(items, policy, free_bytes=free, now=NOW)
@@ -136,7 +138,7 @@ def test_property_never_keeps_a_violating_set_when_a_deletion_could_fix_it(items
                 assert deletable == [], (rule, kept)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=int(os.environ.get("HYPOTHESIS_EXAMPLES", "300")), deadline=None)
 @given(items_st, policy_st, free_st)
 def test_property_never_deletes_more_than_needed(items, policy, free):
     """Each deletion is required: by age it is too old; per executable, keeping it would break the cap;
