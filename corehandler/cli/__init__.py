@@ -34,6 +34,8 @@ from corehandler.paths import Paths
 COMMAND_MODULES = (
     "corehandler.cli.install",
     "corehandler.cli.config",
+    "corehandler.cli.dumps",
+    "corehandler.cli.serve",
 )
 DEFAULT_COMMAND = "list"
 

@@ -1,0 +1,73 @@
+"""serve: the daemon, in the foreground (systemd's Type=simple service runs this)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+
+from corehandler.cli import load
+from corehandler.config import write_csplice_settings
+from corehandler.daemon import Daemon, Settings, settings_from_config, stored_event
+from corehandler.store import Store
+
+log = logging.getLogger("corehandler.serve")
+
+
+def register(commands) -> None:
+    p = commands.add("serve", run_serve, help="run the daemon in the foreground: ingest, compress, index, retain")
+    p.add_argument("--sweep-interval", type=float, default=30.0, metavar="SEC",
+                   help="how often the spool is swept besides inotify (default 30)")
+    p.add_argument("--debug", action="store_true", help="log debug messages too")
+
+
+def observers_for(config, paths, store_limit) -> list:
+    """The journald and Prometheus observers the config asks for (modules of branch `observe`; the daemon
+    runs without them where they are not installed). store_limit() is the current max_use in bytes."""
+    observers = []
+    if config.journal.enabled:
+        try:
+            from corehandler.journal import JournalObserver
+        except ImportError:
+            log.warning("journal observer not available, journald records are off")
+        else:
+            observers.append(JournalObserver())
+    if config.metrics.enabled or config.metrics.textfile:
+        try:
+            from corehandler.metrics import MetricsObserver
+        except ImportError:
+            log.warning("metrics observer not available, metrics are off")
+        else:
+            metrics = MetricsObserver.from_config(config.metrics, store_dir=paths.store_dir,
+                                                  store_limit_bytes=store_limit)
+            # Counters continue from what the index holds, so a restart does not read as a reset.
+            if paths.index_path.exists():
+                with Store(paths.state_dir, readonly=True) as store:
+                    metrics.seed(dict(d.summary(), stored=stored_event(d, store.file_path(d), 0.0, 0.0))
+                                 for d in store.all())
+            if config.metrics.enabled:
+                metrics.serve(config.metrics.listen, config.metrics.port)
+            observers.append(metrics)
+    return observers
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    # Until the daemon has its handler, a reload request (SIGHUP) must not kill us; the config is read below.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    logging.basicConfig(stream=sys.stderr, level=logging.DEBUG if args.debug else logging.INFO,
+                        format="%(levelname)s: %(message)s")
+    config, paths = load(args)  # an invalid config stops us here, with the message naming file and key
+
+    def reload() -> Settings:
+        nonlocal config
+        new, new_paths = load(args)
+        write_csplice_settings(new, new_paths)
+        config = new
+        return settings_from_config(new, new_paths, sweep_interval=args.sweep_interval)
+
+    write_csplice_settings(config, paths)
+    daemon = Daemon(settings_from_config(config, paths, sweep_interval=args.sweep_interval), (), reload,
+                    handle_signals=True)
+    daemon.observers.extend(observers_for(config, paths, lambda: daemon.settings.policy.max_use))
+    return daemon.run()

@@ -1,0 +1,185 @@
+"""Stored dumps: zstd compression to a temp file made durable and renamed into place, verification by
+streaming decompression, and decompression for `dump`. With compression off, dumps are stored raw."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import os
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+import zstandard
+
+from corehandler.errors import CorehandlerError
+
+CHUNK = 1 << 20
+# Output holes are made per block of this size that is all zeros.
+HOLE = 64 << 10
+_ZEROS = bytes(HOLE)
+COMPRESSED_SUFFIX, RAW_SUFFIX = ".zst", ".core"
+
+
+class CompressError(CorehandlerError):
+    """Compressing or storing failed; the raw dump is untouched."""
+
+
+class DiskFullError(CompressError):
+    """No space left for the stored dump; the raw dump is kept for a later attempt."""
+
+
+class VerifyError(CorehandlerError):
+    """A stored dump does not decompress, or not to the size and hash recorded at ingest."""
+
+
+@dataclass(frozen=True)
+class Stored:
+    path: Path
+    raw_bytes: int
+    stored_bytes: int
+    sha256: str
+    compressed: bool
+    seconds: float
+
+
+def resolve_threads(threads: int) -> int:
+    return threads if threads > 0 else (os.cpu_count() or 1)
+
+
+def stored_name(dump_id: str, compressed: bool) -> str:
+    return dump_id + (COMPRESSED_SUFFIX if compressed else RAW_SUFFIX)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def store_file(src: Path, store_dir: Path, dump_id: str, *, enabled: bool = True, level: int = 3,
+               threads: int = 0, checkpoint: Callable[[str], None] | None = None) -> Stored:
+    """Writes src into store_dir as <id>.zst (or <id>.core when compression is off): temp file, fsync,
+    rename, fsync of the directory. Raises DiskFullError on ENOSPC/EDQUOT, CompressError otherwise;
+    either way no temp file is left behind and src is untouched.
+
+    checkpoint(name) is called at the named steps (the daemon's test-only pause points)."""
+    start = time.monotonic()
+    final = store_dir / stored_name(dump_id, enabled)
+    tmp = store_dir / f".tmp.{final.name}"
+    digest = hashlib.sha256()
+    raw = 0
+    try:
+        with open(src, "rb") as fin, \
+                open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             0o600), "wb") as fout:
+            if enabled:
+                cctx = zstandard.ZstdCompressor(level=level, threads=resolve_threads(threads),
+                                                write_checksum=True)
+                sink = cctx.stream_writer(fout, size=os.fstat(fin.fileno()).st_size, closefd=False)
+            else:
+                sink = fout
+            while chunk := fin.read(CHUNK):
+                digest.update(chunk)
+                raw += len(chunk)
+                sink.write(chunk)
+                if checkpoint:
+                    checkpoint("compressing")
+            if enabled:
+                sink.close()
+            fout.flush()
+            os.fsync(fout.fileno())
+        if checkpoint:
+            checkpoint("compressed")
+        os.rename(tmp, final)
+        _fsync_dir(store_dir)
+    except (OSError, zstandard.ZstdError) as e:
+        tmp.unlink(missing_ok=True)
+        code = getattr(e, "errno", None)
+        if code in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(e):
+            raise DiskFullError(f"no space left to store {dump_id} in {store_dir}") from e
+        raise CompressError(f"cannot store {dump_id}: {e}") from e
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return Stored(final, raw, final.stat().st_size, digest.hexdigest(), enabled, time.monotonic() - start)
+
+
+def open_stored(path: Path) -> BinaryIO:
+    """A reader of the dump's original bytes, compressed or raw."""
+    f = open(path, "rb")
+    if path.name.endswith(COMPRESSED_SUFFIX):
+        return zstandard.ZstdDecompressor().stream_reader(f, read_size=CHUNK, read_across_frames=True, closefd=True)
+    return f
+
+
+def _copy(path: Path, write: Callable[[bytes], object]) -> tuple[int, str]:
+    digest = hashlib.sha256()
+    total = 0
+    try:
+        with open_stored(path) as reader:
+            while chunk := reader.read(CHUNK):
+                digest.update(chunk)
+                total += len(chunk)
+                write(chunk)
+    except zstandard.ZstdError as e:
+        raise VerifyError(f"{path.name} does not decompress: {e}") from e
+    return total, digest.hexdigest()
+
+
+def verify(path: Path, raw_bytes: int, sha256: str | None) -> None:
+    """Raises VerifyError unless path decompresses to raw_bytes bytes with that sha256."""
+    total, digest = _copy(path, lambda chunk: None)
+    if total != raw_bytes:
+        raise VerifyError(f"{path.name} decompresses to {total} bytes, expected {raw_bytes}")
+    if sha256 and digest != sha256:
+        raise VerifyError(f"{path.name} decompresses to data with sha256 {digest}, expected {sha256}")
+
+
+def check_header(path: Path, raw_bytes: int) -> None:
+    """A cheap check (no decompression): a compressed file starts with a zstd frame of the right size."""
+    if not path.name.endswith(COMPRESSED_SUFFIX):
+        return
+    with open(path, "rb") as f:
+        head = f.read(18)  # the longest frame header
+    try:
+        params = zstandard.get_frame_parameters(head)
+    except zstandard.ZstdError as e:
+        raise VerifyError(f"{path.name} does not start with a zstd frame: {e}") from e
+    if params.content_size not in (raw_bytes, zstandard.CONTENTSIZE_UNKNOWN):
+        raise VerifyError(f"{path.name} says it holds {params.content_size} bytes, expected {raw_bytes}")
+
+
+def measure(path: Path) -> tuple[int, str]:
+    """Size and sha256 of the original bytes; VerifyError if the file is corrupt."""
+    return _copy(path, lambda chunk: None)
+
+
+def decompress_to(path: Path, out: BinaryIO) -> tuple[int, str]:
+    """Writes the original bytes to out; a regular file gets holes where the dump has zero pages (cores are
+    often mostly zeros), which reads back identically. Returns size and sha256."""
+    fd = out.fileno()
+    # Holes need seeks; with O_APPEND (`>>`) every write lands at the end, so a seek would lose the zeros.
+    sparse = stat.S_ISREG(os.fstat(fd).st_mode) and out.seekable() and \
+        not fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND
+    if not sparse:
+        return _copy(path, out.write)
+    start = out.tell()
+
+    def write(chunk: bytes) -> None:
+        view = memoryview(chunk)
+        for pos in range(0, len(chunk), HOLE):
+            block = view[pos:pos + HOLE]
+            if block[:1] == b"\0" and block[-1:] == b"\0" and block == _ZEROS[:len(block)]:
+                out.seek(len(block), os.SEEK_CUR)
+            else:
+                out.write(block)
+
+    result = _copy(path, write)
+    out.truncate(start + result[0])
+    return result

@@ -1,0 +1,414 @@
+"""corehandlerd: ingests committed spool records into the store, keeps the store within its limits.
+
+Ingest of one record: validate the core -> compress to a temp file, fsync, rename into the store -> verify
+by decompressing -> index row -> delete the raw core, then the record. Every step is safe to redo, and the
+index row is the single point where a dump becomes "ingested", so a SIGKILL anywhere loses nothing and
+indexes nothing twice: on restart the record is still in the spool and ingest runs again (an already
+indexed id only has its raw files removed).
+
+COREHANDLER_TEST_PAUSE_AT=<point> (test-only) makes ingest stop forever at a named point so tests can kill
+the daemon there: compressing, compressed, stored, indexed, core_removed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import select
+import signal
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Sequence
+
+from corehandler import compress, elfcore, retention, spool
+from corehandler.errors import CorehandlerError
+from corehandler.inotify import IN_Q_OVERFLOW, Watch
+from corehandler.store import Store, row_from_record
+
+log = logging.getLogger("corehandler.daemon")
+
+PAUSE_ENV = "COREHANDLER_TEST_PAUSE_AT"
+PAUSE_POINTS = ("compressing", "compressed", "stored", "indexed", "core_removed")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the daemon needs, resolved from the config (see settings_from_config)."""
+    state_dir: Path
+    compression: bool = True
+    level: int = 3
+    threads: int = 0
+    policy: retention.Policy = field(default_factory=retention.Policy)
+    retention_interval: float = 3600.0
+    sweep_interval: float = 30.0    # also picks up what inotify missed
+    retry_interval: float = 60.0    # after a failed ingest (disk full, I/O error)
+
+    @property
+    def spool_dir(self) -> Path:
+        return self.state_dir / "spool"
+
+
+def settings_from_config(config, paths, **overrides) -> Settings:
+    """Settings from a corehandler.config.Config and the effective Paths (state_dir already applied);
+    percentages resolve against the state dir's filesystem."""
+    state_dir = paths.state_dir
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    total, _ = retention.filesystem(state_dir)
+    return Settings(state_dir=state_dir, compression=config.compression.enabled, level=config.compression.level,
+                    threads=config.compression.threads,
+                    policy=retention.policy_from_config(config.retention, total),
+                    retention_interval=config.retention.interval, **overrides)
+
+
+class Stopping(Exception):
+    """SIGTERM arrived during a long step; the step is abandoned and redone on the next start."""
+
+
+class _Retry(Exception):
+    """Ingest failed in a way worth retrying later; the raw dump stays in the spool."""
+
+
+def _checkpoint_pause(point: str) -> None:
+    if os.environ.get(PAUSE_ENV) == point:
+        log.warning("Pausing at %s (%s, test-only)", point, PAUSE_ENV)
+        while True:
+            time.sleep(3600)
+
+
+def _status(record: dict, info: elfcore.CoreInfo | None, core_missing: bool) -> tuple[str, list[str]]:
+    """The index status of a record and the problems that decided it."""
+    capture = record.get("capture") or {}
+    # Records the daemon made itself (unreadable, orphan) carry their story in "errors"; csplice's errors
+    # are in the record for `info` and are not problems of the dump.
+    problems = list(record.get("errors") or []) if record.get("unreadable") or record.get("orphan") else []
+    if info is not None:
+        problems += info.problems
+    if record.get("orphan"):
+        return "orphan", problems
+    if record.get("core") is None:
+        if record.get("unreadable"):
+            return "invalid", problems
+        reason = capture.get("dropped_reason") or capture.get("error")
+        return "metadata_only", [f"dump not kept: {reason}"] if reason else []
+    if core_missing:
+        return "invalid", problems + ["core file missing from the spool"]
+    if capture.get("truncated") or info.status == elfcore.STATUS_TRUNCATED:
+        if capture.get("truncated_reason"):
+            problems.insert(0, f"capture truncated: {capture['truncated_reason']}")
+        return "truncated", problems
+    return ("ok" if info.status == elfcore.STATUS_OK else "invalid"), problems
+
+
+def stored_event(dump, path: Path | None, compress_seconds: float, ingest_seconds: float) -> dict:
+    """The `stored` argument of on_ingested (docs/design.md, Daemon events)."""
+    return {"id": dump.id, "path": str(path) if path else None, "raw_bytes": dump.raw_bytes,
+            "compressed_bytes": dump.stored_bytes, "compress_seconds": compress_seconds,
+            "ingest_seconds": ingest_seconds, "ingested_at": dump.ingested_at, "status": dump.status,
+            "problem": dump.problem}
+
+
+class Daemon:
+    def __init__(self, settings: Settings, observers: Sequence = (),
+                 reload: Callable[[], Settings] | None = None, *, handle_signals: bool = False):
+        """handle_signals: SIGTERM/SIGINT stop, SIGHUP reloads (the process's main thread only; tests
+        running the daemon in a thread call stop() and request_reload())."""
+        self.settings = settings
+        self.observers = list(observers)
+        self.reload = reload
+        self.observer_failures = 0
+        self._retry_at: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._reload_pending = False
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.store: Store | None = None
+        if handle_signals:  # now, not in run(): a SIGHUP before the loop starts is kept, not fatal
+            signal.signal(signal.SIGTERM, lambda *_: self.stop())
+            signal.signal(signal.SIGINT, lambda *_: self.stop())
+            signal.signal(signal.SIGHUP, lambda *_: self.request_reload())
+
+    # -- observers ----------------------------------------------------------------------------------------
+
+    def _notify(self, method: str, *args) -> None:
+        for obs in self.observers:
+            fn = getattr(obs, method, None)
+            if fn is None:
+                continue
+            try:
+                fn(*args)
+            except Exception as e:  # an observer never stops ingest
+                self.observer_failures += 1
+                log.exception("Observer %r failed in %s, ignoring", obs, method)
+                if method != "on_error":
+                    self._notify("on_error", "observer", f"{type(obs).__name__}.{method}: {e}", None)
+
+    def _error(self, kind: str, message: str, dump_id: str | None = None) -> None:
+        log.error("%s", message)
+        self._notify("on_error", kind, message, dump_id)
+
+    def _state(self) -> None:
+        size, count = self.store.totals()
+        self._notify("on_state", len(spool.committed_ids(self.settings.spool_dir)), size, count)
+
+    # -- control --------------------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Asks run() to return; safe from a signal handler or another thread."""
+        self._stop.set()
+        self._wake()
+
+    def request_reload(self) -> None:
+        self._reload_pending = True
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass
+
+    def _checkpoint(self, point: str) -> None:
+        _checkpoint_pause(point)
+        if self._stop.is_set():
+            raise Stopping(point)
+
+    def _do_reload(self) -> None:
+        self._reload_pending = False
+        if self.reload is None:
+            return
+        try:
+            new = self.reload()
+        except Exception as e:
+            self._error("config", f"Reload failed, keeping the running configuration: {e}")
+            return
+        if new.state_dir != self.settings.state_dir:
+            log.warning("state_dir changed to %s: takes effect at the next start", new.state_dir)
+            new = replace(new, state_dir=self.settings.state_dir)
+        self.settings = new
+        log.info("Configuration reloaded")
+
+    # -- ingest ---------------------------------------------------------------------------------------------
+
+    def ingest(self, dump_id: str) -> bool:
+        """Ingests one committed record; True when it is in the index afterwards."""
+        s = self.settings
+        spool_dir = s.spool_dir
+        start = time.monotonic()
+        done = self.store.get(dump_id)
+        if done is not None:  # a kill after indexing: the cleanup and the event were left
+            if spool.record_path(spool_dir, dump_id).exists():
+                self._finish(done.record, stored_event(done, self.store.file_path(done), 0.0, 0.0))
+            return True
+        try:
+            record = spool.read_record(spool_dir, dump_id)
+        except spool.SpoolRecordError as e:
+            if not spool.record_path(spool_dir, dump_id).exists():
+                return False  # already gone (a concurrent sweep)
+            log.warning("%s", e)
+            core = spool.core_path(spool_dir, dump_id)
+            record = {"schema": spool.RECORD_SCHEMA, "id": dump_id, "unreadable": True,
+                      "core": core.name if core.exists() else None, "errors": [str(e)]}
+        raw = spool.core_path(spool_dir, dump_id)
+        has_core = record.get("core") is not None
+        if has_core and record.get("core") != raw.name:
+            log.warning("Record %s names core %r; using %s", dump_id, record.get("core"), raw.name)
+        core_missing = has_core and not raw.exists()
+        info = elfcore.inspect_core(raw) if has_core and not core_missing else None
+        status, problems = _status(record, info, core_missing)
+
+        stored = None
+        if info is not None:
+            try:
+                stored = compress.store_file(raw, s.state_dir / "store", dump_id, enabled=s.compression,
+                                             level=s.level, threads=s.threads, checkpoint=self._checkpoint)
+                compress.verify(stored.path, stored.raw_bytes, stored.sha256)
+            except compress.DiskFullError as e:
+                self._error("disk_full", f"{e}; the raw dump stays in the spool and is retried later", dump_id)
+                raise _Retry() from e
+            except compress.VerifyError as e:
+                stored.path.unlink(missing_ok=True)
+                self._error("compress", f"Stored {dump_id} failed verification ({e}); retrying later", dump_id)
+                raise _Retry() from e
+            except compress.CompressError as e:
+                self._error("compress", f"{e}; the raw dump stays in the spool", dump_id)
+                raise _Retry() from e
+            self._checkpoint("stored")
+
+        row = row_from_record(record, status=status, problem="; ".join(problems) or None,
+                              path=stored.path.name if stored else None,
+                              raw_bytes=stored.raw_bytes if stored else 0,
+                              stored_bytes=stored.stored_bytes if stored else 0,
+                              sha256=stored.sha256 if stored else None)
+        self.store.insert(row)
+        _checkpoint_pause("indexed")  # from here on, stopping would only delay the cleanup
+        dump = self.store.get(dump_id)
+        self._finish(record, stored_event(dump, stored.path if stored else None, stored.seconds if stored else 0.0,
+                                    time.monotonic() - start))
+        return True
+
+    def _finish(self, record: dict, event: dict) -> None:
+        """Removes the raw files of an indexed dump and tells the observers."""
+        dump_id = event["id"]
+        spool.core_path(self.settings.spool_dir, dump_id).unlink(missing_ok=True)
+        _checkpoint_pause("core_removed")
+        spool.remove_record(self.settings.spool_dir, dump_id)
+        log.info("Ingested %s: %s%s, %d -> %d bytes", dump_id, event["status"],
+                 f" ({event['problem']})" if event["problem"] else "", event["raw_bytes"], event["compressed_bytes"])
+        self._notify("on_ingested", record, event)
+
+    def _try_ingest(self, dump_id: str) -> bool:
+        if self._retry_at.get(dump_id, 0) > time.monotonic():
+            return False
+        try:
+            done = self.ingest(dump_id)
+        except _Retry as e:
+            self._retry_at[dump_id] = time.monotonic() + self.settings.retry_interval
+            if isinstance(e.__cause__, compress.DiskFullError):
+                self.retain()  # keep_free may make room for the retry
+            return False
+        except Stopping:
+            return False
+        except Exception as e:
+            log.exception("Ingest of %s failed", dump_id)
+            self._error("ingest", f"Ingest of {dump_id} failed: {e}; retrying later", dump_id)
+            self._retry_at[dump_id] = time.monotonic() + self.settings.retry_interval
+            return False
+        self._retry_at.pop(dump_id, None)
+        return done
+
+    def sweep(self) -> int:
+        """Adopts orphans and ingests every committed record; returns how many were ingested."""
+        spool_dir = self.settings.spool_dir
+        for path in spool.clean_stale_tmp(spool_dir):
+            log.warning("Removed %s, a record csplice never finished writing", path.name)
+        spool.clean_rate(spool_dir)
+        for orphan in spool.find_orphans(spool_dir):
+            try:
+                spool.adopt_orphan(spool_dir, orphan)
+            except OSError as e:
+                self._error("ingest", f"Cannot adopt orphaned dump {orphan.id}: {e}", orphan.id)
+        count = 0
+        for dump_id in spool.committed_ids(spool_dir):
+            if self._stop.is_set():
+                break
+            if self._try_ingest(dump_id):
+                count += 1
+                self._after_ingest()
+        return count
+
+    def _after_ingest(self) -> None:
+        self.retain()
+
+    # -- recovery and retention -------------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Finishes what a killed daemon left: interrupted deletions, temp files, orphans, records in the
+        spool (in sweep), and store files that have neither an index row nor a record."""
+        for d in self.store.finish_deletions():
+            log.warning("Finished the interrupted deletion of %s", d.id)
+        for tmp in self.store.temp_files():
+            log.warning("Removing %s, left by an interrupted compression", tmp.name)
+            tmp.unlink(missing_ok=True)
+        self.sweep()
+        pending = set(spool.committed_ids(self.settings.spool_dir))
+        for path in self.store.unindexed_files():
+            dump_id = path.name.rsplit(".", 1)[0]
+            if dump_id in pending or not spool.is_valid_id(dump_id):
+                continue
+            self._index_stray(path, dump_id)
+
+    def _index_stray(self, path: Path, dump_id: str) -> None:
+        problem = "store file found without index row or spool record"
+        try:
+            raw_bytes, digest = compress.measure(path)
+        except compress.VerifyError as e:
+            raw_bytes, digest, problem = 0, None, f"{problem}; {e}"
+        record = {"schema": spool.RECORD_SCHEMA, "id": dump_id, "core": None, "orphan": True, "errors": [problem]}
+        self.store.insert(row_from_record(record, status="orphan", problem=problem, path=path.name,
+                                          raw_bytes=raw_bytes, stored_bytes=path.stat().st_size, sha256=digest))
+        log.warning("Indexed stray store file %s: %s", path.name, problem)
+
+    def retain(self) -> list[retention.Deletion]:
+        try:
+            deleted = retention.vacuum(self.store, self.settings.policy)
+        except OSError as e:
+            self._error("ingest", f"Retention failed: {e}")
+            return []
+        for d in deleted:
+            self._notify("on_deleted", d.id, d.exe, d.rule, d.freed_bytes)
+        self._state()
+        return deleted
+
+    # -- main loop ------------------------------------------------------------------------------------------
+
+    def _lock(self) -> int:
+        """One daemon per state dir: two would compress the same records side by side."""
+        path = self.settings.state_dir / "daemon.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise CorehandlerError(f"another corehandler daemon is running on {self.settings.state_dir}") from None
+        return fd
+
+    def run(self) -> int:
+        s = self.settings
+        s.spool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        lock = self._lock()
+        self.store = Store(s.state_dir)
+        watch = Watch(s.spool_dir)
+        try:
+            log.info("Watching %s (compression %s, level %d)", s.spool_dir,
+                     "on" if s.compression else "off", s.level)
+            self.recover()
+            self.retain()
+            next_sweep = time.monotonic() + self.settings.sweep_interval
+            next_retain = time.monotonic() + self.settings.retention_interval
+            while not self._stop.is_set():
+                timeout = max(0.0, min(next_sweep, next_retain) - time.monotonic())
+                ready, _, _ = select.select([watch, self._wake_r], [], [], timeout)
+                if self._wake_r in ready:
+                    while True:
+                        try:
+                            if not os.read(self._wake_r, 4096):
+                                break
+                        except BlockingIOError:
+                            break
+                if self._stop.is_set():
+                    break
+                if self._reload_pending:
+                    self._do_reload()
+                    # The intervals may have changed; the new policy applies at once.
+                    next_sweep = time.monotonic() + self.settings.sweep_interval
+                    next_retain = 0.0
+                if watch in ready:
+                    events = watch.read()
+                    if any(mask & IN_Q_OVERFLOW for mask, _ in events):
+                        next_sweep = 0.0
+                    for _, name in events:
+                        if name.endswith(".json") and not name.startswith(".") and spool.is_valid_id(name[:-5]):
+                            if self._try_ingest(name[:-5]):
+                                self._after_ingest()
+                now = time.monotonic()
+                if now >= next_sweep:
+                    self.sweep()
+                    next_sweep = now + self.settings.sweep_interval
+                if now >= next_retain:
+                    self.retain()
+                    next_retain = now + self.settings.retention_interval
+            log.info("Stopping")
+            return 0
+        finally:
+            watch.close()
+            self.store.close()
+            os.close(lock)  # the wake-up pipe stays: stop() may still be called from another thread
+            for obs in self.observers:
+                close = getattr(obs, "close", None)
+                if close:
+                    try:
+                        close()
+                    except Exception:
+                        log.exception("Observer %r failed to close, ignoring", obs)

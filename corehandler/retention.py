@@ -1,0 +1,168 @@
+"""Retention: a pure planner (dumps + policy + filesystem figures -> keep/delete and the rule that decided)
+and a thin applier that deletes what the plan says.
+
+Rules, in the order they apply:
+  max_age      dumps older than this go, whatever else holds;
+  max_per_exe  per executable, only the newest N stay;
+  max_count, max_use, keep_free
+               then, oldest first, dumps go while any of these is violated: more than max_count dumps,
+               more than max_use bytes stored, less than keep_free bytes free on the store's filesystem.
+A dump marked busy (still being ingested or read) is never deleted, though it counts toward the limits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+log = logging.getLogger(__name__)
+
+RULES = ("max_age", "max_per_exe", "max_count", "max_use", "keep_free")
+
+
+@dataclass(frozen=True)
+class Item:
+    id: str
+    time: float        # when it crashed, epoch seconds
+    exe: str | None
+    size: int          # bytes it occupies in the store
+    busy: bool = False
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Resolved limits; None (or 0 from the config) means no limit."""
+    max_use: int | None = None      # bytes
+    keep_free: int | None = None    # bytes
+    max_age: float | None = None    # seconds
+    max_count: int | None = None
+    max_per_exe: int | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    item: Item
+    keep: bool
+    rule: str | None  # the rule that deleted it; None when kept
+
+
+def _limit(value):
+    return value if value else None
+
+
+def _global_broken(policy: Policy, count: int, used: int, free: int) -> list[str]:
+    broken = []
+    if _limit(policy.max_count) is not None and count > policy.max_count:
+        broken.append("max_count")
+    if _limit(policy.max_use) is not None and used > policy.max_use:
+        broken.append("max_use")
+    if _limit(policy.keep_free) is not None and free < policy.keep_free:
+        broken.append("keep_free")
+    return broken
+
+
+def plan(items: Iterable[Item], policy: Policy, *, free_bytes: int, now: float) -> list[Decision]:
+    """Decides every item's fate, oldest first in the result. Deterministic: ties in time break on id."""
+    ordered = sorted(items, key=lambda i: (i.time, i.id))
+    rule: dict[str, str] = {}
+
+    if _limit(policy.max_age) is not None:
+        for it in ordered:
+            if not it.busy and it.time < now - policy.max_age:
+                rule[it.id] = "max_age"
+
+    if _limit(policy.max_per_exe) is not None:
+        by_exe: dict[str | None, list[Item]] = defaultdict(list)
+        for it in ordered:
+            if it.id not in rule:
+                by_exe[it.exe].append(it)
+        for group in by_exe.values():
+            excess = len(group) - policy.max_per_exe
+            for it in group:  # oldest first
+                if excess <= 0:
+                    break
+                if not it.busy:
+                    rule[it.id] = "max_per_exe"
+                    excess -= 1
+
+    remaining = [it for it in ordered if it.id not in rule]
+    count = len(remaining)
+    used = sum(it.size for it in remaining)
+    free = free_bytes + sum(it.size for it in ordered if it.id in rule)
+    for it in remaining:
+        broken = _global_broken(policy, count, used, free)
+        if not broken:
+            break
+        if it.busy:
+            continue
+        rule[it.id] = broken[0]
+        count -= 1
+        used -= it.size
+        free += it.size
+
+    return [Decision(it, it.id not in rule, rule.get(it.id)) for it in ordered]
+
+
+def violations(kept: Sequence[Item], policy: Policy, *, free_bytes: int, now: float) -> list[str]:
+    """The rules a set of kept items breaks (free_bytes as it would be with only these kept)."""
+    broken = []
+    if _limit(policy.max_age) is not None and any(it.time < now - policy.max_age for it in kept):
+        broken.append("max_age")
+    if _limit(policy.max_per_exe) is not None:
+        counts: dict[str | None, int] = defaultdict(int)
+        for it in kept:
+            counts[it.exe] += 1
+        if any(c > policy.max_per_exe for c in counts.values()):
+            broken.append("max_per_exe")
+    broken += _global_broken(policy, len(kept), sum(it.size for it in kept), free_bytes)
+    return broken
+
+
+@dataclass(frozen=True)
+class Deletion:
+    id: str
+    exe: str | None
+    rule: str
+    freed_bytes: int
+
+
+def apply(decisions: Iterable[Decision], delete: Callable[[str], int], *, dry_run: bool = False) -> list[Deletion]:
+    """Deletes what the plan says through delete(id) -> freed bytes, logging each deletion with its reason."""
+    done = []
+    for d in decisions:
+        if d.keep:
+            continue
+        freed = d.item.size if dry_run else delete(d.item.id)
+        if not dry_run:
+            log.info("Retention deleted dump %s (%s, %d bytes): %s", d.item.id, d.item.exe, freed, d.rule)
+        done.append(Deletion(d.item.id, d.item.exe, d.rule, freed))
+    return done
+
+
+def filesystem(path) -> tuple[int, int]:
+    """Total and available bytes of the filesystem holding path."""
+    st = os.statvfs(path)
+    return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+
+
+def policy_from_config(retention, total_bytes: int) -> Policy:
+    """Resolves the config's [retention] section (percentages against the filesystem's size)."""
+    return Policy(max_use=retention.max_use.resolve(total_bytes), keep_free=retention.keep_free.resolve(total_bytes),
+                  max_age=retention.max_age or None, max_count=retention.max_count or None,
+                  max_per_exe=retention.max_per_exe or None)
+
+
+def vacuum(store, policy: Policy, *, now: float | None = None, busy: Iterable[str] = (),
+           dry_run: bool = False) -> list[Deletion]:
+    """Plans against the store's index and filesystem, then deletes (unless dry_run)."""
+    if not any((policy.max_use, policy.keep_free, policy.max_age, policy.max_count, policy.max_per_exe)):
+        return []  # no limits: nothing to read
+    busy = set(busy)
+    items = [Item(i, t, exe, size, i in busy) for i, t, exe, size in store.sizes()]
+    _, free = filesystem(store.store_dir)
+    decisions = plan(items, policy, free_bytes=free, now=time.time() if now is None else now)
+    return apply(decisions, lambda dump_id: store.delete(store.get(dump_id)), dry_run=dry_run)

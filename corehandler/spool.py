@@ -1,0 +1,220 @@
+"""Reading csplice's spool: committed records, orphans, cleanup (the lock protocol is in docs/design.md)."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from corehandler.errors import CorehandlerError
+
+log = logging.getLogger(__name__)
+
+RECORD_SCHEMA = 1
+RATE_DIR = ".rate"
+RATE_WINDOW_SEC = 60
+# csplice creates .tmp.<id>.core and only then takes its lock: a file this young may not be locked yet.
+ORPHAN_MIN_AGE_SEC = 5.0
+# A .tmp.<id>.json never outlives csplice by more than the time to write it; older ones are leftovers.
+STALE_TMP_JSON_SEC = 600.0
+
+ID_RE = re.compile(r"^(?P<usec>\d+)-(?P<boot>[0-9a-f]{16})-(?P<pid>\d+)(?:\.\d+)?$")
+
+
+class SpoolRecordError(CorehandlerError):
+    """A committed record that cannot be read or is not schema 1."""
+
+
+@dataclass(frozen=True)
+class Orphan:
+    id: str
+    core: Path  # as found: .tmp.<id>.core or <id>.core
+    reason: str
+
+
+def record_path(spool_dir: Path, dump_id: str) -> Path:
+    return spool_dir / f"{dump_id}.json"
+
+
+def core_path(spool_dir: Path, dump_id: str) -> Path:
+    return spool_dir / f"{dump_id}.core"
+
+
+def is_valid_id(dump_id: str) -> bool:
+    return bool(ID_RE.match(dump_id))
+
+
+def committed_ids(spool_dir: Path) -> list[str]:
+    """Ids of committed records, oldest first (ids sort by time)."""
+    try:
+        names = os.listdir(spool_dir)
+    except FileNotFoundError:
+        return []
+    ids = [n[:-5] for n in names if n.endswith(".json") and not n.startswith(".")]
+    return sorted(i for i in ids if is_valid_id(i))
+
+
+def read_record(spool_dir: Path, dump_id: str) -> dict:
+    """The parsed record. Strings keep invalid UTF-8 bytes as lone surrogates (\\udcXX)."""
+    path = record_path(spool_dir, dump_id)
+    try:
+        with open(path, "rb") as f:
+            record = json.loads(f.read())
+    except (OSError, ValueError) as e:
+        raise SpoolRecordError(f"cannot read record {path}: {e}") from e
+    if not isinstance(record, dict):
+        raise SpoolRecordError(f"record {path} is not a JSON object")
+    if record.get("schema") != RECORD_SCHEMA:
+        raise SpoolRecordError(f"record {path} has schema {record.get('schema')!r}, expected {RECORD_SCHEMA}")
+    if record.get("id") != dump_id:
+        raise SpoolRecordError(f"record {path} names id {record.get('id')!r}")
+    return record
+
+
+def _unlocked(path: Path) -> bool:
+    """True when nobody holds the file's flock (csplice holds it until it exits)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return False
+        raise
+    finally:
+        os.close(fd)
+    return True
+
+
+def _old_enough(path: Path, now: float, min_age: float) -> bool:
+    try:
+        return now - path.stat().st_mtime >= min_age
+    except FileNotFoundError:
+        return False
+
+
+def find_orphans(spool_dir: Path, now: float | None = None, min_age: float = ORPHAN_MIN_AGE_SEC) -> list[Orphan]:
+    """Cores whose csplice died before committing: an unlocked .tmp.<id>.core, or an unlocked <id>.core
+    without <id>.json. Files younger than min_age are left alone (their lock may not be taken yet)."""
+    now = time.time() if now is None else now
+    try:
+        names = set(os.listdir(spool_dir))
+    except FileNotFoundError:
+        return []
+    orphans = []
+    for name in sorted(names):
+        if name.startswith(".tmp.") and name.endswith(".core"):
+            dump_id, reason = name[5:-5], "capture did not finish"
+        elif not name.startswith(".") and name.endswith(".core") and f"{name[:-5]}.json" not in names:
+            dump_id, reason = name[:-5], "record was not committed"
+        else:
+            continue
+        path = spool_dir / name
+        if not is_valid_id(dump_id) or not _old_enough(path, now, min_age) or not _unlocked(path):
+            continue
+        # The record may have been committed since the listing.
+        if record_path(spool_dir, dump_id).exists():
+            continue
+        orphans.append(Orphan(dump_id, path, reason))
+    return orphans
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".tmp.{path.name}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+
+
+def adopt_orphan(spool_dir: Path, orphan: Orphan) -> dict:
+    """Turns an orphan into a committed record (so ingest treats it like any other), and returns it.
+
+    The core is published as <id>.core first, then a record made from what the id and the file tell is
+    committed: a kill between the two leaves an <id>.core without record, which is found again next time.
+    """
+    core = core_path(spool_dir, orphan.id)
+    if orphan.core != core:
+        os.rename(orphan.core, core)
+    m = ID_RE.match(orphan.id)
+    assert m, orphan.id
+    size = core.stat().st_size
+    message = f"csplice did not commit this dump ({orphan.reason}); found by the daemon"
+    record = {
+        "schema": RECORD_SCHEMA, "id": orphan.id, "core": core.name,
+        "specifiers": {}, "pid": int(m["pid"]), "tid": None, "uid": None, "gid": None, "signal": None,
+        "timestamp": int(m["usec"]) // 1_000_000, "dumpable": None, "rlimit_core": None, "hostname": None,
+        "comm": None, "boot_id": None, "boot_id_prefix": m["boot"], "orphan": True,
+        "proc": {"available": False},
+        "capture": {"bytes": size, "complete": False, "truncated": True, "truncated_reason": "orphan",
+                    "dropped": False, "dropped_reason": None},
+        "errors": [message],
+    }
+    _write_atomic(record_path(spool_dir, orphan.id), json.dumps(record).encode())
+    log.warning("Adopted orphaned dump %s: %s", orphan.id, orphan.reason)
+    return record
+
+
+def remove_record(spool_dir: Path, dump_id: str) -> None:
+    """Deletes a record's files after ingest: the core first, so a kill in between never leaves a core
+    without its record (which would look like an orphan and be ingested twice)."""
+    core_path(spool_dir, dump_id).unlink(missing_ok=True)
+    record_path(spool_dir, dump_id).unlink(missing_ok=True)
+
+
+def clean_stale_tmp(spool_dir: Path, now: float | None = None, max_age: float = STALE_TMP_JSON_SEC) -> list[Path]:
+    """Removes .tmp.<id>.json files left by a csplice that died while writing its record."""
+    now = time.time() if now is None else now
+    removed = []
+    try:
+        names = os.listdir(spool_dir)
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        if name.startswith(".tmp.") and name.endswith(".json"):
+            path = spool_dir / name
+            if _old_enough(path, now, max_age):
+                path.unlink(missing_ok=True)
+                removed.append(path)
+    return removed
+
+
+def clean_rate(spool_dir: Path, now: float | None = None) -> int:
+    """Removes .rate counters whose window ended more than a minute ago; returns how many."""
+    now = time.time() if now is None else now
+    rate_dir = spool_dir / RATE_DIR
+    removed = 0
+    try:
+        names = os.listdir(rate_dir)
+    except FileNotFoundError:
+        return 0
+    for name in names:
+        path = rate_dir / name
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            # csplice updates a counter under this lock; never remove one it is using.
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fields = os.pread(fd, 64, 0).split()
+            window = int(fields[0]) if fields else 0
+            if now - window >= RATE_WINDOW_SEC:
+                os.unlink(path)
+                removed += 1
+        except (OSError, ValueError):
+            continue
+        finally:
+            os.close(fd)
+    return removed

@@ -1,0 +1,288 @@
+"""The store: compressed dumps in <state>/store/ and their SQLite index, one row per dump."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from corehandler.errors import CorehandlerError
+
+SCHEMA_VERSION = 1
+STATUSES = ("ok", "truncated", "metadata_only", "invalid", "orphan")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS dumps (
+    id TEXT PRIMARY KEY,
+    crashed_at REAL NOT NULL,
+    ingested_at REAL NOT NULL,
+    pid INTEGER, uid INTEGER, gid INTEGER, signal INTEGER,
+    exe TEXT, comm TEXT, cmdline TEXT, hostname TEXT, boot_id TEXT,
+    raw_bytes INTEGER NOT NULL DEFAULT 0,
+    stored_bytes INTEGER NOT NULL DEFAULT 0,
+    sha256 TEXT,
+    status TEXT NOT NULL,
+    problem TEXT,
+    path TEXT,
+    deleting INTEGER NOT NULL DEFAULT 0,
+    record TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS dumps_crashed_at ON dumps (crashed_at);
+CREATE INDEX IF NOT EXISTS dumps_exe ON dumps (exe);
+"""
+
+_COLUMNS = ("id", "crashed_at", "ingested_at", "pid", "uid", "gid", "signal", "exe", "comm", "cmdline",
+            "hostname", "boot_id", "raw_bytes", "stored_bytes", "sha256", "status", "problem", "path",
+            "deleting", "record")
+
+
+class StoreError(CorehandlerError):
+    """The index cannot be opened or is of a newer schema."""
+
+
+def display(s: str | None) -> str | None:
+    """A process-chosen string as printable text: invalid UTF-8 bytes (surrogates) shown as \\xNN."""
+    if s is None:
+        return None
+    return s.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+@dataclass(frozen=True)
+class Dump:
+    id: str
+    crashed_at: float
+    ingested_at: float
+    pid: int | None
+    uid: int | None
+    gid: int | None
+    signal: int | None
+    exe: str | None
+    comm: str | None
+    cmdline: list[str] | None
+    hostname: str | None
+    boot_id: str | None
+    raw_bytes: int
+    stored_bytes: int
+    sha256: str | None
+    status: str
+    problem: str | None
+    path: str | None  # file name inside the store directory, None for metadata-only
+    deleting: bool
+    record: dict
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> "Dump":
+        values = dict(zip(_COLUMNS, row))
+        values["cmdline"] = json.loads(values["cmdline"]) if values["cmdline"] else None
+        values["record"] = json.loads(values["record"])
+        values["deleting"] = bool(values["deleting"])
+        return cls(**values)
+
+    def summary(self) -> dict:
+        """Every column, as JSON-ready values (the record separately, under "record")."""
+        return {k: getattr(self, k) for k in _COLUMNS}
+
+
+@dataclass(frozen=True)
+class Filter:
+    ids: tuple[str, ...] = ()          # exact ids or unique prefixes
+    pids: tuple[int, ...] = ()
+    comms: tuple[str, ...] = ()
+    exes: tuple[str, ...] = ()
+    since: float | None = None
+    until: float | None = None
+    signal: int | None = None
+    last: int | None = None            # only the newest N
+
+
+def _crash_time(record: dict) -> float:
+    ts = record.get("timestamp")
+    if isinstance(ts, (int, float)):
+        return float(ts)
+    started = (record.get("handler") or {}).get("started_realtime_ns")
+    if isinstance(started, int):
+        return started / 1e9
+    try:
+        return int(record["id"].split("-", 1)[0]) / 1e6
+    except (KeyError, ValueError):
+        return time.time()
+
+
+def row_from_record(record: dict, *, status: str, problem: str | None, path: str | None, raw_bytes: int,
+                    stored_bytes: int, sha256: str | None, ingested_at: float | None = None) -> dict:
+    """The index row for a spool record. Text columns are display forms; the record keeps the exact bytes."""
+    proc = record.get("proc") or {}
+    cmdline = proc.get("cmdline")
+    return {
+        "id": record["id"],
+        "crashed_at": _crash_time(record),
+        "ingested_at": time.time() if ingested_at is None else ingested_at,
+        "pid": record.get("pid"), "uid": record.get("uid"), "gid": record.get("gid"),
+        "signal": record.get("signal"),
+        "exe": display(proc.get("exe")),
+        "comm": display(record.get("comm") or proc.get("comm")),
+        "cmdline": json.dumps([display(a) for a in cmdline]) if isinstance(cmdline, list) else None,
+        "hostname": display(record.get("hostname")),
+        "boot_id": record.get("boot_id"),
+        "raw_bytes": raw_bytes, "stored_bytes": stored_bytes, "sha256": sha256,
+        "status": status, "problem": problem, "path": path, "deleting": 0,
+        # ensure_ascii keeps the lone surrogates as \udcXX escapes, which round-trip through json.loads.
+        "record": json.dumps(record, ensure_ascii=True, sort_keys=True),
+    }
+
+
+class Store:
+    """The index and the directory of stored files. One connection per Store; not shared across threads."""
+
+    def __init__(self, state_dir: Path, *, readonly: bool = False):
+        self.state_dir = Path(state_dir)
+        self.store_dir = self.state_dir / "store"
+        self.index_path = self.state_dir / "index.sqlite"
+        if readonly and not self.index_path.exists():
+            raise StoreError(f"no index at {self.index_path}")
+        try:
+            if readonly:
+                self.db = sqlite3.connect(f"file:{self.index_path}?mode=ro", uri=True, timeout=30)
+                self.db.execute("PRAGMA user_version").fetchone()  # fails here if it is not an SQLite file
+            else:
+                for d in (self.state_dir, self.store_dir):
+                    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+                self.db = sqlite3.connect(self.index_path, timeout=30)
+                os.chmod(self.index_path, 0o600)
+                self._migrate()
+        except (sqlite3.Error, OSError) as e:
+            raise StoreError(f"cannot open the index {self.index_path}: {e}") from e
+
+    def _migrate(self) -> None:
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"{self.index_path} has schema {version}, newer than this corehandler "
+                              f"({SCHEMA_VERSION})")
+        self.db.execute("PRAGMA journal_mode=WAL")
+        with self.db:
+            self.db.executescript(_SCHEMA)
+            self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def file_path(self, dump: Dump) -> Path | None:
+        return self.store_dir / dump.path if dump.path else None
+
+    def insert(self, row: dict) -> bool:
+        """Adds a row; False when the id is already indexed (ingest is idempotent)."""
+        columns = ", ".join(row)
+        marks = ", ".join(f":{k}" for k in row)
+        with self.db:
+            cur = self.db.execute(f"INSERT OR IGNORE INTO dumps ({columns}) VALUES ({marks})", row)
+        return cur.rowcount == 1
+
+    def get(self, dump_id: str) -> Dump | None:
+        row = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM dumps WHERE id = ?", (dump_id,)).fetchone()
+        return Dump.from_row(row) if row else None
+
+    def has(self, dump_id: str) -> bool:
+        return self.db.execute("SELECT 1 FROM dumps WHERE id = ?", (dump_id,)).fetchone() is not None
+
+    def query(self, f: Filter = Filter()) -> list[Dump]:
+        """Matching dumps, oldest first. Within a kind (ids, pids, comms, exes) any value matches; kinds and
+        the other filters must all match."""
+        where, args = ["deleting = 0"], []
+
+        def any_of(clause: str, values: Iterable) -> None:
+            values = list(values)
+            if values:
+                where.append("(" + " OR ".join([clause] * len(values)) + ")")
+                args.extend(values)
+
+        if f.ids:
+            where.append("(" + " OR ".join(["substr(id, 1, ?) = ?"] * len(f.ids)) + ")")
+            for i in f.ids:
+                args.extend((len(i), i))
+        any_of("pid = ?", f.pids)
+        any_of("comm = ?", f.comms)
+        any_of("exe = ?", f.exes)
+        if f.since is not None:
+            where.append("crashed_at >= ?")
+            args.append(f.since)
+        if f.until is not None:
+            where.append("crashed_at <= ?")
+            args.append(f.until)
+        if f.signal is not None:
+            where.append("signal = ?")
+            args.append(f.signal)
+        sql = f"SELECT {', '.join(_COLUMNS)} FROM dumps WHERE {' AND '.join(where)} ORDER BY crashed_at DESC, id DESC"
+        if f.last is not None:
+            sql += " LIMIT ?"
+            args.append(f.last)
+        rows = self.db.execute(sql, args).fetchall()
+        return [Dump.from_row(r) for r in reversed(rows)]
+
+    def all(self, include_deleting: bool = False) -> list[Dump]:
+        where = "" if include_deleting else "WHERE deleting = 0"
+        rows = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM dumps {where} ORDER BY crashed_at, id")
+        return [Dump.from_row(r) for r in rows]
+
+    def sizes(self) -> list[tuple[str, float, str | None, int]]:
+        """(id, crashed_at, exe, stored_bytes) of every dump: what retention plans with, without parsing
+        every record."""
+        return self.db.execute("SELECT id, crashed_at, exe, stored_bytes FROM dumps WHERE deleting = 0 "
+                               "ORDER BY crashed_at, id").fetchall()
+
+    def totals(self) -> tuple[int, int]:
+        """Stored bytes and number of dumps."""
+        size, count = self.db.execute("SELECT COALESCE(SUM(stored_bytes), 0), COUNT(*) FROM dumps").fetchone()
+        return int(size), int(count)
+
+    def delete(self, dump: Dump) -> int:
+        """Removes a dump's file and row; returns the bytes freed. The row is marked first, so a kill between
+        the file and the row leaves a row that `finish_deletions` completes, never a file without a row."""
+        with self.db:
+            self.db.execute("UPDATE dumps SET deleting = 1 WHERE id = ?", (dump.id,))
+        path = self.file_path(dump)
+        freed = 0
+        if path is not None:
+            try:
+                freed = path.stat().st_blocks * 512
+                path.unlink()
+            except FileNotFoundError:
+                pass
+        with self.db:
+            self.db.execute("DELETE FROM dumps WHERE id = ?", (dump.id,))
+        return freed
+
+    def finish_deletions(self) -> list[Dump]:
+        """Completes deletions a kill interrupted."""
+        pending = [d for d in self.all(include_deleting=True) if d.deleting]
+        for d in pending:
+            self.delete(d)
+        return pending
+
+    def set_problem(self, dump_id: str, status: str, problem: str | None) -> None:
+        with self.db:
+            self.db.execute("UPDATE dumps SET status = ?, problem = ? WHERE id = ?", (status, problem, dump_id))
+
+    def unindexed_files(self) -> list[Path]:
+        """Store files without an index row (temp files excluded)."""
+        known = {r[0] for r in self.db.execute("SELECT path FROM dumps WHERE path IS NOT NULL")}
+        try:
+            names = os.listdir(self.store_dir)
+        except FileNotFoundError:
+            return []
+        return sorted(self.store_dir / n for n in names if not n.startswith(".") and n not in known)
+
+    def temp_files(self) -> list[Path]:
+        try:
+            return sorted(self.store_dir / n for n in os.listdir(self.store_dir) if n.startswith(".tmp."))
+        except FileNotFoundError:
+            return []

@@ -1,0 +1,57 @@
+"""The real Daemon in a thread for tests, an observer that records events, and polling."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from corehandler.daemon import Daemon
+
+
+def wait_for(predicate, timeout=30.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Recorder:
+    def __init__(self):
+        self.events = []
+
+    def on_ingested(self, record, stored):
+        self.events.append(("ingested", record["id"], stored))
+
+    def on_deleted(self, dump_id, exe, rule, freed_bytes):
+        self.events.append(("deleted", dump_id, rule, freed_bytes))
+
+    def on_error(self, kind, message, dump_id):
+        self.events.append(("error", kind, message, dump_id))
+
+    def on_state(self, backlog, store_bytes, store_count):
+        self.events.append(("state", backlog, store_bytes, store_count))
+
+    def close(self):
+        self.events.append(("close",))
+
+    def of(self, kind):
+        return [e for e in self.events if e[0] == kind]
+
+
+class Running:
+    """The daemon in a thread; stop() on exit."""
+
+    def __init__(self, settings, observers=(), reload=None):
+        self.daemon = Daemon(settings, observers, reload)
+        self.thread = threading.Thread(target=self.daemon.run)
+
+    def __enter__(self):
+        self.thread.start()
+        return self.daemon
+
+    def __exit__(self, *exc):
+        self.daemon.stop()
+        self.thread.join(30)
+        assert not self.thread.is_alive()

@@ -1,0 +1,48 @@
+"""Fills a spool the way the kernel does: the feeder pipes a synthetic ELF core into the real csplice."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+
+def write_settings(path: Path, spool_dir: Path, **extra) -> Path:
+    """A csplice settings file for tests: no storm limits unless asked, no free-space floor."""
+    settings = {"spool_dir": str(spool_dir), "max_pending": 0, "max_per_exe_per_minute": 0,
+                "min_free_percent": 0, "min_free_bytes": 0}
+    settings.update(extra)
+    path.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+    return path
+
+
+def feed(feeder: Path, csplice: Path, settings: Path, *, size: int, pid: int = 4242, comm: str = "feeder",
+         signal: int = 11, zero_regions: bool = False, proc_root: Path | None = None) -> dict | None:
+    """Runs feeder | csplice for one fake crash and returns the committed record (None when a running
+    daemon took it before we could read it)."""
+    spool_dir = Path(next(line.split("=", 1)[1].strip() for line in settings.read_text().splitlines()
+                          if line.startswith("spool_dir=")))
+    before = set(os.listdir(spool_dir)) if spool_dir.exists() else set()
+    # An empty proc root: csplice must not read an unrelated host process that happens to have this PID.
+    proc_root = proc_root or settings.parent / "noproc"
+    proc_root.mkdir(exist_ok=True)
+    env = dict(os.environ, CSPLICE_SETTINGS=str(settings), CSPLICE_PROC_ROOT=str(proc_root),
+               CSPLICE_LOG_STDERR="1")
+    args = [str(feeder), "--size", str(size), "--pid", str(pid)] + (["--zero-regions"] if zero_regions else [])
+    args += ["--", str(csplice), str(pid), str(pid), str(pid), "0", "0", "1", str(signal),
+             str(int(time.time())), "unlimited", "testhost", comm]
+    subprocess.run(args, env=env, check=True, capture_output=True, timeout=120)
+    new = sorted(n for n in set(os.listdir(spool_dir)) - before if n.endswith(".json") and not n.startswith("."))
+    try:
+        return json.loads((spool_dir / new[0]).read_text()) if len(new) == 1 else None
+    except FileNotFoundError:
+        return None
+
+
+def emit_core(feeder: Path, path: Path, size: int, zero_regions: bool = False) -> Path:
+    """Writes the feeder's synthetic core of `size` bytes to path."""
+    args = [str(feeder), "--size", str(size), "--emit", str(path)] + (["--zero-regions"] if zero_regions else [])
+    subprocess.run(args, check=True, timeout=120)
+    return path

@@ -1,0 +1,206 @@
+"""list, info, dump, debug, vacuum and serve on a state dir the real daemon filled from csplice records."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pty
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from corehandler import paths
+from corehandler.cli import main
+from corehandler.daemon import Settings
+from corehandler.errors import EXIT_CONFIG, EXIT_NOMATCH, EXIT_SYSTEM, EXIT_USAGE
+from corehandler.store import Store
+from support.daemon_harness import Running, wait_for
+from support.spoolfeed import feed, write_settings
+
+CLI = [sys.executable, "-P", "-m", "corehandler"]
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory):
+    """Four dumps: two of "alpha" (SIGSEGV, then SIGABRT), one "beta", one metadata-only "gamma" (SIGFPE)."""
+    feeder, csplice = paths.feeder_path(), paths.csplice_path()
+    tmp = tmp_path_factory.mktemp("cli")
+    state, etc = tmp / "state", tmp / "etc"
+    (state / "spool").mkdir(parents=True)
+    etc.mkdir()
+    settings = write_settings(tmp / "s.conf", state / "spool")
+    one = write_settings(tmp / "one.conf", state / "spool", max_pending=1)
+    shas = {}
+    for pid, comm, sig in ((3001, "alpha", 11), (3002, "alpha", 6), (3003, "beta", 11)):
+        r = feed(feeder, csplice, settings, size=(3 << 20) + pid, pid=pid, comm=comm, signal=sig,
+                 zero_regions=True)
+        shas[pid] = hashlib.sha256((state / "spool" / r["core"]).read_bytes()).hexdigest()
+    feed(feeder, csplice, one, size=4096, pid=3004, comm="gamma", signal=8)
+    with Running(Settings(state, threads=1, sweep_interval=3600)):
+        wait_for(lambda: not [n for n in os.listdir(state / "spool") if n.endswith(".json")])
+    return state, etc, shas
+
+
+def run(capsys, filled, *argv):
+    state, etc, _ = filled
+    code = main(["--config-dir", str(etc), "--state-dir", str(state), *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def pids(out: str) -> list[int]:
+    return [int(line.split()[3]) for line in out.splitlines()[1:]]
+
+
+def test_list_is_the_default_verb(capsys, filled):
+    code, out, _ = run(capsys, filled)
+    assert code == 0
+    assert out.splitlines()[0].split() == ["TIME", "PID", "UID", "SIG", "STATUS", "COREFILE", "SIZE", "EXE"]
+    assert pids(out) == [3001, 3002, 3003, 3004]
+    assert "metadata_only  none" in out.splitlines()[4]
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["alpha"], [3001, 3002]),
+    (["3003"], [3003]),
+    (["pid=3001", "pid=3003"], [3001, 3003]),
+    (["comm=alpha", "3002"], [3002]),
+    (["--signal", "SIGABRT"], [3002]),
+    (["--signal", "segv"], [3001, 3003]),
+    (["--signal", "11", "-1"], [3003]),
+    (["-n", "2"], [3003, 3004]),
+    (["alpha", "-1"], [3002]),
+    (["--since=-1h"], [3001, 3002, 3003, 3004]),
+    (["--signal", "FPE"], [3004]),
+    (["--until", "@0"], []),
+    (["--since", "2000-01-01", "--until", "now"], [3001, 3002, 3003, 3004]),
+])
+def test_list_filters(capsys, filled, argv, expected):
+    code, out, err = run(capsys, filled, "list", *argv)
+    if expected:
+        assert code == 0 and pids(out) == expected
+    else:
+        assert code == EXIT_NOMATCH and err.strip() == "corehandler: no dumps match"
+
+
+def test_list_by_id_prefix_and_json(capsys, filled):
+    code, out, _ = run(capsys, filled, "--json", "list", "beta")
+    [row] = json.loads(out)
+    assert (row["pid"], row["comm"], row["signal"], row["status"], row["corefile"]) == \
+        (3003, "beta", 11, "ok", "present")
+    code, out, _ = run(capsys, filled, "list", f"id={row['id']}")
+    assert code == 0 and pids(out) == [3003]
+
+
+@pytest.mark.parametrize("argv", [["--since", "yesterdayish"], ["--signal", "SIGFOO"], ["pid=abc"]])
+def test_usage_errors(capsys, filled, argv):
+    code, _, err = run(capsys, filled, "list", *argv)
+    assert code == EXIT_USAGE and len(err.splitlines()) == 1 and err.startswith("corehandler: ")
+
+
+def test_info_human_and_json(capsys, filled):
+    code, out, _ = run(capsys, filled, "info", "beta")
+    assert code == 0
+    fields = dict(line.strip().split(": ", 1) for line in out.splitlines())
+    assert fields["PID"] == "3003 (beta)" and fields["Signal"] == "11 (SEGV)" and fields["Status"] == "ok"
+    assert fields["Core File"] == "present" and "compressed" in fields["Storage"]
+    code, out, _ = run(capsys, filled, "--json", "info", "gamma")
+    [info] = json.loads(out)
+    assert info["status"] == "metadata_only" and info["corefile"] == "none"
+    assert info["record"]["capture"]["dropped_reason"] == "max_pending"
+
+
+def test_dump_to_file_and_pipe_is_byte_identical(capsys, filled, tmp_path):
+    state, etc, shas = filled
+    out = tmp_path / "core"
+    code, _, err = run(capsys, filled, "dump", "3001", "-o", str(out))
+    assert code == 0 and "wrote" in err
+    assert hashlib.sha256(out.read_bytes()).hexdigest() == shas[3001]
+    assert out.stat().st_blocks * 512 < out.stat().st_size  # zero regions came back as holes
+    proc = subprocess.run(CLI + ["--config-dir", str(etc), "--state-dir", str(state), "dump", "alpha"],
+                          capture_output=True, check=True)
+    assert hashlib.sha256(proc.stdout).hexdigest() == shas[3002]  # the newest match
+
+
+def test_dump_refuses_a_terminal_and_metadata_only(capsys, filled, tmp_path):
+    state, etc, _ = filled
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.run(CLI + ["--config-dir", str(etc), "--state-dir", str(state), "dump", "beta"],
+                              stdout=follower, stderr=subprocess.PIPE, text=True)
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert proc.returncode == EXIT_USAGE and "refusing to write a core to a terminal" in proc.stderr
+    code, _, err = run(capsys, filled, "dump", "gamma", "-o", str(tmp_path / "x"))
+    assert code == EXIT_NOMATCH and "has no stored core (metadata_only)" in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_debug_hands_the_debugger_the_core(capsys, filled, tmp_path):
+    """The "debugger" here is python printing the sha256 of the core it was given, and where it was."""
+    state, etc, shas = filled
+    script = "import sys, hashlib; print(hashlib.sha256(open(sys.argv[-1], 'rb').read()).hexdigest(), sys.argv[-1])"
+    proc = subprocess.run(CLI + ["--config-dir", str(etc), "--state-dir", str(state), "debug", "beta",
+                                 "--debugger", sys.executable, "-A", f"-c {script!r}"],
+                          capture_output=True, text=True, check=True)
+    digest, core = proc.stdout.split()
+    assert digest == shas[3003]
+    assert not Path(core).exists() and not Path(core).parent.exists()  # the private copy is gone
+
+
+def test_debug_with_a_missing_debugger(capsys, filled):
+    code, _, err = run(capsys, filled, "debug", "beta", "--debugger", "no-such-debugger-x")
+    assert code == EXIT_SYSTEM and err.strip() == "corehandler: debugger 'no-such-debugger-x' not found"
+
+
+def test_vacuum_dry_run_then_real(capsys, filled, tmp_path):
+    state, etc, _ = filled
+    (etc / "corehandler.toml").write_text("[retention]\nmax_count = 3\n")
+    try:
+        code, out, _ = run(capsys, filled, "vacuum", "--dry-run")
+        assert code == 0 and out.splitlines()[0].startswith("would delete ") and ": max_count" in out
+        assert len(Store(state).all()) == 4
+        code, out, _ = run(capsys, filled, "--json", "vacuum")
+        result = json.loads(out)
+        assert [d["rule"] for d in result["deleted"]] == ["max_count"] and result["store_dumps"] == 3
+        code, out, _ = run(capsys, filled, "list")
+        assert pids(out) == [3002, 3003, 3004]
+    finally:
+        (etc / "corehandler.toml").unlink()
+
+
+def test_serve_refuses_an_invalid_config(capsys, filled):
+    state, etc, _ = filled
+    (etc / "corehandler.toml").write_text("[compression]\nlevel = 99\n")
+    try:
+        code, _, err = run(capsys, filled, "serve")
+    finally:
+        (etc / "corehandler.toml").unlink()
+    assert code == EXIT_CONFIG
+    assert len(err.splitlines()) == 1 and "compression.level" in err and "corehandler.toml" in err
+
+
+def test_corrupt_store_files_are_reported_not_crashed_on(capsys, filled, tmp_path):
+    """Runs last in this module: it damages the store. A flipped byte shows in info (full check); a
+    truncated file shows in list (size and header check) too; dump refuses and leaves no output."""
+    state, etc, _ = filled
+    with Store(state) as s:
+        beta = next(d for d in s.all() if d.comm == "beta")
+    path = state / "store" / beta.path
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    code, out, _ = run(capsys, filled, "info", "beta")
+    assert code == 0 and "Core File: corrupt: " in out
+    code, _, err = run(capsys, filled, "dump", "beta", "-o", str(tmp_path / "x"))
+    assert code == EXIT_SYSTEM and len(err.splitlines()) == 1 and not (tmp_path / "x").exists()
+    assert os.listdir(tmp_path) == []
+    path.write_bytes(bytes(data[:len(data) // 3]))
+    code, out, _ = run(capsys, filled, "list", "beta")
+    assert code == 0 and " corrupt " in out
+    code, out, _ = run(capsys, filled, "--json", "list", "beta")
+    assert json.loads(out)[0]["corefile"] == "corrupt"

@@ -1,0 +1,240 @@
+"""The daemon on a temporary state dir: records committed by the real csplice (fed by the feeder) are
+validated, compressed, indexed and removed from the spool; bad input is kept and flagged; retention and
+reload act; observers hear about all of it and cannot break it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from corehandler import compress, spool
+from corehandler.daemon import Daemon, Settings
+from corehandler.retention import Policy
+from corehandler.store import Store
+from support.daemon_harness import Recorder, Running, wait_for
+from support.spoolfeed import feed, write_settings
+
+
+@pytest.fixture
+def state(tmp_path):
+    state_dir = tmp_path / "state"
+    (state_dir / "spool").mkdir(parents=True, mode=0o700)
+    return state_dir
+
+
+def sha_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def indexed(state_dir):
+    with Store(state_dir) as s:
+        return {d.id: d for d in s.all()}
+
+
+def spool_empty(state_dir):
+    return [n for n in os.listdir(state_dir / "spool") if n != ".rate"] == []
+
+
+def test_ingest_complete_truncated_and_metadata_only(tmp_path, state, feeder, csplice):
+    spool_dir = state / "spool"
+    full = write_settings(tmp_path / "full.conf", spool_dir)
+    small = write_settings(tmp_path / "small.conf", spool_dir, max_dump_bytes=65536)
+    one = write_settings(tmp_path / "one.conf", spool_dir, max_pending=1)
+    ok = feed(feeder, csplice, full, size=3 << 20, pid=101, zero_regions=True)
+    raw_sha = sha_of(spool_dir / ok["core"])
+    trunc = feed(feeder, csplice, small, size=1 << 20, pid=102)
+    meta = feed(feeder, csplice, one, size=1 << 20, pid=103)  # two records pending: kept as metadata only
+    assert meta["core"] is None and meta["capture"]["dropped_reason"] == "max_pending"
+
+    rec = Recorder()
+    with Running(Settings(state, level=1, threads=1, sweep_interval=3600), [rec]):
+        wait_for(lambda: spool_empty(state), what="spool drained")
+    rows = indexed(state)
+    assert rows[ok["id"]].status == "ok" and rows[ok["id"]].problem is None
+    assert rows[ok["id"]].raw_bytes == 3 << 20 and rows[ok["id"]].stored_bytes < 1 << 20
+    assert rows[ok["id"]].sha256 == raw_sha
+    assert (rows[ok["id"]].pid, rows[ok["id"]].signal, rows[ok["id"]].comm) == (101, 11, "feeder")
+    assert rows[trunc["id"]].status == "truncated"
+    assert rows[trunc["id"]].problem.startswith("capture truncated: max_dump_bytes; truncated: 65536 of")
+    assert rows[meta["id"]].status == "metadata_only" and rows[meta["id"]].path is None
+    assert rows[meta["id"]].problem == "dump not kept: max_pending"
+    # Stored files decompress to what csplice captured.
+    out = tmp_path / "out"
+    with open(out, "wb") as f:
+        compress.decompress_to(state / "store" / rows[ok["id"]].path, f)
+    assert sha_of(out) == raw_sha
+    assert sorted(os.listdir(state / "store")) == sorted(r.path for r in rows.values() if r.path)
+
+    ingested = {e[1]: e[2] for e in rec.of("ingested")}
+    assert set(ingested) == set(rows)
+    s = ingested[ok["id"]]
+    assert s["status"] == "ok" and s["raw_bytes"] == 3 << 20 and s["compressed_bytes"] == rows[ok["id"]].stored_bytes
+    assert s["path"] == str(state / "store" / rows[ok["id"]].path) and s["ingest_seconds"] >= s["compress_seconds"]
+    assert set(s) == {"id", "path", "raw_bytes", "compressed_bytes", "compress_seconds", "ingest_seconds",
+                      "ingested_at", "status", "problem"}
+    assert rec.of("state")[-1][1:] == (0, sum(r.stored_bytes for r in rows.values()), 3)
+    assert rec.of("error") == [] and rec.events[-1] == ("close",)
+
+
+def test_inotify_picks_up_new_records_without_a_sweep(tmp_path, state, feeder, csplice):
+    settings = write_settings(tmp_path / "s.conf", state / "spool")
+    with Running(Settings(state, threads=1, sweep_interval=3600)) as d:
+        wait_for(lambda: d.store is not None, what="daemon start")
+        for pid in (201, 202, 203):
+            feed(feeder, csplice, settings, size=256 << 10, pid=pid)
+        wait_for(lambda: len(indexed(state)) == 3, what="three dumps indexed")
+    assert sorted(r.pid for r in indexed(state).values()) == [201, 202, 203]
+    assert spool_empty(state)
+
+
+def test_bad_input_is_kept_and_flagged(tmp_path, state, feeder, csplice):
+    spool_dir = state / "spool"
+    settings = write_settings(tmp_path / "s.conf", spool_dir)
+    not_elf = feed(feeder, csplice, settings, size=65536, pid=301)
+    (spool_dir / not_elf["core"]).write_bytes(b"this is not an ELF core\n" * 100)
+    missing = feed(feeder, csplice, settings, size=65536, pid=302)
+    (spool_dir / missing["core"]).unlink()
+    garbage = feed(feeder, csplice, settings, size=65536, pid=303)
+    (spool_dir / f"{garbage['id']}.json").write_text("{ truncated")
+    orphan_id = "1796000000000000-0123456789abcdef-304"
+    orphan = spool_dir / f".tmp.{orphan_id}.core"
+    orphan.write_bytes((spool_dir / garbage["core"]).read_bytes())
+    os.utime(orphan, (time.time() - 60, time.time() - 60))
+
+    with Running(Settings(state, threads=1, sweep_interval=3600)):
+        wait_for(lambda: spool_empty(state), what="spool drained")
+    rows = indexed(state)
+    assert (rows[not_elf["id"]].status, rows[not_elf["id"]].problem) == ("invalid", "not an ELF file")
+    assert rows[not_elf["id"]].raw_bytes == 2400  # kept, though not a core
+    assert (rows[missing["id"]].status, rows[missing["id"]].problem) == ("invalid", "core file missing from the spool")
+    assert rows[garbage["id"]].status == "ok" and "cannot read record" in rows[garbage["id"]].problem
+    assert rows[garbage["id"]].raw_bytes == 65536
+    assert rows[orphan_id].status == "orphan" and rows[orphan_id].pid == 304
+    assert "csplice did not commit this dump (capture did not finish)" in rows[orphan_id].problem
+
+
+def test_a_failing_observer_never_stops_ingest(tmp_path, state, feeder, csplice):
+    class Broken:
+        def on_ingested(self, record, stored):
+            raise RuntimeError("observer bug")
+
+    rec = Recorder()
+    settings = write_settings(tmp_path / "s.conf", state / "spool")
+    for pid in (401, 402):
+        feed(feeder, csplice, settings, size=65536, pid=pid)
+    with Running(Settings(state, threads=1, sweep_interval=3600), [Broken(), rec]) as d:
+        wait_for(lambda: spool_empty(state), what="spool drained")
+    assert len(indexed(state)) == 2 and len(rec.of("ingested")) == 2
+    assert [e[1] for e in rec.of("error")] == ["observer", "observer"]
+    assert "observer bug" in rec.of("error")[0][2]
+    assert d.observer_failures == 2
+
+
+def test_retention_after_ingest(tmp_path, state, feeder, csplice):
+    settings = write_settings(tmp_path / "s.conf", state / "spool")
+    records = [feed(feeder, csplice, settings, size=65536, pid=500 + i) for i in range(4)]
+    rec = Recorder()
+    with Running(Settings(state, threads=1, sweep_interval=3600, policy=Policy(max_count=2)), [rec]):
+        wait_for(lambda: spool_empty(state), what="spool drained")
+    assert sorted(indexed(state)) == [r["id"] for r in records[2:]]
+    assert [(e[1], e[2]) for e in rec.of("deleted")] == [(r["id"], "max_count") for r in records[:2]]
+    assert len(os.listdir(state / "store")) == 2
+
+
+def test_reload_applies_new_settings_and_survives_a_bad_config(tmp_path, state, feeder, csplice):
+    settings = write_settings(tmp_path / "s.conf", state / "spool")
+    answers = [Settings(state, compression=False, sweep_interval=3600), ValueError("bad key x in y.toml")]
+
+    def reload():
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    rec = Recorder()
+    with Running(Settings(state, threads=1, sweep_interval=3600), [rec], reload) as d:
+        wait_for(lambda: d.store is not None, what="daemon start")
+        d.request_reload()
+        wait_for(lambda: not d.settings.compression, what="reload")
+        r = feed(feeder, csplice, settings, size=65536, pid=601)
+        wait_for(lambda: spool_empty(state), what="spool drained")
+        d.request_reload()
+        wait_for(lambda: rec.of("error"), what="failed reload reported")
+        assert not d.settings.compression
+    assert indexed(state)[r["id"]].path == f"{r['id']}.core"  # stored raw, as the new settings say
+    assert rec.of("error")[0][1:] == ("config", "Reload failed, keeping the running configuration: "
+                                                "bad key x in y.toml", None)
+
+
+def test_100_records_dropped_at_once(tmp_path, state, feeder, csplice):
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    settings = write_settings(tmp_path / "s.conf", staging)
+    records = [feed(feeder, csplice, settings, size=32768, pid=1000 + i) for i in range(100)]
+    with Running(Settings(state, threads=1, sweep_interval=3600)) as d:
+        wait_for(lambda: d.store is not None, what="daemon start")
+        for r in records:  # cores first, then the records: the records' rename is the commit
+            os.rename(staging / r["core"], state / "spool" / r["core"])
+        for r in records:
+            os.rename(staging / f"{r['id']}.json", state / "spool" / f"{r['id']}.json")
+        wait_for(lambda: len(indexed(state)) == 100, timeout=120, what="100 dumps indexed")
+    rows = indexed(state)
+    assert sorted(rows) == sorted(r["id"] for r in records)
+    assert all(r.status == "ok" for r in rows.values())
+    assert spool_empty(state) and len(os.listdir(state / "store")) == 100
+
+
+def test_recovery_finishes_every_half_done_state(tmp_path, state, feeder, csplice):
+    """What a kill leaves at each step of ingest and deletion, made by hand, is finished at start."""
+    spool_dir, store_dir = state / "spool", state / "store"
+    settings = write_settings(tmp_path / "s.conf", spool_dir)
+    a, b, c = (feed(feeder, csplice, settings, size=65536, pid=700 + i) for i in range(3))
+    store_dir.mkdir(mode=0o700)
+    # a: compressed and renamed into the store, not indexed (the raw is still in the spool)
+    compress.store_file(spool_dir / a["core"], store_dir, a["id"], threads=1)
+    # b: indexed, raw not removed yet
+    with Store(state) as s:
+        from corehandler.store import row_from_record
+        stored = compress.store_file(spool_dir / b["core"], store_dir, b["id"], threads=1)
+        s.insert(row_from_record(b, status="ok", problem=None, path=stored.path.name, raw_bytes=stored.raw_bytes,
+                                 stored_bytes=stored.stored_bytes, sha256=stored.sha256))
+        # a retention deletion interrupted after its mark
+        gone = dict(row_from_record(c, status="ok", problem=None, path="gone.zst", raw_bytes=1, stored_bytes=1,
+                                    sha256=None), id="1796000000000000-0123456789abcdef-9", deleting=1)
+        s.insert(gone)
+    # c: a temp file of an interrupted compression; c's record waits in the spool
+    (store_dir / f".tmp.{c['id']}.zst").write_bytes(b"partial")
+    # a stray store file: no row, no record
+    stray = "1796000000000000-0123456789abcdef-8"
+    compress.store_file(spool_dir / c["core"], store_dir, stray, threads=1)
+
+    with Running(Settings(state, threads=1, sweep_interval=3600)):
+        wait_for(lambda: spool_empty(state), what="spool drained")
+    rows = indexed(state)
+    assert sorted(rows) == sorted([a["id"], b["id"], c["id"], stray])
+    assert rows[stray].status == "orphan" and rows[stray].raw_bytes == 65536
+    assert sorted(os.listdir(store_dir)) == sorted(r.path for r in rows.values())
+    for r in rows.values():
+        compress.verify(store_dir / r.path, r.raw_bytes, r.sha256)
+
+
+def test_retention_timer_applies_a_reloaded_policy(tmp_path, state, feeder, csplice):
+    """No ingest after the reload: only the timer can delete, with the reloaded interval and policy. The
+    dumps are young at the reload and pass max_age seconds later."""
+    settings = write_settings(tmp_path / "s.conf", state / "spool")
+    for i in range(2):
+        feed(feeder, csplice, settings, size=65536, pid=800 + i)
+    rec = Recorder()
+    tighter = Settings(state, threads=1, sweep_interval=3600, retention_interval=0.2, policy=Policy(max_age=6))
+    with Running(Settings(state, threads=1, sweep_interval=3600), [rec], lambda: tighter) as d:
+        wait_for(lambda: spool_empty(state) and len(rec.of("ingested")) == 2, what="spool drained")
+        d.request_reload()
+        wait_for(lambda: d.settings is tighter, what="reload")
+        assert rec.of("deleted") == [] and len(indexed(state)) == 2
+        wait_for(lambda: len(rec.of("deleted")) == 2, what="retention by the timer")
+    assert [e[2] for e in rec.of("deleted")] == ["max_age", "max_age"] and indexed(state) == {}

@@ -1,0 +1,208 @@
+"""Faults: the daemon SIGKILLed at every step of ingest and at random times, SIGTERM, a full disk.
+After a restart every dump is in the index exactly once, its stored file decompresses to the captured bytes,
+and nothing is left in the spool."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from corehandler import compress
+from corehandler.daemon import PAUSE_ENV, PAUSE_POINTS
+from corehandler.store import Store
+from support.spoolfeed import feed, write_settings
+
+RUNDAEMON = Path(__file__).parent.parent / "support" / "rundaemon.py"
+_pending: dict[int, bytes] = {}  # output read past the last line wait_line returned, by fd
+
+
+def start(state_dir: Path, *args: str, pause: str | None = None) -> subprocess.Popen:
+    env = dict(os.environ)
+    if pause:
+        env[PAUSE_ENV] = pause
+    proc = subprocess.Popen([sys.executable, str(RUNDAEMON), str(state_dir), "--threads", "1", *args],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    for stream in (proc.stdout, proc.stderr):  # fd numbers are reused: forget an earlier process's output
+        _pending.pop(stream.fileno(), None)
+    return proc
+
+
+def wait_line(stream, needle: str, timeout: float = 30.0) -> list[str]:
+    """Reads the stream's lines until one holds needle. Reads the fd directly: a buffered readline after
+    select() would hide lines that arrived together."""
+    fd, seen = stream.fileno(), []
+    deadline = time.monotonic() + timeout
+    while True:
+        buf = _pending.get(fd, b"")
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            _pending[fd] = buf
+            seen.append(line.decode(errors="replace"))
+            if needle in seen[-1]:
+                return seen
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            raise AssertionError(f"no line with {needle!r} in {seen}")
+        data = os.read(fd, 65536)
+        if not data:
+            raise AssertionError(f"end of output before a line with {needle!r}: {seen}")
+        _pending[fd] = buf + data
+
+
+def sha_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def ingested_events(proc: subprocess.Popen) -> set[str]:
+    """Ids of the on_ingested events an exited rundaemon printed."""
+    out = _pending.pop(proc.stdout.fileno(), b"") + proc.stdout.read()
+    return {e["stored"]["id"] for e in map(json.loads, out.splitlines()) if e["event"] == "ingested"}
+
+
+def run_to_completion(state_dir: Path, n: int) -> set[str]:
+    """A fresh daemon finishes the work; then it is stopped with SIGTERM (which must exit 0). Returns the ids
+    it reported ingested."""
+    proc = start(state_dir)
+    try:
+        wait_line(proc.stderr, "Watching")  # SIGTERM before the handlers are set would just kill it
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            pending = [x for x in os.listdir(state_dir / "spool") if x != ".rate"]
+            if not pending and (state_dir / "index.sqlite").exists():
+                with Store(state_dir) as s:
+                    if s.totals()[1] >= n:
+                        break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        return ingested_events(proc)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def check_invariants(state_dir: Path, expected: dict[str, str]) -> None:
+    """expected: id -> sha256 of the captured core."""
+    assert [x for x in os.listdir(state_dir / "spool") if x != ".rate"] == []
+    with Store(state_dir) as s:
+        rows = s.all(include_deleting=True)
+    assert sorted(r.id for r in rows) == sorted(expected)  # each exactly once: id is the primary key
+    assert sorted(os.listdir(state_dir / "store")) == sorted(r.path for r in rows)
+    for r in rows:
+        assert r.status == "ok" and r.sha256 == expected[r.id]
+        compress.verify(state_dir / "store" / r.path, r.raw_bytes, r.sha256)
+
+
+def new_spool(tmp_path, feeder, csplice):
+    """A fresh state dir; returns it, the id -> sha256 of what was fed, and add(pid, size) to feed more."""
+    state_dir = tmp_path / "state"
+    spool_dir = state_dir / "spool"
+    spool_dir.mkdir(parents=True, mode=0o700)
+    settings = write_settings(tmp_path / "s.conf", spool_dir)
+    expected = {}
+
+    def add(pid: int, size: int) -> None:
+        r = feed(feeder, csplice, settings, size=size, pid=pid)
+        expected[r["id"]] = sha_of(spool_dir / r["core"])
+
+    return state_dir, expected, add
+
+
+@pytest.fixture
+def fed(tmp_path, feeder, csplice):
+    """Three committed records of 2 MiB in a fresh state dir; returns (state_dir, id -> sha256)."""
+    state_dir, expected, add = new_spool(tmp_path, feeder, csplice)
+    for pid in (11, 12, 13):
+        add(pid, 2 << 20)
+    return state_dir, expected
+
+
+@pytest.mark.parametrize("point", PAUSE_POINTS)
+def test_sigkill_at_each_ingest_step_loses_nothing(fed, point):
+    state_dir, expected = fed
+    proc = start(state_dir, pause=point)
+    try:
+        wait_line(proc.stderr, f"Pausing at {point}")
+        proc.kill()
+        proc.wait()
+    finally:
+        proc.kill()
+    reported = ingested_events(proc) | run_to_completion(state_dir, len(expected))
+    check_invariants(state_dir, expected)
+    assert reported == set(expected)  # observers heard of every dump, the interrupted one included
+
+
+def test_sigkill_at_random_times_loses_nothing(tmp_path, feeder, csplice):
+    state_dir, expected, add = new_spool(tmp_path, feeder, csplice)
+    rng = random.Random(1234)
+    mid_compression = 0
+    for round_ in range(6):
+        for pid in range(2):
+            add(100 * round_ + pid + 1, 4 << 20)
+        proc = start(state_dir, "--level", "15")  # ~0.5 s per dump: most kills land mid-compression
+        wait_line(proc.stderr, "Watching")  # start-up time varies with the machine's load; ingest follows
+        time.sleep(rng.uniform(0.0, 0.8))
+        proc.kill()
+        proc.wait()
+        store_dir = state_dir / "store"
+        if store_dir.exists() and any(n.startswith(".tmp.") for n in os.listdir(store_dir)):
+            mid_compression += 1
+    assert mid_compression >= 1  # the test did what it says
+    run_to_completion(state_dir, len(expected))
+    check_invariants(state_dir, expected)
+
+
+def test_sigterm_stops_cleanly(fed):
+    state_dir, expected = fed
+    proc = start(state_dir)
+    wait_line(proc.stderr, "Watching")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    wait_line(proc.stderr, "Stopping")
+    run_to_completion(state_dir, len(expected))
+    check_invariants(state_dir, expected)
+
+
+@pytest.mark.root
+def test_disk_full_keeps_the_raw_dump_and_retries(tmp_path, feeder, csplice):
+    """The state dir on a 16 MiB tmpfs; a 10 MiB core of random bytes cannot be stored beside itself."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(mnt)], check=True)
+    proc = None
+    try:
+        spool_dir = mnt / "state" / "spool"
+        spool_dir.mkdir(parents=True, mode=0o700)
+        settings = write_settings(tmp_path / "s.conf", spool_dir)
+        r = feed(feeder, csplice, settings, size=10 << 20, pid=77)
+        core = spool_dir / r["core"]
+        with open(core, "r+b") as f:  # keep the ELF headers, make the memory incompressible
+            f.seek(8192)
+            f.write(random.Random(7).randbytes((10 << 20) - 8192))
+        raw_sha = sha_of(core)
+        proc = start(mnt / "state", "--retry", "0.5", "--sweep", "0.5")
+        lines = wait_line(proc.stdout, '"kind": "disk_full"')
+        error = json.loads(lines[-1])
+        assert error["id"] == r["id"] and "no space left" in error["message"]
+        assert sha_of(core) == raw_sha  # the raw dump is kept
+        assert [n for n in os.listdir(mnt / "state" / "store")] == []  # no half-written file
+        subprocess.run(["mount", "-o", "remount,size=64m", str(mnt)], check=True)
+        wait_line(proc.stdout, '"event": "ingested"')
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        check_invariants(mnt / "state", {r["id"]: raw_sha})
+    finally:
+        if proc:
+            proc.kill()
+            proc.wait()
+        subprocess.run(["umount", str(mnt)], check=True)
