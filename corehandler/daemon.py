@@ -144,7 +144,7 @@ class Daemon:
                 if method != "on_error":
                     self._notify("on_error", "observer", f"{type(obs).__name__}.{method}: {e}", None)
 
-    def _error(self, kind: str, message: str, dump_id: str | None = None) -> None:
+    def report_error(self, kind: str, message: str, dump_id: str | None = None) -> None:
         log.error("%s", message)
         self._notify("on_error", kind, message, dump_id)
 
@@ -181,7 +181,7 @@ class Daemon:
         try:
             new = self.reload()
         except Exception as e:
-            self._error("config", f"Reload failed, keeping the running configuration: {e}")
+            self.report_error("config", f"Reload failed, keeping the running configuration: {e}")
             return
         if new.state_dir != self.settings.state_dir:
             log.warning("state_dir changed to %s: takes effect at the next start", new.state_dir)
@@ -225,14 +225,14 @@ class Daemon:
                                              level=s.level, threads=s.threads, checkpoint=self._checkpoint)
                 compress.verify(stored.path, stored.raw_bytes, stored.sha256)
             except compress.DiskFullError as e:
-                self._error("disk_full", f"{e}; the raw dump stays in the spool and is retried later", dump_id)
+                self.report_error("disk_full", f"{e}; the raw dump stays in the spool and is retried later", dump_id)
                 raise _Retry() from e
             except compress.VerifyError as e:
                 stored.path.unlink(missing_ok=True)
-                self._error("compress", f"Stored {dump_id} failed verification ({e}); retrying later", dump_id)
+                self.report_error("compress", f"Stored {dump_id} failed verification ({e}); retrying later", dump_id)
                 raise _Retry() from e
             except compress.CompressError as e:
-                self._error("compress", f"{e}; the raw dump stays in the spool", dump_id)
+                self.report_error("compress", f"{e}; the raw dump stays in the spool", dump_id)
                 raise _Retry() from e
             self._checkpoint("stored")
 
@@ -272,7 +272,7 @@ class Daemon:
             return False
         except Exception as e:
             log.exception("Ingest of %s failed", dump_id)
-            self._error("ingest", f"Ingest of {dump_id} failed: {e}; retrying later", dump_id)
+            self.report_error("ingest", f"Ingest of {dump_id} failed: {e}; retrying later", dump_id)
             self._retry_at[dump_id] = time.monotonic() + self.settings.retry_interval
             return False
         self._retry_at.pop(dump_id, None)
@@ -288,7 +288,7 @@ class Daemon:
             try:
                 spool.adopt_orphan(spool_dir, orphan)
             except OSError as e:
-                self._error("ingest", f"Cannot adopt orphaned dump {orphan.id}: {e}", orphan.id)
+                self.report_error("ingest", f"Cannot adopt orphaned dump {orphan.id}: {e}", orphan.id)
         count = 0
         for dump_id in spool.committed_ids(spool_dir):
             if self._stop.is_set():
@@ -334,7 +334,7 @@ class Daemon:
         try:
             deleted = retention.vacuum(self.store, self.settings.policy)
         except OSError as e:
-            self._error("ingest", f"Retention failed: {e}")
+            self.report_error("ingest", f"Retention failed: {e}")
             return []
         for d in deleted:
             self._notify("on_deleted", d.id, d.exe, d.rule, d.freed_bytes)

@@ -161,7 +161,7 @@ def _live(paths: Paths) -> dict[str, str]:
 
 
 def install(config: Config, paths: Paths, *, csplice: Path | None = None, force: bool = False,
-            start_daemon: Callable[[Paths], object] | None = None) -> dict:
+            start_daemon: Callable[[Paths], object] | None = None, write_sysctl_d: bool = True) -> dict:
     """Makes csplice the live and persistent core handler (see the module docstring); returns what it did."""
     require_root("install")
     program = check_handler_path(csplice or paths_mod.csplice_path())
@@ -186,7 +186,8 @@ def install(config: Config, paths: Paths, *, csplice: Path | None = None, force:
     write_csplice_settings(config, paths)
     pipe_limit = str(max(PIPE_LIMIT, _int_or_zero(live[sysctl.CORE_PIPE_LIMIT])))
     values = {sysctl.CORE_PATTERN: pattern, sysctl.CORE_PIPE_LIMIT: pipe_limit}
-    sysctl_d = sysctl.write_sysctl_d(values, paths.sysctl_d)
+    # A package ships its own sysctl.d file (/usr/lib/sysctl.d); a second one in /etc would outlive its removal.
+    sysctl_d = sysctl.write_sysctl_d(values, paths.sysctl_d) if write_sysctl_d else None
     try:
         sysctl.write(sysctl.CORE_PIPE_LIMIT, pipe_limit, root)
         sysctl.write(sysctl.CORE_PATTERN, pattern, root)
@@ -194,13 +195,14 @@ def install(config: Config, paths: Paths, *, csplice: Path | None = None, force:
         # Half installed is the worst state: the next boot would apply what the kernel refused now.
         if not already_ours:
             _restore_quietly(live, root)
-            sysctl.remove_sysctl_d(paths.sysctl_d)
+            if write_sysctl_d:
+                sysctl.remove_sysctl_d(paths.sysctl_d)
         raise
     if start_daemon is not None:
         start_daemon(paths)
     return {"core_pattern": pattern, "core_pipe_limit": pipe_limit, "csplice": str(program),
             "csplice_version": version, "replaced": None if already_ours else current, "previous_saved": not already_ours,
-            "sysctl_d": str(sysctl_d), "settings": str(paths.csplice_settings), "state_dir": str(paths.state_dir),
+            "sysctl_d": None if sysctl_d is None else str(sysctl_d), "settings": str(paths.csplice_settings), "state_dir": str(paths.state_dir),
             "daemon_started": start_daemon is not None}
 
 

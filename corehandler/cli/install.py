@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from corehandler import install
+from corehandler import install, supervise
 from corehandler.cli import emit, load
 from corehandler.units import human_size
 
@@ -16,28 +16,53 @@ def register(commands) -> None:
                         help="replace another pipe handler in core_pattern (uninstall puts it back)")
     parser.add_argument("--csplice", type=Path, metavar="PATH", help="the csplice to install (default: the "
                         "one installed with this package)")
+    parser.add_argument("--no-daemon", action="store_true",
+                        help="do not start the daemon (crashes wait in the spool until it runs)")
+    parser.add_argument("--package", action="store_true",
+                        help="for the Debian package's scripts: replace another handler (as --force), leave the "
+                        "sysctl.d file and the daemon to the package")
     parser = commands.add("uninstall", run_uninstall,
                           help="restore the core_pattern and core_pipe_limit from before install (needs root)")
+    parser.add_argument("--no-daemon", action="store_true", help="leave the daemon running")
     parser = commands.add("status", run_status, help="what is installed, the kernel's settings, spool and store")
     parser.add_argument("--csplice", type=Path, metavar="PATH", help="the csplice to compare with")
 
 
+UNIT_DIRS = (Path("/etc/systemd/system"), Path("/lib/systemd/system"), Path("/usr/lib/systemd/system"))
+
+
+def _systemd_runs_daemon() -> bool:
+    return supervise.systemd_is_pid1() and any((d / "corehandler.service").exists() for d in UNIT_DIRS)
+
+
+def _manages_daemon(args: argparse.Namespace) -> bool:
+    """Whether install/uninstall start and stop the daemon: not for the package, whose maintainer scripts do,
+    and not where systemd is init and has corehandler.service; elsewhere the supervisor runs it."""
+    return not (args.no_daemon or getattr(args, "package", False) or _systemd_runs_daemon())
+
+
 def run_install(args: argparse.Namespace) -> int:
     config, paths = load(args)
-    # The daemon hook: branch `packaging` passes start_daemon= (its supervisor) where systemd is not PID 1.
-    done = install.install(config, paths, csplice=args.csplice, force=args.force)
+    start = (lambda p: supervise.start(p, args.config_dir)) if _manages_daemon(args) else None
+    done = install.install(config, paths, csplice=args.csplice, force=args.force or args.package,
+                           start_daemon=start, write_sysctl_d=not args.package)
+    boot = f", also in {done['sysctl_d']} for the next boot" if done["sysctl_d"] else ""
     lines = [f"corehandler installed: core_pattern = {done['core_pattern']}",
-             f"  core_pipe_limit = {done['core_pipe_limit']}, also in {done['sysctl_d']} for the next boot",
+             f"  core_pipe_limit = {done['core_pipe_limit']}{boot}",
              f"  csplice {done['csplice_version']} settings in {done['settings']}, dumps under {done['state_dir']}"]
     if done["replaced"] is not None:
         lines.append(f"  replaced core_pattern {done['replaced']!r}; `corehandler uninstall` restores it")
+    if done["daemon_started"]:
+        lines.append(f"  daemon started (supervised, log in {paths.log_dir})")
+    elif not args.package and _systemd_runs_daemon():
+        lines.append("  start the daemon with `systemctl enable --now corehandler.service`")
     emit(args, done, "\n".join(lines))
     return 0
 
 
 def run_uninstall(args: argparse.Namespace) -> int:
     _, paths = load(args)
-    done = install.uninstall(paths)
+    done = install.uninstall(paths, stop_daemon=supervise.stop if _manages_daemon(args) else None)
     if done["restored"] is not None:
         restored = done["restored"]
         lines = [f"corehandler uninstalled: core_pattern = {restored['kernel.core_pattern']}, core_pipe_limit = "

@@ -10,6 +10,8 @@ import sys
 from corehandler.cli import load
 from corehandler.config import write_csplice_settings
 from corehandler.daemon import Daemon, Settings, settings_from_config, stored_event
+from corehandler.journal import JournalObserver
+from corehandler.metrics import MetricsObserver
 from corehandler.store import Store
 
 log = logging.getLogger("corehandler.serve")
@@ -22,34 +24,28 @@ def register(commands) -> None:
     p.add_argument("--debug", action="store_true", help="log debug messages too")
 
 
-def observers_for(config, paths, store_limit) -> list:
-    """The journald and Prometheus observers the config asks for (modules of branch `observe`; the daemon
-    runs without them where they are not installed). store_limit() is the current max_use in bytes."""
-    observers = []
+def observers_for(config, paths, store_limit) -> tuple[list, list[str]]:
+    """The journald and Prometheus observers the config asks for, and the problems met setting them up that
+    must not stop ingest (a metrics port taken). store_limit() is the current max_use in bytes."""
+    observers, problems = [], []
     if config.journal.enabled:
-        try:
-            from corehandler.journal import JournalObserver
-        except ImportError:
-            log.warning("journal observer not available, journald records are off")
-        else:
-            observers.append(JournalObserver())
+        observers.append(JournalObserver())
     if config.metrics.enabled or config.metrics.textfile:
-        try:
-            from corehandler.metrics import MetricsObserver
-        except ImportError:
-            log.warning("metrics observer not available, metrics are off")
-        else:
-            metrics = MetricsObserver.from_config(config.metrics, store_dir=paths.store_dir,
-                                                  store_limit_bytes=store_limit)
-            # Counters continue from what the index holds, so a restart does not read as a reset.
-            if paths.index_path.exists():
-                with Store(paths.state_dir, readonly=True) as store:
-                    metrics.seed(dict(d.summary(), stored=stored_event(d, store.file_path(d), 0.0, 0.0))
-                                 for d in store.all())
-            if config.metrics.enabled:
+        metrics = MetricsObserver.from_config(config.metrics, store_dir=paths.store_dir,
+                                              store_limit_bytes=store_limit)
+        # Counters continue from what the index holds, so a restart does not read as a reset.
+        if paths.index_path.exists():
+            with Store(paths.state_dir, readonly=True) as store:
+                metrics.seed(dict(d.summary(), stored=stored_event(d, store.file_path(d), 0.0, 0.0))
+                             for d in store.all())
+        if config.metrics.enabled:
+            try:
                 metrics.serve(config.metrics.listen, config.metrics.port)
-            observers.append(metrics)
-    return observers
+            except OSError as e:
+                problems.append(f"cannot serve metrics on {config.metrics.listen}:{config.metrics.port}: "
+                         f"{e.strerror}; dumps are still ingested")
+        observers.append(metrics)
+    return observers, problems
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -69,5 +65,8 @@ def run_serve(args: argparse.Namespace) -> int:
     write_csplice_settings(config, paths)
     daemon = Daemon(settings_from_config(config, paths, sweep_interval=args.sweep_interval), (), reload,
                     handle_signals=True)
-    daemon.observers.extend(observers_for(config, paths, lambda: daemon.settings.policy.max_use))
+    observers, problems = observers_for(config, paths, lambda: daemon.settings.policy.max_use)
+    daemon.observers.extend(observers)
+    for problem in problems:
+        daemon.report_error("config", problem)
     return daemon.run()

@@ -157,7 +157,22 @@ def test_install_crash_remove_purge(deb, clean_host, tmp_path_factory):
     core = STATE / "spool" / record["core"]
     assert core.read_bytes()[:4] == b"\x7fELF" and stat.S_IMODE(core.stat().st_mode) == 0o600
     assert core.stat().st_size == record["capture"]["bytes"] > 4 << 20
+    captured = core.read_bytes()
     assert supervisor("start").returncode == 0 and supervisor("status").returncode == 0
+
+    # -- the daemon ingests it: compressed, indexed, byte-identical out of the store -------------------------
+    out = tmp_path_factory.mktemp("dumps")
+    wait_for(lambda: run("/usr/bin/corehandler", "dump", f"id={record['id']}", "-o", str(out / "first"),
+                         check=False).returncode == 0, 60, "the spooled crash in the store")
+    assert (out / "first").read_bytes() == captured
+    assert crash(crasher, "segv", mib=1).returncode == -11
+
+    def listed():
+        return json.loads(run("/usr/bin/corehandler", "--json", "list", str(crasher), check=False).stdout or "[]")
+
+    wait_for(lambda: len(listed()) == 2, 60, "the second crash in the store")
+    run("/usr/bin/corehandler", "dump", str(crasher), "-o", str(out / "second"))
+    assert (out / "second").read_bytes()[:4] == b"\x7fELF"
 
     # -- remove: the daemon stops, the kernel gets its handler back, the dumps stay ---------------------------
     run("apt-get", "remove", "-y", "-q", "corehandler")

@@ -11,7 +11,7 @@ import pytest
 
 from corehandler import install
 from corehandler.cli import main
-from corehandler.errors import EXIT_CONFIG, EXIT_PERMISSION, EXIT_USAGE
+from corehandler.errors import EXIT_CONFIG, EXIT_NOMATCH, EXIT_PERMISSION, EXIT_USAGE
 
 
 @pytest.fixture
@@ -27,10 +27,10 @@ def run(capsys, *argv):
     return code, out, err
 
 
-def test_no_verb_is_a_usage_error(capsys):
-    code, out, err = run(capsys)
-    assert code == EXIT_USAGE
-    assert err.splitlines()[-1] == "corehandler: a verb is required"
+def test_no_verb_lists_dumps_like_coredumpctl(capsys, etc, tmp_path):
+    code, out, err = run(capsys, "--config-dir", str(etc), "--state-dir", str(tmp_path / "state"))
+    assert code == EXIT_NOMATCH
+    assert err.splitlines()[-1] == f"corehandler: no dumps: there is no index in {tmp_path / 'state'}"
 
 
 @pytest.mark.parametrize("argv", [["frobnicate"], ["config"], ["config", "bogus"], ["install", "--bogus"],
