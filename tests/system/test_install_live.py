@@ -23,6 +23,7 @@ import pytest
 from corehandler import paths as paths_mod
 from corehandler import sysctl
 from support.crash import PATTERN, build_crasher
+from support.waiting import wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.live_kernel]
 
@@ -154,7 +155,8 @@ def test_install_capture_real_crashes_uninstall(host_core_settings, sysctl_d_fil
     options, spool = dirs
     saved = {name: value.removesuffix("\n") for name, value in host_core_settings.items()}
 
-    result = cli(*options, "install", "--force")
+    # The records are checked in the spool, so no daemon may ingest them first (test_daemon_live covers that).
+    result = cli(*options, "install", "--force", "--no-daemon")
     print(result.stdout)
     assert result.returncode == 0, result.stderr
     csplice = Path(os.path.realpath(paths_mod.csplice_path()))
@@ -214,3 +216,36 @@ def test_install_refuses_another_handler(host_core_settings, sysctl_d_file, dirs
                              "--force` replaces it and uninstall puts it back\n")
     assert sysctl.read(sysctl.CORE_PATTERN) == other
     assert not spool.exists()
+
+
+def test_install_runs_the_daemon_end_to_end(host_core_settings, sysctl_d_file, dirs, tmp_path):
+    """What the README's first command leaves behind: a crash ends up compressed in the store, listed, and
+    byte-identical out of it; uninstall stops the daemon and restores the kernel's settings."""
+    options, spool = dirs
+    saved = {name: value.removesuffix("\n") for name, value in host_core_settings.items()}
+    crasher = build_crasher(tmp_path / "bin")
+
+    result = cli(*options, "install", "--force")
+    assert result.returncode == 0, result.stderr
+    assert "daemon started (supervised" in result.stdout
+    try:
+        pid, signo, _ = die([str(crasher), "segv", "2"])
+        assert signo == signal.SIGSEGV
+
+        def listed():
+            out = cli(*options, "--json", "list", str(pid))
+            return json.loads(out.stdout) if out.returncode == 0 else []
+
+        dumps = wait_for(listed, 60, f"the crash of PID {pid} in the store")
+        assert [d["pid"] for d in dumps] == [pid]
+        assert list(spool.glob("*.core")) == [], "the raw core is still in the spool after ingest"
+        out = tmp_path / "core"
+        assert cli(*options, "dump", str(pid), "-o", str(out)).returncode == 0
+        with open(out, "rb") as f:
+            assert f.read(4) == b"\x7fELF"
+        assert json.loads(cli(*options, "--json", "status").stdout)["daemon"]["state"] == "running"
+    finally:
+        result = cli(*options, "uninstall")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(cli(*options, "--json", "status").stdout)["daemon"]["state"] != "running"
+    assert {name: Path("/proc/sys", name).read_text().removesuffix("\n") for name in saved} == saved
