@@ -140,6 +140,7 @@ static int capture_rw(Capture *c) {
                 r = write_at(c->out_fd, buf, (size_t) n, c->written, c->settings->sparse);
                 if (r < 0) {
                         set_failure(c, "write_error", r);
+                        c->drained += (uint64_t) n; /* read, not kept */
                         break;
                 }
                 c->written += (uint64_t) n;
@@ -213,7 +214,10 @@ static void *ring_writer(void *userdata) {
                 i = ring->tail;
                 (void) pthread_mutex_unlock(&ring->lock);
 
+                /* A timeout stops the reading; what was read is in memory and is written out. */
                 stop = stop_reason(c, c->written, &next_check, ring->len[i]);
+                if (stop && strcmp(stop, "timeout") == 0)
+                        stop = NULL;
                 if (stop) {
                         set_failure(c, stop, 0);
                         r = -ENOSPC;
@@ -312,6 +316,8 @@ static int capture_rw2(Capture *c) {
         (void) pthread_cond_broadcast(&ring.changed);
         (void) pthread_mutex_unlock(&ring.lock);
         (void) pthread_join(writer, NULL);
+        /* Slots the writer refused after a stop were read from the pipe: account for them. */
+        c->drained += queued - c->written;
 
         for (unsigned i = 0; i < RING_SLOTS; i++)
                 free(ring.slot[i]);
