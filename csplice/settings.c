@@ -127,14 +127,21 @@ int settings_load(Settings *s, const char *path) {
         Settings parsed;
         char *buf = NULL, *line, *saveptr = NULL;
         unsigned lineno = 0;
+        size_t len;
         int r;
 
         settings_defaults(s);
         parsed = *s;
 
-        r = read_bounded_at(AT_FDCWD, path, SETTINGS_MAX_BYTES, &buf, NULL);
+        r = read_bounded_at(AT_FDCWD, path, SETTINGS_MAX_BYTES + 1, &buf, &len);
+        /* A NUL would end the parse early and silently drop the lines after it; a longer file is not ours. */
+        if (r >= 0 && (len > SETTINGS_MAX_BYTES || memchr(buf, '\0', len))) {
+                free(buf);
+                r = -EBADMSG;
+        }
         if (r < 0) {
-                (void) snprintf(s->error, sizeof s->error, "cannot read %s: %s", path, strerror(-r));
+                (void) snprintf(s->error, sizeof s->error, "cannot read %s, using built-in defaults: %s", path,
+                                strerror(-r));
                 return r;
         }
 

@@ -124,6 +124,7 @@ class Handler:
     base: Path
     settings: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
+    wrapper: list = field(default_factory=list)  # a command prefix, e.g. to run in another namespace
 
     def __post_init__(self):
         self.base.mkdir(parents=True, exist_ok=True)
@@ -168,7 +169,7 @@ class Handler:
              timeout: float = 300) -> Result:
         """The feeder pushes a synthetic core of `size` bytes into csplice's stdin, as the kernel would."""
         pid = os.getpid() if pid is None else pid
-        cmd = [str(paths.feeder_path()), "--size", str(size), "--mode", mode, "--pid", str(pid)]
+        cmd = [*self.wrapper, str(paths.feeder_path()), "--size", str(size), "--mode", mode, "--pid", str(pid)]
         if zero_regions:
             cmd.append("--zero-regions")
         if chunk:
@@ -192,7 +193,7 @@ class Handler:
         before = set(self.records())
         t0 = time.monotonic()
         args = args if args is not None else core_args(os.getpid())
-        proc = subprocess.run([str(paths.csplice_path()), *args],
+        proc = subprocess.run([*self.wrapper, str(paths.csplice_path()), *args],
                               input=stdin, env=self.environment(), capture_output=True, timeout=timeout)
         seconds = time.monotonic() - t0
         return self._result(before, args, proc.returncode, proc.stderr.decode(errors="replace"), None, seconds)
