@@ -248,6 +248,11 @@ static int capture_rw2(Capture *c) {
         sigset_t alrm, old;
         int r = 0;
 
+        /* On the kernel's 64 KiB pipe the idle reader thread wakes for every page the kernel writes, on the other
+         * CPU: bench/results/capture.md measured rw2 3x slower there than on a 1 MiB pipe. */
+        if (c->settings->pipe_bytes == 0)
+                (void) fcntl(c->in_fd, F_SETPIPE_SZ, (int) RING_SLOT_BYTES);
+
         for (unsigned i = 0; i < RING_SLOTS; i++) {
                 ring.slot[i] = aligned_alloc(BLOCK, RING_SLOT_BYTES);
                 if (!ring.slot[i])

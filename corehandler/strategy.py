@@ -1,0 +1,40 @@
+"""Which capture strategy csplice should use on this kernel (`strategy = "auto"` in the config).
+
+The answer is measured, not assumed: bench/capture.py times how long each strategy holds a crashed process,
+on the live kernel and behind the feeder's two paths, and bench/results/capture.md holds the table. Two kinds
+of kernel matter, because they fill the core pipe differently:
+
+- stock: the kernel copies every page into the pipe (`__kernel_write_iter()`);
+- COREDUMP_USE_PIPE (the seed's patch): the kernel vmsplices the process's own pages into the pipe, so a
+  handler that never copies them again (splice) saves the only copy left.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+STRATEGIES = ("rw", "splice", "rw2", "splice2")
+
+# On a patched kernel vmsplice_to_pipe() is exported for the coredump code: a global text symbol. On a stock
+# kernel it is static and inlined into the vmsplice syscall, so it is absent or a local 't'.
+_PATCHED_SYMBOL = re.compile(rb"^[0-9a-f]+ T vmsplice_to_pipe$", re.MULTILINE)
+
+# bench/results/capture.md: FILLED IN FROM THE BENCHMARK
+STOCK_KERNEL_STRATEGY = "rw"
+PATCHED_KERNEL_STRATEGY = "splice2"
+
+
+def kernel_vmsplices_cores(proc_root: Path = Path("/proc")) -> bool:
+    """Whether the running kernel has the COREDUMP_USE_PIPE patch. An unreadable kallsyms reads as stock: the
+    stock choice is never slow on a patched kernel, the other way round it can be."""
+    try:
+        text = (proc_root / "kallsyms").read_bytes()
+    except OSError:
+        return False
+    return _PATCHED_SYMBOL.search(text) is not None
+
+
+def choose_strategy(proc_root: Path = Path("/proc")) -> str:
+    """The capture strategy bench/capture.py measured fastest for this kind of kernel."""
+    return PATCHED_KERNEL_STRATEGY if kernel_vmsplices_cores(proc_root) else STOCK_KERNEL_STRATEGY
