@@ -24,9 +24,6 @@ MiB = 1 << 20
 GiB = 1 << 30
 HASH_BLOCK = 4 * MiB
 
-# The crash_arg order of csplice/crash.h: %P %i %I %u %g %d %s %t %c %h %e [%F].
-SPECIFIERS = ("P", "i", "I", "u", "g", "d", "s", "t", "c", "h", "e", "F")
-
 
 def core_args(pid: int, comm: bytes | str = "pytest", signal: int = 11, pidfd: int | None = None) -> list:
     """The argv a kernel would pass for a crash of pid (uid/gid/hostname of this process)."""
@@ -78,14 +75,6 @@ def expected_digest(size: int, zero_regions: bool, pid: int, limit: int | None =
         proc.stdout.close()
         proc.wait()
     return h.hexdigest()
-
-
-def expected_bytes(size: int, zero_regions: bool, pid: int) -> bytes:
-    """The feeder's stream itself, for sizes small enough to compare directly."""
-    cmd = [str(paths.feeder_path()), "--size", str(size), "--pid", str(pid), "--emit", "/dev/stdout"]
-    if zero_regions:
-        cmd.append("--zero-regions")
-    return subprocess.run(cmd, stdout=subprocess.PIPE, check=True).stdout
 
 
 def render_settings(settings: dict) -> str:
@@ -202,3 +191,11 @@ class Handler:
 def spool_files(spool: Path) -> list[str]:
     """Every name in the spool, hidden ones and .rate entries included."""
     return sorted(str(p.relative_to(spool)) for p in spool.rglob("*"))
+
+
+def rate_file(exe: bytes) -> str:
+    """The name of exe's crash counter below .rate/: spool.c's 64-bit FNV-1a of the path, in hex."""
+    h = 0xCBF29CE484222325
+    for b in exe:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from support.csplice_harness import Handler, core_args, spool_files
+from support.csplice_harness import Handler, core_args, rate_file, spool_files
 
 HZ = os.sysconf("SC_CLK_TCK")
 NO_SUCH_PID = 2**22 + 7  # above the largest pid_max Linux allows
@@ -159,16 +159,9 @@ def test_hostile_names_round_trip_and_stay_in_the_spool(handler, tmp_path, name)
     assert [raw(a) for a in rec["proc"]["cmdline"]] == [name, b"arg\xff\n"]
     assert raw(rec["proc"]["exe"]) == b"/opt/" + name
     # The spool holds the id's two files and the rate counter; no name of the process's choosing.
-    assert spool_files(handler.spool) == sorted([".rate", ".rate/" + f"{fnv1a64(b'/opt/' + name):016x}",
+    assert spool_files(handler.spool) == sorted([".rate", ".rate/" + rate_file(b"/opt/" + name),
                                                  rec["id"] + ".core", rec["id"] + ".json"])
     after = tree(tmp_path)
     assert {k: v for k, v in after.items() if not k.startswith("h/spool")} == \
         {k: v for k, v in outside.items() if not k.startswith("h/spool")}
 
-
-def fnv1a64(data: bytes) -> int:
-    """spool.c's hash of the executable for .rate/ names."""
-    h = 0xCBF29CE484222325
-    for b in data:
-        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return h

@@ -13,7 +13,7 @@ import pytest
 
 from corehandler import paths
 
-from support.csplice_harness import MiB, Handler, core_args, spool_files
+from support.csplice_harness import MiB, Handler, core_args, rate_file, spool_files
 
 OWN_EXE = os.fsencode(os.readlink("/proc/self/exe"))
 
@@ -21,13 +21,6 @@ OWN_EXE = os.fsencode(os.readlink("/proc/self/exe"))
 @pytest.fixture
 def handler(tmp_path):
     return Handler(tmp_path / "h")
-
-
-def fnv1a64(data: bytes) -> int:
-    h = 0xCBF29CE484222325
-    for b in data:
-        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return h
 
 
 def lockable(path) -> bool:
@@ -99,7 +92,7 @@ def test_rate_file_symlink_is_not_followed(handler, tmp_path):
     victim = tmp_path / "victim"
     victim.write_bytes(b"precious\n")
     (handler.spool / ".rate").mkdir(parents=True, mode=0o700)
-    (handler.spool / ".rate" / f"{fnv1a64(OWN_EXE):016x}").symlink_to(victim)
+    (handler.spool / ".rate" / rate_file(OWN_EXE)).symlink_to(victim)
     handler.configure(max_per_exe_per_minute=2)
     result = handler.feed(65536)
     assert result.returncode == 0 and result.capture["complete"]
