@@ -20,12 +20,14 @@ STRATEGIES = ("rw", "splice", "rw2", "splice2")
 # kernel it is static and inlined into the vmsplice syscall, so it is absent or a local 't'.
 _PATCHED_SYMBOL = re.compile(rb"^[0-9a-f]+ T vmsplice_to_pipe$", re.MULTILINE)
 
-# bench/results/capture.md (Linux 6.18, 2 CPUs, ext4; 256K chunk, 1M pipe, the config's defaults):
-# - stock kernel, live crashes of 256 MiB and 1 GiB, dense and half untouched: plain read/write held the
-#   process no longer than a read/write loop in every case and up to ~30% shorter; the seed's 16-page splice
-#   loop was up to 1.5x the loop on 1 GiB, two-stage splice 0.9-1.2x, two-thread rw erratic (up to 3x).
-# - COREDUMP_USE_PIPE kernel (the feeder's vmsplice path, the kernel no longer copying): two-stage splice was
-#   the fastest, ~0.75x the read/write loop, where plain read/write stayed near 0.85-1x.
+# Measured by bench/capture.py on Linux 6.18, 2 CPUs, ext4, with the config's 256K chunk and 1M pipe:
+# - stock kernel (bench/results/capture.md, live crashes of 256 MiB and 1 GiB, dense and half untouched):
+#   read/write held the process 0.68-0.78x as long as a plain read/write loop; the seed's 16-page splice loop
+#   0.84-1.02x, two-stage splice 0.87-1.15x, two-thread read/write 1.3-3.2x (erratic on two cores).
+# - COREDUMP_USE_PIPE kernel (the feeder's vmsplice path: the kernel no longer copies the pages): two-stage
+#   splice 0.48x the loop against read/write's 0.59x over 25 runs (bench/results/capture-feeder.md); the 15-run
+#   table in capture.md has them the other way round (0.92x, 0.80x), within this shared machine's noise. The
+#   seed's probes also had two-stage splice ahead there (by 13%), so it stays the choice for that kernel.
 STOCK_KERNEL_STRATEGY = "rw"
 PATCHED_KERNEL_STRATEGY = "splice2"
 
