@@ -128,7 +128,7 @@ static int commit_record(Crash *c, int spool_fd, SpoolRecord *rec) {
         int r;
 
         if (rec->fd < 0) {
-                r = spool_create_record(spool_fd, c->id, 0, rec);
+                r = spool_create_record(spool_fd, c->id, 0, true, rec);
                 if (r < 0)
                         return r;
         }
@@ -200,8 +200,8 @@ int main(int argc, char *argv[]) {
                 return EXIT_CANTCREAT;
         }
 
-        r = spool_create_record(spool_fd, c.id, record_reserve(&c), &record);
-        if (r < 0)
+        r = spool_create_record(spool_fd, c.id, record_reserve(&c), false, &record);
+        if (r < 0 && r != -EOPNOTSUPP)
                 (void) log_errno(LOG_WARNING, r, "Failed to create the record file, trying again after the dump: %m");
 
         c.dropped = admit(&c, spool_fd, spool_fd);

@@ -176,12 +176,12 @@ int spool_publish_core(int dirfd, const char *id, bool do_fsync, int fd) {
         return renameat(dirfd, from, dirfd, to) < 0 ? -errno : 0;
 }
 
-int spool_create_record(int dirfd, const char *id, uint64_t reserve, SpoolRecord *ret) {
+int spool_create_record(int dirfd, const char *id, uint64_t reserve, bool named_ok, SpoolRecord *ret) {
         int fd, r;
 
         *ret = (SpoolRecord) { .fd = -1 };
         fd = open_tmpfile(dirfd);
-        if (fd == -EOPNOTSUPP) {
+        if (fd == -EOPNOTSUPP && named_ok) {
                 (void) snprintf(ret->tmp_name, sizeof ret->tmp_name, ".tmp.%s.json", id);
                 fd = create_named(dirfd, ret->tmp_name);
                 if (fd >= 0)

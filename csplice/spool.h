@@ -31,9 +31,10 @@ typedef struct SpoolRecord {
         char tmp_name[SPOOL_ID_MAX + 16]; /* "" when the file is unnamed (O_TMPFILE) until the commit */
 } SpoolRecord;
 
-/* Creates the record's file, unnamed where the filesystem allows (else ".tmp.<id>.json", locked), with reserve
- * bytes allocated so that the record still fits once the dump has filled the disk. */
-int spool_create_record(int dirfd, const char *id, uint64_t reserve, SpoolRecord *ret);
+/* Creates the record's file, unnamed where the filesystem allows, with reserve bytes allocated so that the
+ * record still fits once the dump has filled the disk. Without O_TMPFILE: -EOPNOTSUPP, or with named_ok a
+ * ".tmp.<id>.json" (locked), which is only worth it right before the commit: the daemon deletes old ones. */
+int spool_create_record(int dirfd, const char *id, uint64_t reserve, bool named_ok, SpoolRecord *ret);
 
 /* Cuts the record to length and names it "<id>.json": the commit point. */
 int spool_commit_record(int dirfd, const char *id, bool do_fsync, SpoolRecord *rec, uint64_t length);
