@@ -100,8 +100,8 @@ STRATEGIES = ("auto", "rw", "splice", "rw2", "splice2")
 class CaptureConfig(_Section):
     strategy: Literal["auto", "rw", "splice", "rw2", "splice2"] = Field(
         "auto", description="auto | rw | splice | rw2 | splice2; auto = what bench/ measured best for this kernel")
-    chunk_size: Size(4096, 64 << 20) = Field(64 << 10, description="bytes per read/splice call (4K..64M)")
-    pipe_size: Size(0, 1 << 30) = Field(0, description="enlarge the core pipe to this size (F_SETPIPE_SZ); 0 "
+    chunk_size: Size(4096, 64 << 20) = Field(256 << 10, description="bytes per read/splice call (4K..64M)")
+    pipe_size: Size(0, 1 << 30) = Field(1 << 20, description="enlarge the core pipe to this size (F_SETPIPE_SZ); 0 "
                                                        "keeps the kernel's")
     max_dump_size: Size() = Field(32 << 30, description="larger dumps are truncated here and flagged; 0 = no "
                                                         "limit")

@@ -8,6 +8,7 @@ import struct
 
 IN_CLOSE_WRITE = 0x00000008
 IN_MOVED_TO = 0x00000080
+IN_CREATE = 0x00000100
 IN_Q_OVERFLOW = 0x00004000
 IN_NONBLOCK = 0o4000
 IN_CLOEXEC = 0o2000000
@@ -19,7 +20,9 @@ _libc = ctypes.CDLL(None, use_errno=True)
 class Watch:
     """Watches one directory; fileno() for select(), read() for the (mask, name) events pending."""
 
-    def __init__(self, path: os.PathLike | str, mask: int = IN_MOVED_TO | IN_CLOSE_WRITE):
+    # csplice commits a record by linkat() of an O_TMPFILE (IN_CREATE) or, where the filesystem has no
+    # O_TMPFILE, by rename() (IN_MOVED_TO).
+    def __init__(self, path: os.PathLike | str, mask: int = IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE):
         self.fd = _libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         if self.fd < 0:
             e = ctypes.get_errno()

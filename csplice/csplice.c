@@ -114,29 +114,40 @@ static const char *admit(Crash *c, int spool_fd, int out_probe_fd) {
         return NULL;
 }
 
-static int commit_record(Crash *c, int spool_fd) {
-        FILE *f;
-        int fd, r;
+/* Room for a record: its fixed part plus the /proc texts it quotes (escaping rarely grows them much). */
+static uint64_t record_reserve(const Crash *c) {
+        const ProcInfo *p = &c->proc;
 
-        fd = spool_create_record(spool_fd, c->id);
-        if (fd < 0)
-                return fd;
-        f = fdopen(fd, "w");
-        if (!f) {
-                r = -errno;
-                (void) close(fd);
-                return r;
+        return 64 * 1024 + p->cmdline_len + p->environ_len + (p->status ? strlen(p->status) : 0) +
+               (p->cgroup ? strlen(p->cgroup) : 0) + (p->maps ? strlen(p->maps) : 0);
+}
+
+static int commit_record(Crash *c, int spool_fd, SpoolRecord *rec) {
+        FILE *f;
+        long length;
+        int r;
+
+        if (rec->fd < 0) {
+                r = spool_create_record(spool_fd, c->id, 0, true, rec);
+                if (r < 0)
+                        return r;
         }
+        f = fdopen(rec->fd, "w");
+        if (!f)
+                return -errno;
         record_write(c, f);
-        r = fflush(f) == 0 && !ferror(f) ? 0 : -EIO;
+        length = ftell(f);
+        r = fflush(f) == 0 && !ferror(f) && length >= 0 ? 0 : -(errno ?: EIO);
         if (r == 0)
-                r = spool_commit_record(spool_fd, c->id, c->settings.fsync, fd);
+                r = spool_commit_record(spool_fd, c->id, c->settings.fsync, rec, (uint64_t) length);
         (void) fclose(f);
+        rec->fd = -1;
         return r;
 }
 
 int main(int argc, char *argv[]) {
         Crash c = {};
+        SpoolRecord record = { .fd = -1 };
         const char *settings_path, *proc_root;
         int in_fd, spool_fd, core_fd = -1, r;
 
@@ -189,6 +200,10 @@ int main(int argc, char *argv[]) {
                 return EXIT_CANTCREAT;
         }
 
+        r = spool_create_record(spool_fd, c.id, record_reserve(&c), false, &record);
+        if (r < 0 && r != -EOPNOTSUPP)
+                (void) log_errno(LOG_WARNING, r, "Failed to create the record file, trying again after the dump: %m");
+
         c.dropped = admit(&c, spool_fd, spool_fd);
         if (!c.dropped) {
                 core_fd = spool_create_core(spool_fd, c.id);
@@ -207,6 +222,9 @@ int main(int argc, char *argv[]) {
                 c.elf_magic = pread(core_fd, magic, sizeof magic, 0) == sizeof magic &&
                               memcmp(magic, "\177ELF", 4) == 0;
                 c.has_core = true;
+                if (!c.elf_magic)
+                        log_full(LOG_WARNING, "Dump of PID %s is not an ELF file (%llu bytes), keeping it as it is",
+                                 c.argv[ARG_PID] ?: "?", (unsigned long long) c.capture.written);
         } else
                 c.capture.drained = capture_drain(in_fd);
         c.capture_end_ns = now_ns(CLOCK_MONOTONIC);
@@ -230,7 +248,7 @@ int main(int argc, char *argv[]) {
                         return EXIT_IOERR;
                 }
         }
-        r = commit_record(&c, spool_fd);
+        r = commit_record(&c, spool_fd, &record);
         if (r < 0) {
                 (void) log_errno(LOG_ERR, r, "Failed to commit record %s: %m", c.id);
                 return EXIT_IOERR;

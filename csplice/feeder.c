@@ -10,7 +10,9 @@
  * zero regions (--zero-regions: every other MiB of the segment, left untouched as a crashed process's
  * untouched pages are). A size below the headers' size gives the first --size bytes of that stream.
  *
- * Prints one JSON line to stderr: bytes pushed, nanoseconds, the command's exit status.
+ * Prints one JSON line to stderr: bytes pushed, nanoseconds from the first byte to the command's exit, its exit
+ * status. (The kernel releases the process when the handler closes the pipe, a little before it exits; a writer
+ * can't see that moment without keeping the pipe open, which would withhold the EOF.)
  */
 #include <elf.h>
 #include <fcntl.h>

@@ -103,8 +103,9 @@ int procinfo_collect(ProcInfo *p, const char *proc_root, pid_t pid, int pidfd, t
                 (void) log_errno(LOG_WARNING, errno, "Failed to read /proc/PID/exe, ignoring: %m");
 
         read_optional(dirfd, "comm", 64, &p->comm, NULL);
-        if (p->comm)
-                p->comm[strcspn(p->comm, "\n")] = '\0';
+        /* The kernel appends one newline; the name itself may hold more (prctl(PR_SET_NAME) takes any byte). */
+        if (p->comm && p->comm[0] && p->comm[strlen(p->comm) - 1] == '\n')
+                p->comm[strlen(p->comm) - 1] = '\0';
         read_optional(dirfd, "cmdline", PROC_FILE_MAX, &p->cmdline, &p->cmdline_len);
         read_optional(dirfd, "status", PROC_FILE_MAX, &p->status, NULL);
         read_optional(dirfd, "cgroup", PROC_FILE_MAX, &p->cgroup, NULL);

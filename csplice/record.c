@@ -38,6 +38,7 @@ static void write_settings(Json *j, const Settings *s) {
         json_string(j, "source", s->source);
         json_bool(j, "from_file", s->from_file);
         json_string(j, "error", s->error[0] ? s->error : NULL);
+        json_string(j, "spool_dir", s->spool_dir);
         json_string(j, "strategy", strategy_to_string(s->strategy));
         json_u64(j, "chunk_bytes", s->chunk_bytes);
         json_u64(j, "pipe_bytes", s->pipe_bytes);
@@ -49,6 +50,8 @@ static void write_settings(Json *j, const Settings *s) {
         json_u64(j, "timeout_sec", s->timeout_sec);
         json_bool(j, "fsync", s->fsync);
         json_bool(j, "sparse", s->sparse);
+        json_bool(j, "collect_environ", s->collect_environ);
+        json_bool(j, "collect_maps", s->collect_maps);
         json_end(j);
 }
 

@@ -2,11 +2,13 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "spool.h"
 #include "util.h"
 
@@ -98,56 +100,121 @@ finish:
         return r;
 }
 
+/* Gives the unnamed file fd the name `name` in dirfd; fails with EEXIST rather than replace anything. */
+static int link_tmpfile(int fd, int dirfd, const char *name) {
+        char path[64];
+
+        if (linkat(fd, "", dirfd, name, AT_EMPTY_PATH) >= 0)
+                return 0;
+        /* AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH; the /proc link works without it. */
+        if (errno != ENOENT && errno != EPERM)
+                return -errno;
+        (void) snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        return linkat(AT_FDCWD, path, dirfd, name, AT_SYMLINK_FOLLOW) < 0 ? -errno : 0;
+}
+
+/* An unnamed file in the spool, or -EOPNOTSUPP where the filesystem has no O_TMPFILE. */
+static int open_tmpfile(int dirfd) {
+        int fd = openat(dirfd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+        if (fd >= 0)
+                return fd;
+        return errno == EISDIR || errno == EINVAL || errno == ENOENT ? -EOPNOTSUPP : -errno;
+}
+
+static int create_named(int dirfd, const char *name) {
+        int fd = openat(dirfd, name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        return fd < 0 ? -errno : fd;
+}
+
 int spool_create_core(int dirfd, char id[SPOOL_ID_MAX]) {
         char name[SPOOL_ID_MAX + 16], base[SPOOL_ID_MAX];
-        int fd;
+        int fd, r;
+
+        /* Locked before it has a name: the daemon takes a .tmp file it can lock for an orphan, so the name must
+         * never be visible unlocked, not even between open() and flock(). */
+        fd = open_tmpfile(dirfd);
+        if (fd >= 0 && flock(fd, LOCK_EX) < 0) {
+                r = -errno;
+                (void) close(fd);
+                return r;
+        }
+        if (fd < 0 && fd != -EOPNOTSUPP)
+                return fd;
 
         (void) snprintf(base, sizeof base, "%s", id);
         for (unsigned attempt = 0; attempt < 16; attempt++) {
                 if (attempt > 0)
                         (void) snprintf(id, SPOOL_ID_MAX, "%.80s.%u", base, attempt);
                 (void) snprintf(name, sizeof name, ".tmp.%s.core", id);
-                fd = openat(dirfd, name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
                 if (fd >= 0) {
-                        (void) flock(fd, LOCK_EX | LOCK_NB);
-                        return fd;
+                        r = link_tmpfile(fd, dirfd, name);
+                        if (r == 0)
+                                return fd;
+                } else {
+                        /* No O_TMPFILE here: the short window before flock() is the best this filesystem gives. */
+                        r = create_named(dirfd, name);
+                        if (r >= 0) {
+                                (void) flock(r, LOCK_EX | LOCK_NB);
+                                return r;
+                        }
                 }
-                if (errno != EEXIST)
-                        return -errno;
+                if (r != -EEXIST)
+                        break;
         }
-        return -EEXIST;
+        if (fd >= 0)
+                (void) close(fd);
+        return r;
 }
 
-static int publish(int dirfd, const char *id, const char *suffix, bool do_fsync, int fd) {
+int spool_publish_core(int dirfd, const char *id, bool do_fsync, int fd) {
         char from[SPOOL_ID_MAX + 16], to[SPOOL_ID_MAX + 16];
 
         if (do_fsync && fsync(fd) < 0)
                 return -errno;
-        (void) snprintf(from, sizeof from, ".tmp.%s.%s", id, suffix);
-        (void) snprintf(to, sizeof to, "%s.%s", id, suffix);
-        if (renameat(dirfd, from, dirfd, to) < 0)
-                return -errno;
+        (void) snprintf(from, sizeof from, ".tmp.%s.core", id);
+        (void) snprintf(to, sizeof to, "%s.core", id);
+        return renameat(dirfd, from, dirfd, to) < 0 ? -errno : 0;
+}
+
+int spool_create_record(int dirfd, const char *id, uint64_t reserve, bool named_ok, SpoolRecord *ret) {
+        int fd, r;
+
+        *ret = (SpoolRecord) { .fd = -1 };
+        fd = open_tmpfile(dirfd);
+        if (fd == -EOPNOTSUPP && named_ok) {
+                (void) snprintf(ret->tmp_name, sizeof ret->tmp_name, ".tmp.%s.json", id);
+                fd = create_named(dirfd, ret->tmp_name);
+                if (fd >= 0)
+                        (void) flock(fd, LOCK_EX | LOCK_NB);
+        }
+        if (fd < 0)
+                return fd;
+        /* Room for the record, taken before the dump can fill the disk: a full disk still gets its record. */
+        r = reserve > 0 ? posix_fallocate(fd, 0, (off_t) reserve) : 0;
+        if (r != 0 && r != EOPNOTSUPP)
+                (void) log_errno(LOG_WARNING, r, "Failed to reserve %llu bytes for the record, ignoring: %m",
+                                 (unsigned long long) reserve);
+        ret->fd = fd;
         return 0;
 }
 
-int spool_publish_core(int dirfd, const char *id, bool do_fsync, int fd) {
-        return publish(dirfd, id, "core", do_fsync, fd);
-}
-
-int spool_create_record(int dirfd, const char *id) {
+int spool_commit_record(int dirfd, const char *id, bool do_fsync, SpoolRecord *rec, uint64_t length) {
         char name[SPOOL_ID_MAX + 16];
-        int fd;
+        int r;
 
-        (void) snprintf(name, sizeof name, ".tmp.%s.json", id);
-        fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-        return fd < 0 ? -errno : fd;
-}
-
-int spool_commit_record(int dirfd, const char *id, bool do_fsync, int fd) {
-        int r = publish(dirfd, id, "json", do_fsync, fd);
+        /* Give back what the reservation did not use. */
+        if (ftruncate(rec->fd, (off_t) length) < 0)
+                return -errno;
+        if (do_fsync && fsync(rec->fd) < 0)
+                return -errno;
+        (void) snprintf(name, sizeof name, "%s.json", id);
+        if (rec->tmp_name[0])
+                r = renameat(dirfd, rec->tmp_name, dirfd, name) < 0 ? -errno : 0;
+        else
+                r = link_tmpfile(rec->fd, dirfd, name);
         if (r < 0)
                 return r;
-        /* The rename is only durable once the directory is. */
+        /* The new name is only durable once the directory is. */
         if (do_fsync && fsync(dirfd) < 0)
                 return -errno;
         return 0;

@@ -19,15 +19,22 @@ int spool_count_pending(int dirfd, uint64_t limit);
  * or -errno. Serialised with flock() since crashes of one program often come together. */
 int spool_rate_hit(int dirfd, const char *key, time_t now);
 
-/* Creates ".tmp.<id>.core" (0600, O_EXCL) and locks it: a lock the daemon can take means the writer died. If
- * the id is taken, a suffix is added to it. Returns the fd or -errno. */
+/* Creates the core file, locked before it gets its name ".tmp.<id>.core" (0600): a .tmp file whose lock the
+ * daemon can take means its writer died. If the id is taken, a suffix is added to it. Returns the fd or -errno. */
 int spool_create_core(int dirfd, char id[SPOOL_ID_MAX]);
 
 /* Renames ".tmp.<id>.core" to "<id>.core". */
 int spool_publish_core(int dirfd, const char *id, bool do_fsync, int fd);
 
-/* Opens ".tmp.<id>.json" for writing. */
-int spool_create_record(int dirfd, const char *id);
+typedef struct SpoolRecord {
+        int fd;
+        char tmp_name[SPOOL_ID_MAX + 16]; /* "" when the file is unnamed (O_TMPFILE) until the commit */
+} SpoolRecord;
 
-/* Renames ".tmp.<id>.json" to "<id>.json": the commit point. */
-int spool_commit_record(int dirfd, const char *id, bool do_fsync, int fd);
+/* Creates the record's file, unnamed where the filesystem allows, with reserve bytes allocated so that the
+ * record still fits once the dump has filled the disk. Without O_TMPFILE: -EOPNOTSUPP, or with named_ok a
+ * ".tmp.<id>.json" (locked), which is only worth it right before the commit: the daemon deletes old ones. */
+int spool_create_record(int dirfd, const char *id, uint64_t reserve, bool named_ok, SpoolRecord *ret);
+
+/* Cuts the record to length and names it "<id>.json": the commit point. */
+int spool_commit_record(int dirfd, const char *id, bool do_fsync, SpoolRecord *rec, uint64_t length);

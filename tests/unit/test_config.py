@@ -41,7 +41,8 @@ def test_defaults_match_design():
     c = Config()
     assert c.state_dir == Path("/var/lib/corehandler")
     assert c.capture.strategy == "auto"
-    assert c.capture.chunk_size == 65536
+    assert c.capture.chunk_size == 256 << 10
+    assert c.capture.pipe_size == 1 << 20
     assert c.capture.max_dump_size == 32 << 30
     assert c.capture.min_free == SizeOrPercent(percent=15.0)
     assert c.capture.timeout == 3600.0
@@ -237,7 +238,7 @@ def test_render_csplice_settings(paths):
     c = load_config(paths)
     s = parse_settings(render_csplice_settings(c, c.paths(paths)))
     assert s == {
-        "spool_dir": "/var/lib/corehandler/spool", "strategy": "splice", "chunk_bytes": "65536", "pipe_bytes": "0",
+        "spool_dir": "/var/lib/corehandler/spool", "strategy": "splice", "chunk_bytes": str(256 << 10), "pipe_bytes": str(1 << 20),
         "max_dump_bytes": str(1 << 30), "min_free_bytes": "0", "min_free_percent": "13", "max_pending": "64",
         "max_per_exe_per_minute": "16", "timeout_sec": "2", "fsync": "no", "sparse": "yes",
         "collect_environ": "no", "collect_maps": "yes",

@@ -1,0 +1,110 @@
+"""The spool record's schema 1, as docs/design.md documents it, checked field by field."""
+
+from __future__ import annotations
+
+import re
+
+SPECIFIERS = ("P", "i", "I", "u", "g", "d", "s", "t", "c", "h", "e", "F")
+TRUNCATED_REASONS = (None, "max_dump_bytes", "min_free", "timeout", "read_error", "write_error")
+DROPPED_REASONS = (None, "max_pending", "max_per_exe_per_minute", "min_free", "create_failed")
+STRATEGIES = ("rw", "splice", "rw2", "splice2")
+ID_RE = re.compile(r"^[0-9]+-[0-9a-f]{16}-[0-9]+(\.[0-9]+)?$")
+SETTINGS = {
+    "source": str, "from_file": bool, "error": (str, type(None)), "spool_dir": str, "strategy": str,
+    "chunk_bytes": int, "pipe_bytes": int, "max_dump_bytes": int, "min_free_bytes": int, "min_free_percent": int,
+    "max_pending": int, "max_per_exe_per_minute": int, "timeout_sec": int, "fsync": bool, "sparse": bool,
+    "collect_environ": bool, "collect_maps": bool,
+}
+
+OptStr = (str, type(None))
+OptInt = (int, type(None))
+
+
+def _check(cond: bool, what: str) -> None:
+    if not cond:
+        raise AssertionError(f"record schema: {what}")
+
+
+def _typed(obj: dict, key: str, types, where: str) -> None:
+    _check(key in obj, f"{where}.{key} missing")
+    value = obj[key]
+    # bool is an int in Python; a count must not be a bool and a flag must be one.
+    if types is int or (isinstance(types, tuple) and int in types and bool not in types):
+        _check(not isinstance(value, bool), f"{where}.{key} is a bool, want {types}")
+    _check(isinstance(value, types), f"{where}.{key} = {value!r}, want {types}")
+
+
+def check_record(rec: dict) -> None:
+    """Raises AssertionError naming the first field that does not match docs/design.md's schema 1."""
+    _typed(rec, "schema", int, "record")
+    _check(rec["schema"] == 1, f"schema {rec['schema']}")
+    _typed(rec, "id", str, "record")
+    _check(bool(ID_RE.match(rec["id"])), f"id {rec['id']!r}")
+    _typed(rec, "core", OptStr, "record")
+    if rec["core"] is not None:
+        _check(rec["core"] == rec["id"] + ".core", f"core {rec['core']!r}")
+
+    _typed(rec, "specifiers", dict, "record")
+    _check(set(rec["specifiers"]) == set(SPECIFIERS), f"specifier keys {sorted(rec['specifiers'])}")
+    for key in SPECIFIERS:
+        _typed(rec["specifiers"], key, OptStr, "specifiers")
+    for key in ("pid", "tid", "uid", "gid", "signal", "timestamp", "dumpable"):
+        _typed(rec, key, OptInt, "record")
+    for key in ("rlimit_core", "hostname", "comm", "boot_id"):
+        _typed(rec, key, OptStr, "record")
+    if rec["boot_id"] is not None:
+        _check(bool(re.fullmatch(r"[0-9a-f]{32}", rec["boot_id"])), f"boot_id {rec['boot_id']!r}")
+
+    proc = rec["proc"]
+    _typed(proc, "available", bool, "proc")
+    for key in ("exe", "comm", "status", "cgroup"):
+        _typed(proc, key, OptStr, "proc")
+    _typed(proc, "cmdline", (list, type(None)), "proc")
+    for arg in proc["cmdline"] or []:
+        _check(isinstance(arg, str), f"cmdline item {arg!r}")
+    if "environ" in proc:
+        _typed(proc, "environ", (list, type(None)), "proc")
+    if "maps" in proc:
+        _typed(proc, "maps", OptStr, "proc")
+    if proc["available"]:
+        _typed(proc, "start_ticks", int, "proc")
+    _typed(proc, "verified_by", OptStr, "proc")
+    _check(proc["verified_by"] in (None, "pidfd", "start_time"), f"verified_by {proc['verified_by']!r}")
+    _typed(proc, "verified", bool, "proc")
+
+    cap = rec["capture"]
+    _typed(cap, "strategy", OptStr, "capture")
+    _check(cap["strategy"] in STRATEGIES + (None,), f"strategy {cap['strategy']!r}")
+    for key in ("bytes", "drained_bytes", "ns"):
+        _typed(cap, key, int, "capture")
+        _check(cap[key] >= 0, f"capture.{key} < 0")
+    _typed(cap, "throughput_bytes_per_second", (int, float), "capture")
+    for key in ("complete", "truncated", "dropped", "elf_magic"):
+        _typed(cap, key, bool, "capture")
+    _typed(cap, "truncated_reason", OptStr, "capture")
+    _check(cap["truncated_reason"] in TRUNCATED_REASONS, f"truncated_reason {cap['truncated_reason']!r}")
+    _typed(cap, "error", OptStr, "capture")
+    _typed(cap, "dropped_reason", OptStr, "capture")
+    _check(cap["dropped_reason"] in DROPPED_REASONS, f"dropped_reason {cap['dropped_reason']!r}")
+    # The flags agree with each other and with the core file's presence.
+    _check(cap["truncated"] == (cap["truncated_reason"] is not None), "truncated vs truncated_reason")
+    _check(cap["dropped"] == (cap["dropped_reason"] is not None), "dropped vs dropped_reason")
+    _check(cap["dropped"] == (rec["core"] is None), "dropped vs core")
+    _check(not (cap["complete"] and (cap["truncated"] or cap["dropped"])), "complete and truncated/dropped")
+    if cap["dropped"]:
+        _check(cap["bytes"] == 0, "a dropped dump has bytes")
+    else:
+        _check(cap["complete"] or cap["truncated"], "kept but neither complete nor truncated")
+
+    handler = rec["handler"]
+    _check(handler.get("name") == "csplice", f"handler.name {handler.get('name')!r}")
+    _typed(handler, "version", str, "handler")
+    _typed(handler, "started_realtime_ns", int, "handler")
+    _typed(handler, "settings", dict, "handler")
+    for key, types in SETTINGS.items():
+        _typed(handler["settings"], key, types, "handler.settings")
+    _check(handler["settings"]["strategy"] in STRATEGIES, "settings.strategy")
+
+    _typed(rec, "errors", list, "record")
+    for err in rec["errors"]:
+        _check(isinstance(err, str), f"errors item {err!r}")

@@ -1,0 +1,167 @@
+"""Bad input: empty and non-ELF streams, a crashed process whose /proc is gone or lies, hostile names. Each
+gets a committed record saying what happened, and nothing is written outside the spool."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from support.csplice_harness import Handler, core_args, rate_file, spool_files
+
+HZ = os.sysconf("SC_CLK_TCK")
+NO_SUCH_PID = 2**22 + 7  # above the largest pid_max Linux allows
+
+
+@pytest.fixture
+def handler(tmp_path):
+    return Handler(tmp_path / "h")
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file below root with its content (symlinks as their target), to prove nothing else changed."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        if p.is_symlink():
+            out[rel] = b"-> " + os.fsencode(os.readlink(p))
+        elif p.is_file():
+            out[rel] = p.read_bytes()
+        else:
+            out[rel] = b"<dir>"
+    return out
+
+
+def make_fake_proc(root: Path, pid: int, comm: bytes, cmdline: list[bytes], exe: bytes,
+                   started_ago: float = 900.0, pidfd: int | None = None) -> Path:
+    """A /proc with one process, as procinfo.c reads it: <pid>/{exe,comm,cmdline,status,cgroup,stat},
+    stat (btime), sys/kernel/random/boot_id and, for %F, self/fdinfo/<pidfd>."""
+    btime = int(time.time()) - 100_000
+    start_ticks = int((time.time() - started_ago - btime) * HZ)
+    d = root / str(pid)
+    d.mkdir(parents=True)
+    os.symlink(exe, os.fsencode(d / "exe"))
+    (d / "comm").write_bytes(comm + b"\n")
+    (d / "cmdline").write_bytes(b"".join(a + b"\0" for a in cmdline))
+    (d / "status").write_bytes(b"Name:\t" + comm + b"\nPid:\t%d\nUid:\t0\t0\t0\t0\n" % pid)
+    (d / "cgroup").write_bytes(b"0::/fake.slice/fake.service\n")
+    # Field 22 is the start time; comm may hold ") " so the parser counts from the last ')'.
+    fields = ["S"] + ["0"] * 18 + [str(start_ticks)] + ["0"] * 30
+    (d / "stat").write_bytes(b"%d (%s) " % (pid, comm) + " ".join(fields).encode() + b"\n")
+    (root / "stat").write_text(f"cpu  1 2 3 4\nbtime {btime}\nprocesses 5\n")
+    (root / "sys/kernel/random").mkdir(parents=True)
+    (root / "sys/kernel/random/boot_id").write_text("0123456789abcdef0123456789abcdef\n")
+    if pidfd is not None:
+        (root / "self/fdinfo").mkdir(parents=True)
+        (root / "self/fdinfo" / str(pidfd)).write_text(f"pos:\t0\nflags:\t02000002\nmnt_id:\t15\nPid:\t{pid}\n")
+    return root
+
+
+def test_empty_stream_is_recorded(handler):
+    result = handler.feed(0)
+    assert result.returncode == 0
+    cap = result.capture
+    assert cap["complete"] and cap["bytes"] == 0 and not cap["elf_magic"]
+    assert result.core.stat().st_size == 0
+    assert any("not an ELF file" in e for e in result.record["errors"])
+
+
+def test_non_elf_stream_is_kept_as_it_is(handler):
+    data = b"this is no core\n" * 10_000
+    result = handler.run(stdin=data)
+    assert result.returncode == 0
+    cap = result.capture
+    assert cap["complete"] and not cap["elf_magic"] and cap["bytes"] == len(data)
+    assert result.core.read_bytes() == data
+    assert any("not an ELF file" in e for e in result.record["errors"])
+
+
+def test_process_gone_from_proc(handler):
+    result = handler.feed(65536, pid=NO_SUCH_PID)
+    assert result.returncode == 0 and result.capture["complete"]
+    rec = result.record
+    assert rec["pid"] == NO_SUCH_PID
+    proc = rec["proc"]
+    assert (proc["available"], proc["exe"], proc["cmdline"], proc["verified"], proc["verified_by"]) == \
+        (False, None, None, False, None)
+    assert any(f"/proc/{NO_SUCH_PID}" in e for e in rec["errors"])
+
+
+def test_fake_proc_is_read_and_verified_by_start_time(handler, tmp_path):
+    proc_root = make_fake_proc(tmp_path / "proc", 4242, b"fakeproc", [b"/usr/bin/fake", b"--flag"], b"/usr/bin/fake")
+    handler.env["CSPLICE_PROC_ROOT"] = str(proc_root)
+    rec = handler.feed(4096, pid=4242).record
+    proc = rec["proc"]
+    assert proc["available"] and proc["exe"] == "/usr/bin/fake" and proc["comm"] == "fakeproc"
+    assert proc["cmdline"] == ["/usr/bin/fake", "--flag"]
+    assert proc["cgroup"] == "0::/fake.slice/fake.service\n" and "Pid:\t4242" in proc["status"]
+    assert (proc["verified_by"], proc["verified"]) == ("start_time", True)
+    assert rec["boot_id"] == "0123456789abcdef0123456789abcdef"
+    assert rec["id"].split("-")[1] == "0123456789abcdef"
+
+
+def test_reused_pid_is_flagged(handler, tmp_path):
+    """/proc/PID belongs to a process that started after the crash: the PID was reused."""
+    proc_root = make_fake_proc(tmp_path / "proc", 4242, b"newcomer", [b"x"], b"/usr/bin/x", started_ago=-120)
+    handler.env["CSPLICE_PROC_ROOT"] = str(proc_root)
+    rec = handler.feed(4096, pid=4242).record
+    assert (rec["proc"]["verified_by"], rec["proc"]["verified"]) == ("start_time", False)
+    assert any("not the crashed process" in e for e in rec["errors"])
+    assert rec["capture"]["complete"]
+
+
+def test_pidfd_verification(handler, tmp_path):
+    proc_root = make_fake_proc(tmp_path / "proc", 4242, b"fakeproc", [b"x"], b"/usr/bin/x", pidfd=5)
+    handler.env["CSPLICE_PROC_ROOT"] = str(proc_root)
+    rec = handler.feed(4096, pid=4242, args=core_args(4242, pidfd=5)).record
+    assert rec["specifiers"]["F"] == "5"
+    assert (rec["proc"]["verified_by"], rec["proc"]["verified"]) == ("pidfd", True)
+
+
+def test_pidfd_naming_another_process_falls_back_to_start_time(handler, tmp_path):
+    proc_root = make_fake_proc(tmp_path / "proc", 4242, b"fakeproc", [b"x"], b"/usr/bin/x", pidfd=5)
+    (proc_root / "self/fdinfo/5").write_text("pos:\t0\nPid:\t999\n")
+    handler.env["CSPLICE_PROC_ROOT"] = str(proc_root)
+    rec = handler.feed(4096, pid=4242, args=core_args(4242, pidfd=5)).record
+    assert (rec["proc"]["verified_by"], rec["proc"]["verified"]) == ("start_time", True)
+
+
+HOSTILE = [
+    b"../../etc/passwd",
+    b"a/b/c",
+    b"with space  and\ttab",
+    b"new\nline",
+    b"\xff\xfe not utf-8 \xc3(",
+    b"-dash",
+    b".",
+    b"",
+]
+
+
+@pytest.mark.parametrize("name", HOSTILE, ids=repr)
+def test_hostile_names_round_trip_and_stay_in_the_spool(handler, tmp_path, name):
+    proc_root = make_fake_proc(tmp_path / "proc", 4242, name[:15] or b"x", [name, b"arg\xff\n"], b"/opt/" + name)
+    handler.env["CSPLICE_PROC_ROOT"] = str(proc_root)
+    handler.configure(max_per_exe_per_minute=16, max_pending=64)
+    outside = tree(tmp_path)
+    result = handler.feed(4096, pid=4242, args=core_args(4242, comm=name))
+    assert result.returncode == 0 and result.capture["complete"]
+    rec = result.record
+
+    def raw(s):
+        return s.encode("utf-8", "surrogateescape")
+
+    # An empty argument is "not given": null, not "".
+    assert rec["comm"] is None if name == b"" else raw(rec["comm"]) == name
+    assert raw(rec["proc"]["comm"]) == (name[:15] or b"x")
+    assert [raw(a) for a in rec["proc"]["cmdline"]] == [name, b"arg\xff\n"]
+    assert raw(rec["proc"]["exe"]) == b"/opt/" + name
+    # The spool holds the id's two files and the rate counter; no name of the process's choosing.
+    assert spool_files(handler.spool) == sorted([".rate", ".rate/" + rate_file(b"/opt/" + name),
+                                                 rec["id"] + ".core", rec["id"] + ".json"])
+    after = tree(tmp_path)
+    assert {k: v for k, v in after.items() if not k.startswith("h/spool")} == \
+        {k: v for k, v in outside.items() if not k.startswith("h/spool")}
+

@@ -1,0 +1,174 @@
+"""Limits: size limit, free-space floor, full disk, crash storms, concurrency, the timeout. Whatever stops the
+capture, the writer is released (the rest is drained), csplice exits 0 and a record is committed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from corehandler import paths
+
+from support.csplice_harness import MiB, Handler, core_args, expected_digest, hash_file, spool_files
+
+STRATEGIES = ("rw", "splice", "rw2", "splice2")
+
+
+@pytest.fixture
+def handler(tmp_path):
+    return Handler(tmp_path / "h")
+
+
+@pytest.mark.parametrize("mode", ("write", "vmsplice"))
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_oversize_dump_is_truncated_and_drained(handler, strategy, mode):
+    handler.configure(strategy=strategy, max_dump_bytes=3 * MiB + 5)
+    result = handler.feed(16 * MiB, mode=mode)
+    # The feeder's whole push went through: the "kernel" was never left blocked or failed.
+    assert result.feeder["push_error"] == 0 and result.returncode == 0, result.stderr
+    cap = result.capture
+    assert cap["truncated"] and cap["truncated_reason"] == "max_dump_bytes" and not cap["complete"]
+    assert cap["bytes"] == 3 * MiB + 5
+    assert cap["bytes"] + cap["drained_bytes"] == 16 * MiB
+    assert result.core.stat().st_size == 3 * MiB + 5
+    assert hash_file(result.core) == expected_digest(16 * MiB, False, result.record["pid"], limit=3 * MiB + 5)
+    assert any("truncated" in e and "max_dump_bytes" in e for e in result.record["errors"])
+
+
+def test_dump_of_exactly_the_limit_is_complete(handler):
+    handler.configure(max_dump_bytes=MiB)
+    cap = handler.feed(MiB).capture
+    assert cap["complete"] and not cap["truncated"] and cap["bytes"] == MiB
+
+
+def test_max_pending_keeps_metadata_only(handler):
+    handler.configure(max_pending=2)
+    for _ in range(2):
+        assert handler.feed(4096).capture["complete"]
+    result = handler.feed(2 * MiB)
+    assert result.returncode == 0
+    cap = result.capture
+    assert cap["dropped"] and cap["dropped_reason"] == "max_pending" and result.record["core"] is None
+    assert cap["bytes"] == 0 and cap["drained_bytes"] == 2 * MiB
+    # Metadata is what such a record is for.
+    assert result.record["proc"]["available"] and result.record["pid"] == os.getpid()
+    assert len(list(handler.spool.glob("*.core"))) == 2
+
+
+def test_max_per_exe_per_minute_keeps_metadata_only(handler):
+    handler.configure(max_per_exe_per_minute=3)
+    outcomes = [handler.feed(8192).capture for _ in range(5)]
+    assert [c["dropped_reason"] for c in outcomes] == [None, None, None, "max_per_exe_per_minute",
+                                                       "max_per_exe_per_minute"]
+    assert all(c["drained_bytes"] == 8192 for c in outcomes[3:])
+    # The counter is per executable: another exe still gets its dumps kept.
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        assert handler.feed(8192, pid=other.pid).capture["complete"]
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_sixteen_concurrent_captures_all_commit(handler):
+    handler.configure(strategy="rw2", max_pending=64, max_per_exe_per_minute=16)
+    sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(16)]
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            results = list(pool.map(lambda p: handler.feed(4 * MiB + p.pid, pid=p.pid), sleepers))
+    finally:
+        for p in sleepers:
+            p.kill()
+            p.wait()
+    records = handler.records()
+    assert len(records) == 16
+    assert len({r["id"] for r in records.values()}) == 16
+    for result, proc in zip(results, sleepers):
+        assert result.returncode == 0
+        assert result.record["pid"] == proc.pid and result.capture["complete"]
+        assert result.record["proc"]["exe"] == os.path.realpath(shutil.which("sleep"))
+        assert hash_file(result.core) == expected_digest(4 * MiB + proc.pid, False, proc.pid)
+    assert not [n for n in spool_files(handler.spool) if n.startswith(".tmp")]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_stalled_writer_hits_the_timeout(handler, strategy):
+    """A dump that stops arriving (the pipe stays open) ends at timeout_sec with what arrived."""
+    handler.configure(strategy=strategy, timeout_sec=1)
+    r, w = os.pipe()
+    proc = subprocess.Popen([str(paths.csplice_path()), *core_args(os.getpid())], stdin=r,
+                            env=handler.environment(), stderr=subprocess.PIPE)
+    os.close(r)
+    os.write(w, b"\x7fELF" + b"x" * 100_000)
+    try:
+        t0 = time.monotonic()
+        assert proc.wait(timeout=30) == 0
+        elapsed = time.monotonic() - t0
+    finally:
+        os.close(w)
+    assert elapsed < 10
+    (record,) = handler.records().values()
+    cap = record["capture"]
+    assert cap["truncated"] and cap["truncated_reason"] == "timeout"
+    assert cap["bytes"] == 100_004 and cap["elf_magic"]
+
+
+def _mount_tmpfs(where, size: str):
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(where)], check=True)
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    mnt = tmp_path / "mnt"
+    _mount_tmpfs(mnt, "64m")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_free_space_floor_truncates(small_fs, strategy):
+    handler = Handler(small_fs / "h", settings={"strategy": strategy, "min_free_bytes": 16 * MiB})
+    result = handler.feed(100 * MiB)
+    assert result.returncode == 0 and result.feeder["push_error"] == 0
+    cap = result.capture
+    assert cap["truncated"] and cap["truncated_reason"] == "min_free"
+    assert 0 < cap["bytes"] <= 48 * MiB and cap["bytes"] + cap["drained_bytes"] == 100 * MiB
+    assert hash_file(result.core) == expected_digest(100 * MiB, False, result.record["pid"], limit=cap["bytes"])
+    st = os.statvfs(small_fs)
+    assert st.f_bavail * st.f_frsize >= 16 * MiB - 64 * 1024  # the floor held (the record is a few KiB)
+
+
+@pytest.mark.root
+def test_free_space_floor_already_crossed_keeps_metadata_only(small_fs):
+    (small_fs / "filler").write_bytes(b"\1" * (56 * MiB))
+    handler = Handler(small_fs / "h", settings={"min_free_bytes": 16 * MiB})
+    result = handler.feed(8 * MiB)
+    assert result.returncode == 0
+    assert result.capture["dropped_reason"] == "min_free" and result.capture["drained_bytes"] == 8 * MiB
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_full_disk_truncates_and_still_commits(tmp_path, strategy):
+    """No floor configured, the filesystem fills up mid-dump: ENOSPC is recorded, the record still commits."""
+    mnt = tmp_path / "mnt"
+    _mount_tmpfs(mnt, "8m")
+    try:
+        handler = Handler(mnt / "h", settings={"strategy": strategy})
+        result = handler.feed(32 * MiB)
+        assert result.returncode == 0, result.stderr
+        assert result.feeder["push_error"] == 0
+        cap = result.capture
+        assert cap["truncated"] and cap["truncated_reason"] == "write_error", cap
+        assert cap["error"] == os.strerror(28)
+        assert 0 < cap["bytes"] < 8 * MiB and cap["bytes"] + cap["drained_bytes"] == 32 * MiB
+        assert result.core.stat().st_size == cap["bytes"]
+        assert hash_file(result.core) == expected_digest(32 * MiB, False, result.record["pid"], limit=cap["bytes"])
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
