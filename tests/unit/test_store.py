@@ -91,7 +91,7 @@ def test_delete_survives_a_kill_between_file_and_row(store):
     store.insert(_row(_record(2)))
     path2 = store.store_dir / f"{_record(2)['id']}.zst"
     path2.write_bytes(b"y" * 8192)
-    assert store.delete(store.get(_record(2)["id"])) >= 8192
+    assert store.delete(store.get(_record(2)["id"]), "max_count") >= 8192
     assert not path2.exists() and store.all() == []
 
 
