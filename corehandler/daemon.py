@@ -307,7 +307,9 @@ class Daemon:
         """Finishes what a killed daemon left: interrupted deletions, temp files, orphans, records in the
         spool (in sweep), and store files that have neither an index row nor a record."""
         for d in self.store.finish_deletions():
-            log.warning("Finished the interrupted deletion of %s", d.id)
+            log.warning("Finished the interrupted deletion of %s (%s)", d.id, d.deleted_rule)
+            # The killed daemon never reported it: the counters see it now, as the next start's replay would.
+            self._notify("on_deleted", d.id, d.exe, d.deleted_rule, d.freed_bytes or 0)
         for tmp in self.store.temp_files():
             log.warning("Removing %s, left by an interrupted compression", tmp.name)
             tmp.unlink(missing_ok=True)
