@@ -43,16 +43,19 @@ CREATE TABLE IF NOT EXISTS dumps (
     record TEXT NOT NULL,
     deleted_at REAL,
     deleted_rule TEXT,
-    freed_bytes INTEGER
+    freed_bytes INTEGER,
+    compress_seconds REAL,
+    ingest_seconds REAL
 )"""
 _SCHEMA_INDEXES = ("CREATE INDEX IF NOT EXISTS dumps_crashed_at ON dumps (crashed_at)",
                    "CREATE INDEX IF NOT EXISTS dumps_exe ON dumps (exe)")
 
 _COLUMNS = ("id", "crashed_at", "ingested_at", "pid", "uid", "gid", "signal", "exe", "comm", "cmdline",
             "hostname", "boot_id", "raw_bytes", "stored_bytes", "sha256", "status", "problem", "path",
-            "deleting", "record", "deleted_at", "deleted_rule", "freed_bytes")
-# Added by schema 2 (tombstones); an index of schema 1 gets them by ALTER TABLE.
-_TOMBSTONE_COLUMNS = (("deleted_at", "REAL"), ("deleted_rule", "TEXT"), ("freed_bytes", "INTEGER"))
+            "deleting", "record", "deleted_at", "deleted_rule", "freed_bytes", "compress_seconds", "ingest_seconds")
+# Added by schema 2 (tombstones, and the times the metrics replay); an index of schema 1 gets them by ALTER TABLE.
+_ADDED_COLUMNS = (("deleted_at", "REAL"), ("deleted_rule", "TEXT"), ("freed_bytes", "INTEGER"),
+                  ("compress_seconds", "REAL"), ("ingest_seconds", "REAL"))
 # A dump a user can see: not a tombstone, not half deleted.
 _LIVE = "deleted_at IS NULL AND deleting = 0"
 # The rule of a deletion a schema-1 daemon started and a kill interrupted: it did not record one.
@@ -95,6 +98,10 @@ class Dump:
     deleted_at: float | None = None    # set on a tombstone: when retention removed it
     deleted_rule: str | None = None    # the rule that removed it; set from the start of the deletion
     freed_bytes: int | None = None     # bytes its file took, measured when the deletion started
+    # What ingest took, as the metrics first counted it, so a restart replays the same histogram sums
+    # (None in rows a schema-1 daemon wrote).
+    compress_seconds: float | None = None
+    ingest_seconds: float | None = None
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> "Dump":
@@ -135,7 +142,8 @@ def _crash_time(record: dict) -> float:
 
 
 def row_from_record(record: dict, *, status: str, problem: str | None, path: str | None, raw_bytes: int,
-                    stored_bytes: int, sha256: str | None, ingested_at: float | None = None) -> dict:
+                    stored_bytes: int, sha256: str | None, ingested_at: float | None = None,
+                    compress_seconds: float | None = None, ingest_seconds: float | None = None) -> dict:
     """The index row for a spool record. Text columns are display forms; the record keeps the exact bytes."""
     proc = record.get("proc") or {}
     cmdline = proc.get("cmdline")
@@ -152,6 +160,7 @@ def row_from_record(record: dict, *, status: str, problem: str | None, path: str
         "boot_id": record.get("boot_id"),
         "raw_bytes": raw_bytes, "stored_bytes": stored_bytes, "sha256": sha256,
         "status": status, "problem": problem, "path": path, "deleting": 0,
+        "compress_seconds": compress_seconds, "ingest_seconds": ingest_seconds,
         # ensure_ascii keeps the lone surrogates as \udcXX escapes, which round-trip through json.loads.
         "record": json.dumps(record, ensure_ascii=True, sort_keys=True),
     }
@@ -203,7 +212,7 @@ class Store:
         try:
             db.execute(_SCHEMA_TABLE)
             have = {row[1] for row in db.execute("PRAGMA table_info(dumps)")}
-            for name, kind in _TOMBSTONE_COLUMNS:
+            for name, kind in _ADDED_COLUMNS:
                 if name not in have:
                     db.execute(f"ALTER TABLE dumps ADD COLUMN {name} {kind}")
             for statement in _SCHEMA_INDEXES:

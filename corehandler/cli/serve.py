@@ -37,7 +37,7 @@ def observers_for(config, paths, store_limit) -> tuple[list, list[str]]:
         # does not read as a reset.
         if paths.index_path.exists():
             with Store(paths.state_dir, readonly=True) as store:
-                metrics.seed(dict(d.summary(), stored=stored_event(d, store.file_path(d), 0.0, 0.0))
+                metrics.seed(dict(d.summary(), stored=stored_event(d, store.file_path(d)))
                              for d in store.history())
         if config.metrics.enabled:
             try:
