@@ -4,13 +4,16 @@ in is seeded from the index, tombstones of the dumps retention removed included,
 
 from __future__ import annotations
 
+import json
 import os
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from corehandler.cli import main
 from corehandler.cli.serve import observers_for
 from corehandler.config import Config
 from corehandler.daemon import Settings
+from corehandler.errors import EXIT_NOMATCH
 from corehandler.paths import Paths
 from corehandler.retention import Policy
 from corehandler.store import Store
@@ -30,7 +33,7 @@ def total(samples: dict, name: str, **labels: str) -> float:
     return sum(v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= ls)
 
 
-def test_counters_continue_across_a_restart_after_deletions(tmp_path, feeder, csplice):
+def test_counters_continue_across_a_restart_after_deletions(tmp_path, feeder, csplice, capsys):
     state = tmp_path / "state"
     (state / "spool").mkdir(parents=True, mode=0o700)
     settings = write_settings(tmp_path / "s.conf", state / "spool")
@@ -75,3 +78,10 @@ def test_counters_continue_across_a_restart_after_deletions(tmp_path, feeder, cs
     with Store(state, readonly=True) as store:
         assert gauges == {"corehandler_store_dumps": 3, "corehandler_store_bytes": store.totals()[0]}
         assert len(store.history()) == 5
+
+    # The CLI sees the stored dumps only: a tombstone's id matches nothing.
+    cli = ["--config-dir", str(tmp_path), "--state-dir", str(state)]
+    assert main([*cli, "info", records[0]["id"]]) == EXIT_NOMATCH
+    capsys.readouterr()
+    assert main([*cli, "list", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 3
