@@ -102,11 +102,12 @@ def _status(record: dict, info: elfcore.CoreInfo | None, core_missing: bool) -> 
     return ("ok" if info.status == elfcore.STATUS_OK else "invalid"), problems
 
 
-def stored_event(dump, path: Path | None, compress_seconds: float, ingest_seconds: float) -> dict:
-    """The `stored` argument of on_ingested (docs/design.md, Daemon events)."""
+def stored_event(dump, path: Path | None) -> dict:
+    """The `stored` argument of on_ingested (docs/design.md, Daemon events), from the dump's index row: the
+    same figures whether reported live or replayed into the metrics at the next start."""
     return {"id": dump.id, "path": str(path) if path else None, "raw_bytes": dump.raw_bytes,
-            "compressed_bytes": dump.stored_bytes, "compress_seconds": compress_seconds,
-            "ingest_seconds": ingest_seconds, "ingested_at": dump.ingested_at, "status": dump.status,
+            "compressed_bytes": dump.stored_bytes, "compress_seconds": dump.compress_seconds or 0.0,
+            "ingest_seconds": dump.ingest_seconds or 0.0, "ingested_at": dump.ingested_at, "status": dump.status,
             "problem": dump.problem}
 
 
@@ -199,7 +200,7 @@ class Daemon:
         done = self.store.get(dump_id)
         if done is not None:  # a kill after indexing: the cleanup and the event were left
             if spool.record_path(spool_dir, dump_id).exists():
-                self._finish(done.record, stored_event(done, self.store.file_path(done), 0.0, 0.0))
+                self._finish(done.record, stored_event(done, self.store.file_path(done)))
             return True
         try:
             record = spool.read_record(spool_dir, dump_id)
@@ -240,12 +241,13 @@ class Daemon:
                               path=stored.path.name if stored else None,
                               raw_bytes=stored.raw_bytes if stored else 0,
                               stored_bytes=stored.stored_bytes if stored else 0,
-                              sha256=stored.sha256 if stored else None)
+                              sha256=stored.sha256 if stored else None,
+                              compress_seconds=stored.seconds if stored else 0.0,
+                              ingest_seconds=time.monotonic() - start)
         self.store.insert(row)
         _checkpoint_pause("indexed")  # from here on, stopping would only delay the cleanup
         dump = self.store.get(dump_id)
-        self._finish(record, stored_event(dump, stored.path if stored else None, stored.seconds if stored else 0.0,
-                                    time.monotonic() - start))
+        self._finish(record, stored_event(dump, stored.path if stored else None))
         return True
 
     def _finish(self, record: dict, event: dict) -> None:
@@ -307,7 +309,9 @@ class Daemon:
         """Finishes what a killed daemon left: interrupted deletions, temp files, orphans, records in the
         spool (in sweep), and store files that have neither an index row nor a record."""
         for d in self.store.finish_deletions():
-            log.warning("Finished the interrupted deletion of %s", d.id)
+            log.warning("Finished the interrupted deletion of %s (%s)", d.id, d.deleted_rule)
+            # The killed daemon never reported it: the counters see it now, as the next start's replay would.
+            self._notify("on_deleted", d.id, d.exe, d.deleted_rule, d.freed_bytes or 0)
         for tmp in self.store.temp_files():
             log.warning("Removing %s, left by an interrupted compression", tmp.name)
             tmp.unlink(missing_ok=True)

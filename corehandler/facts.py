@@ -119,3 +119,17 @@ def hold_seconds(record: Mapping[str, Any]) -> float | None:
     if started is not None and ended is not None and ended >= started:
         return (ended - started) / 1e9
     return capture_seconds(record)
+
+
+def counted(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a record the accessors above read, what an index tombstone keeps of a deleted dump so the
+    metrics can replay it: capture figures, names, signal, times; no cmdline, environ, maps or status."""
+    kept: dict[str, Any] = {k: record[k] for k in ("schema", "id", "signal", "comm", "timestamp") if k in record}
+    kept["capture"] = dict(capture(record))
+    names = {k: proc(record)[k] for k in ("exe", "comm") if k in proc(record)}
+    if names:
+        kept["proc"] = names
+    handler = record.get("handler")
+    if isinstance(handler, Mapping) and "started_realtime_ns" in handler:
+        kept["handler"] = {"started_realtime_ns": handler["started_realtime_ns"]}
+    return kept

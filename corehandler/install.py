@@ -32,6 +32,7 @@ from corehandler.atomicfile import write_atomic
 from corehandler.config import Config, render_csplice_settings, write_csplice_settings
 from corehandler.errors import HandlerConflictError, NotRootError, SystemFailure, UnsafePathError
 from corehandler.paths import Paths
+from corehandler.store import Store, StoreError
 
 # The kernel's %-specifiers csplice takes, in csplice's argv order (docs/design.md, csplice/crash.h).
 SPECIFIERS = "%P %i %I %u %g %d %s %t %c %h %e"
@@ -265,16 +266,14 @@ def _spool_summary(spool_dir: Path) -> dict:
 
 
 def _store_summary(index_path: Path) -> dict | None:
-    """Count and bytes from the daemon's index, opened read-only so status never creates or locks it long."""
+    """Count and bytes of the stored dumps (not the tombstones of deleted ones), from the index opened
+    read-only so status never creates it."""
     if not index_path.exists():
         return None
     try:
-        db = sqlite3.connect(f"file:{index_path}?mode=ro", uri=True, timeout=2)
-        try:
-            count, stored = db.execute("SELECT COUNT(*), COALESCE(SUM(stored_bytes), 0) FROM dumps").fetchone()
-        finally:
-            db.close()
-    except sqlite3.Error as e:
+        with Store(index_path.parent, readonly=True) as store:
+            stored, count = store.totals()
+    except (StoreError, sqlite3.Error) as e:
         return {"path": str(index_path), "error": str(e)}
     return {"path": str(index_path), "count": count, "bytes": stored}
 

@@ -10,7 +10,7 @@ fits as is)
   record        the spool record as ingested: a dict, or its JSON text. Required.
   raw_bytes, stored_bytes (or compressed_bytes), status
                 as in on_ingested's `stored`; compress_seconds and ingest_seconds too when the row has them
-                (the index does not keep them, so those two histograms count this daemon run only).
+                (the index keeps them since its schema 2; serve's seed passes 0 for older rows).
   stored        optional: instead of top-level keys, a dict shaped like on_ingested's `stored`.
   deleted_rule, freed_bytes
                 optional: the row is a tombstone of a dump retention removed (by that rule); it counts in the

@@ -130,13 +130,15 @@ class Deletion:
     freed_bytes: int
 
 
-def apply(decisions: Iterable[Decision], delete: Callable[[str], int], *, dry_run: bool = False) -> list[Deletion]:
-    """Deletes what the plan says through delete(id) -> freed bytes, logging each deletion with its reason."""
+def apply(decisions: Iterable[Decision], delete: Callable[[str, str], int], *,
+          dry_run: bool = False) -> list[Deletion]:
+    """Deletes what the plan says through delete(id, rule) -> freed bytes, logging each deletion with its
+    reason."""
     done = []
     for d in decisions:
         if d.keep:
             continue
-        freed = d.item.size if dry_run else delete(d.item.id)
+        freed = d.item.size if dry_run else delete(d.item.id, d.rule)
         if not dry_run:
             log.info("Retention deleted dump %s (%s, %d bytes): %s", d.item.id, d.item.exe, freed, d.rule)
         done.append(Deletion(d.item.id, d.item.exe, d.rule, freed))
@@ -165,4 +167,5 @@ def vacuum(store, policy: Policy, *, now: float | None = None, busy: Iterable[st
     items = [Item(i, t, exe, size, i in busy) for i, t, exe, size in store.sizes()]
     _, free = filesystem(store.store_dir)
     decisions = plan(items, policy, free_bytes=free, now=time.time() if now is None else now)
-    return apply(decisions, lambda dump_id: store.delete(store.get(dump_id)), dry_run=dry_run)
+    # The store keeps a tombstone with the rule, so the deletion counters survive a restart.
+    return apply(decisions, lambda dump_id, rule: store.delete(store.get(dump_id), rule), dry_run=dry_run)

@@ -1,4 +1,14 @@
-"""The store: compressed dumps in <state>/store/ and their SQLite index, one row per dump."""
+"""The store: compressed dumps in <state>/store/ and their SQLite index, one row per dump.
+
+A dump retention removes leaves a tombstone: its row stays, with deleted_at, deleted_rule and freed_bytes set,
+no file, and its record cut down to the figures the metrics count (facts.counted). The Prometheus counters are
+replayed from every row at start, so without tombstones a restart after deletions would lower them, which
+Prometheus reads as a reset and re-counts. Every user-facing query sees live rows only.
+
+Tombstones are never pruned: dropping one lowers a counter (dumps, bytes, histogram counts) at the next start,
+the very reset they exist to prevent. Each holds no core and no cmdline/environ/maps, a few hundred bytes, and
+csplice's storm limit bounds how fast they can appear.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from corehandler import facts
 from corehandler.errors import CorehandlerError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 STATUSES = ("ok", "truncated", "metadata_only", "invalid", "orphan")
 
-_SCHEMA = """
+_SCHEMA_TABLE = """
 CREATE TABLE IF NOT EXISTS dumps (
     id TEXT PRIMARY KEY,
     crashed_at REAL NOT NULL,
@@ -29,15 +40,26 @@ CREATE TABLE IF NOT EXISTS dumps (
     problem TEXT,
     path TEXT,
     deleting INTEGER NOT NULL DEFAULT 0,
-    record TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS dumps_crashed_at ON dumps (crashed_at);
-CREATE INDEX IF NOT EXISTS dumps_exe ON dumps (exe);
-"""
+    record TEXT NOT NULL,
+    deleted_at REAL,
+    deleted_rule TEXT,
+    freed_bytes INTEGER,
+    compress_seconds REAL,
+    ingest_seconds REAL
+)"""
+_SCHEMA_INDEXES = ("CREATE INDEX IF NOT EXISTS dumps_crashed_at ON dumps (crashed_at)",
+                   "CREATE INDEX IF NOT EXISTS dumps_exe ON dumps (exe)")
 
 _COLUMNS = ("id", "crashed_at", "ingested_at", "pid", "uid", "gid", "signal", "exe", "comm", "cmdline",
             "hostname", "boot_id", "raw_bytes", "stored_bytes", "sha256", "status", "problem", "path",
-            "deleting", "record")
+            "deleting", "record", "deleted_at", "deleted_rule", "freed_bytes", "compress_seconds", "ingest_seconds")
+# Added by schema 2 (tombstones, and the times the metrics replay); an index of schema 1 gets them by ALTER TABLE.
+_ADDED_COLUMNS = (("deleted_at", "REAL"), ("deleted_rule", "TEXT"), ("freed_bytes", "INTEGER"),
+                  ("compress_seconds", "REAL"), ("ingest_seconds", "REAL"))
+# A dump a user can see: not a tombstone, not half deleted.
+_LIVE = "deleted_at IS NULL AND deleting = 0"
+# The rule of a deletion a schema-1 daemon started and a kill interrupted: it did not record one.
+UNKNOWN_RULE = "unknown"
 
 
 class StoreError(CorehandlerError):
@@ -73,6 +95,13 @@ class Dump:
     path: str | None  # file name inside the store directory, None for metadata-only
     deleting: bool
     record: dict
+    deleted_at: float | None = None    # set on a tombstone: when retention removed it
+    deleted_rule: str | None = None    # the rule that removed it; set from the start of the deletion
+    freed_bytes: int | None = None     # bytes its file took, measured when the deletion started
+    # What ingest took, as the metrics first counted it, so a restart replays the same histogram sums
+    # (None in rows a schema-1 daemon wrote).
+    compress_seconds: float | None = None
+    ingest_seconds: float | None = None
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> "Dump":
@@ -113,7 +142,8 @@ def _crash_time(record: dict) -> float:
 
 
 def row_from_record(record: dict, *, status: str, problem: str | None, path: str | None, raw_bytes: int,
-                    stored_bytes: int, sha256: str | None, ingested_at: float | None = None) -> dict:
+                    stored_bytes: int, sha256: str | None, ingested_at: float | None = None,
+                    compress_seconds: float | None = None, ingest_seconds: float | None = None) -> dict:
     """The index row for a spool record. Text columns are display forms; the record keeps the exact bytes."""
     proc = record.get("proc") or {}
     cmdline = proc.get("cmdline")
@@ -130,6 +160,7 @@ def row_from_record(record: dict, *, status: str, problem: str | None, path: str
         "boot_id": record.get("boot_id"),
         "raw_bytes": raw_bytes, "stored_bytes": stored_bytes, "sha256": sha256,
         "status": status, "problem": problem, "path": path, "deleting": 0,
+        "compress_seconds": compress_seconds, "ingest_seconds": ingest_seconds,
         # ensure_ascii keeps the lone surrogates as \udcXX escapes, which round-trip through json.loads.
         "record": json.dumps(record, ensure_ascii=True, sort_keys=True),
     }
@@ -146,26 +177,51 @@ class Store:
             raise StoreError(f"no index at {self.index_path}")
         try:
             if readonly:
-                self.db = sqlite3.connect(f"file:{self.index_path}?mode=ro", uri=True, timeout=30)
-                self.db.execute("PRAGMA user_version").fetchone()  # fails here if it is not an SQLite file
+                self.db = self._connect_readonly()
+                if self.db.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+                    # An index an older daemon wrote: upgrade it in place once (a few ALTERs), then read.
+                    self.db.close()
+                    with sqlite3.connect(self.index_path, timeout=30) as upgrade:
+                        self._migrate(upgrade)
+                    upgrade.close()
+                    self.db = self._connect_readonly()
             else:
                 for d in (self.state_dir, self.store_dir):
                     d.mkdir(mode=0o700, parents=True, exist_ok=True)
                 self.db = sqlite3.connect(self.index_path, timeout=30)
                 os.chmod(self.index_path, 0o600)
-                self._migrate()
+                self._migrate(self.db)
         except (sqlite3.Error, OSError) as e:
             raise StoreError(f"cannot open the index {self.index_path}: {e}") from e
 
-    def _migrate(self) -> None:
-        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+    def _connect_readonly(self) -> sqlite3.Connection:
+        db = sqlite3.connect(f"file:{self.index_path}?mode=ro", uri=True, timeout=30)
+        db.execute("PRAGMA user_version").fetchone()  # fails here if it is not an SQLite file
+        return db
+
+    def _migrate(self, db: sqlite3.Connection) -> None:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise StoreError(f"{self.index_path} has schema {version}, newer than this corehandler "
-                              f"({SCHEMA_VERSION})")
-        self.db.execute("PRAGMA journal_mode=WAL")
-        with self.db:
-            self.db.executescript(_SCHEMA)
-            self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                             f"({SCHEMA_VERSION})")
+        db.execute("PRAGMA journal_mode=WAL")
+        if version == SCHEMA_VERSION:
+            return
+        # One transaction: a kill leaves schema 1 untouched or schema 2 complete.
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute(_SCHEMA_TABLE)
+            have = {row[1] for row in db.execute("PRAGMA table_info(dumps)")}
+            for name, kind in _ADDED_COLUMNS:
+                if name not in have:
+                    db.execute(f"ALTER TABLE dumps ADD COLUMN {name} {kind}")
+            for statement in _SCHEMA_INDEXES:
+                db.execute(statement)
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            db.commit()
+        except BaseException:
+            db.rollback()
+            raise
 
     def close(self) -> None:
         self.db.close()
@@ -188,6 +244,7 @@ class Store:
         return cur.rowcount == 1
 
     def get(self, dump_id: str) -> Dump | None:
+        """The row of that exact id, tombstone or not (ingest asks whether an id was ever indexed)."""
         row = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM dumps WHERE id = ?", (dump_id,)).fetchone()
         return Dump.from_row(row) if row else None
 
@@ -197,7 +254,7 @@ class Store:
     def query(self, f: Filter = Filter()) -> list[Dump]:
         """Matching dumps, oldest first. Within a kind (ids, pids, comms, exes) any value matches; kinds and
         the other filters must all match."""
-        where, args = ["deleting = 0"], []
+        where, args = [_LIVE], []
 
         def any_of(clause: str, values: Iterable) -> None:
             values = list(values)
@@ -229,44 +286,71 @@ class Store:
         return [Dump.from_row(r) for r in reversed(rows)]
 
     def all(self, include_deleting: bool = False) -> list[Dump]:
-        where = "" if include_deleting else "WHERE deleting = 0"
+        """The stored dumps (and those whose deletion a kill interrupted, if asked), oldest first."""
+        where = "deleted_at IS NULL" if include_deleting else _LIVE
+        return self._select(f"WHERE {where}")
+
+    def history(self) -> list[Dump]:
+        """Every dump ever indexed, tombstones included, oldest first: what the metrics counters replay."""
+        return self._select("")
+
+    def _select(self, where: str) -> list[Dump]:
         rows = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM dumps {where} ORDER BY crashed_at, id")
         return [Dump.from_row(r) for r in rows]
 
     def sizes(self) -> list[tuple[str, float, str | None, int]]:
         """(id, crashed_at, exe, stored_bytes) of every dump: what retention plans with, without parsing
         every record."""
-        return self.db.execute("SELECT id, crashed_at, exe, stored_bytes FROM dumps WHERE deleting = 0 "
+        return self.db.execute(f"SELECT id, crashed_at, exe, stored_bytes FROM dumps WHERE {_LIVE} "
                                "ORDER BY crashed_at, id").fetchall()
 
     def totals(self) -> tuple[int, int]:
-        """Stored bytes and number of dumps."""
-        size, count = self.db.execute("SELECT COALESCE(SUM(stored_bytes), 0), COUNT(*) FROM dumps").fetchone()
+        """Stored bytes and number of dumps (tombstones take no store space and are no dumps)."""
+        size, count = self.db.execute("SELECT COALESCE(SUM(stored_bytes), 0), COUNT(*) FROM dumps "
+                                      "WHERE deleted_at IS NULL").fetchone()
         return int(size), int(count)
 
-    def delete(self, dump: Dump) -> int:
-        """Removes a dump's file and row; returns the bytes freed. The row is marked first, so a kill between
-        the file and the row leaves a row that `finish_deletions` completes, never a file without a row."""
-        with self.db:
-            self.db.execute("UPDATE dumps SET deleting = 1 WHERE id = ?", (dump.id,))
+    def delete(self, dump: Dump, rule: str) -> int:
+        """Removes a dump's file and turns its row into a tombstone; returns the bytes freed.
+
+        The row is marked first, with the rule and the file's size, so a kill at any point leaves either the
+        dump untouched or a marked row that `finish_deletions` completes with the same figures, never a file
+        without a row nor a deletion counted twice."""
         path = self.file_path(dump)
         freed = 0
         if path is not None:
             try:
                 freed = path.stat().st_blocks * 512
-                path.unlink()
             except FileNotFoundError:
                 pass
         with self.db:
-            self.db.execute("DELETE FROM dumps WHERE id = ?", (dump.id,))
+            self.db.execute("UPDATE dumps SET deleting = 1, deleted_rule = ?, freed_bytes = ? "
+                            "WHERE id = ? AND deleted_at IS NULL", (rule, freed, dump.id))
+        self._finish_delete(dump.id)
         return freed
 
+    def _finish_delete(self, dump_id: str) -> Dump | None:
+        """The second half of delete: unlink the file, then write the tombstone. Idempotent."""
+        dump = self.get(dump_id)
+        if dump is None or not dump.deleting or dump.deleted_at is not None:
+            return None
+        path = self.file_path(dump)
+        freed = dump.freed_bytes
+        if path is not None:
+            if freed is None:  # marked by a schema-1 daemon, which measured nothing beforehand
+                freed = path.stat().st_blocks * 512 if path.exists() else 0
+            path.unlink(missing_ok=True)
+        counted = json.dumps(facts.counted(dump.record), ensure_ascii=True, sort_keys=True)
+        with self.db:
+            self.db.execute("UPDATE dumps SET deleting = 0, deleted_at = ?, deleted_rule = ?, freed_bytes = ?, "
+                            "path = NULL, cmdline = NULL, record = ? WHERE id = ?",
+                            (time.time(), dump.deleted_rule or UNKNOWN_RULE, freed or 0, counted, dump_id))
+        return self.get(dump_id)
+
     def finish_deletions(self) -> list[Dump]:
-        """Completes deletions a kill interrupted."""
-        pending = [d for d in self.all(include_deleting=True) if d.deleting]
-        for d in pending:
-            self.delete(d)
-        return pending
+        """Completes deletions a kill interrupted; returns their tombstones."""
+        pending = [d.id for d in self.all(include_deleting=True) if d.deleting]
+        return [t for t in map(self._finish_delete, pending) if t is not None]
 
     def set_problem(self, dump_id: str, status: str, problem: str | None) -> None:
         with self.db:

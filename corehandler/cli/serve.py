@@ -33,11 +33,12 @@ def observers_for(config, paths, store_limit) -> tuple[list, list[str]]:
     if config.metrics.enabled or config.metrics.textfile:
         metrics = MetricsObserver.from_config(config.metrics, store_dir=paths.store_dir,
                                               store_limit_bytes=store_limit)
-        # Counters continue from what the index holds, so a restart does not read as a reset.
+        # Counters continue from what the index holds, tombstones of deleted dumps included, so a restart
+        # does not read as a reset.
         if paths.index_path.exists():
             with Store(paths.state_dir, readonly=True) as store:
-                metrics.seed(dict(d.summary(), stored=stored_event(d, store.file_path(d), 0.0, 0.0))
-                             for d in store.all())
+                metrics.seed(dict(d.summary(), stored=stored_event(d, store.file_path(d)))
+                             for d in store.history())
         if config.metrics.enabled:
             try:
                 metrics.serve(config.metrics.listen, config.metrics.port)

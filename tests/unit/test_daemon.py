@@ -203,9 +203,10 @@ def test_recovery_finishes_every_half_done_state(tmp_path, state, feeder, csplic
         stored = compress.store_file(spool_dir / b["core"], store_dir, b["id"], threads=1)
         s.insert(row_from_record(b, status="ok", problem=None, path=stored.path.name, raw_bytes=stored.raw_bytes,
                                  stored_bytes=stored.stored_bytes, sha256=stored.sha256))
-        # a retention deletion interrupted after its mark
+        # a retention deletion interrupted after its mark (which holds the rule and the size measured)
         gone = dict(row_from_record(c, status="ok", problem=None, path="gone.zst", raw_bytes=1, stored_bytes=1,
-                                    sha256=None), id="1796000000000000-0123456789abcdef-9", deleting=1)
+                                    sha256=None), id="1796000000000000-0123456789abcdef-9", deleting=1,
+                    deleted_rule="max_use", freed_bytes=4096)
         s.insert(gone)
     # c: a temp file of an interrupted compression; c's record waits in the spool
     (store_dir / f".tmp.{c['id']}.zst").write_bytes(b"partial")
@@ -213,10 +214,15 @@ def test_recovery_finishes_every_half_done_state(tmp_path, state, feeder, csplic
     stray = "1796000000000000-0123456789abcdef-8"
     compress.store_file(spool_dir / c["core"], store_dir, stray, threads=1)
 
-    with Running(Settings(state, threads=1, sweep_interval=3600)):
+    rec = Recorder()
+    with Running(Settings(state, threads=1, sweep_interval=3600), [rec]):
         wait_for(lambda: spool_empty(state), what="spool drained")
     rows = indexed(state)
     assert sorted(rows) == sorted([a["id"], b["id"], c["id"], stray])
+    # The finished deletion is reported once, as the killed daemon would have: the metrics count it.
+    assert rec.of("deleted") == [("deleted", gone["id"], "max_use", 4096)]
+    with Store(state) as s:
+        assert s.get(gone["id"]).deleted_rule == "max_use"
     assert rows[stray].status == "orphan" and rows[stray].raw_bytes == 65536
     assert sorted(os.listdir(store_dir)) == sorted(r.path for r in rows.values())
     for r in rows.values():

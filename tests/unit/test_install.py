@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sqlite3
 import stat
 import tempfile
 from pathlib import Path
@@ -16,6 +15,7 @@ from corehandler import install, sysctl
 from corehandler.config import Config, render_csplice_settings
 from corehandler.errors import (EXIT_CONFLICT, EXIT_PERMISSION, HandlerConflictError, NotRootError, SystemFailure,
                                 UnsafePathError)
+from corehandler.store import Store, row_from_record
 
 from fakehost import SYSTEMD_PATTERN, FakeHost
 
@@ -262,11 +262,12 @@ def test_status_counts_spool_and_store(host):
         (spool / f"1700000000{i}-0123456789abcdef-{100 + i}.json").write_text("{}")
         (spool / f"1700000000{i}-0123456789abcdef-{100 + i}.core").write_bytes(b"\x7fELF" + b"x" * 8192)
     (spool / ".tmp.17000000009-0123456789abcdef-9.json").write_text("{")  # not committed: not pending
-    db = sqlite3.connect(host.paths.index_path)
-    db.execute("CREATE TABLE dumps (id TEXT PRIMARY KEY, stored_bytes INTEGER NOT NULL)")
-    db.executemany("INSERT INTO dumps VALUES (?, ?)", [("a", 1000), ("b", 2000)])
-    db.commit()
-    db.close()
+    with Store(host.paths.state_dir) as store:
+        for n, size in enumerate((1000, 2000, 4000)):
+            store.insert(row_from_record({"id": f"1700000000{n}-0123456789abcdef-{n}"}, status="ok", problem=None,
+                                         path=None, raw_bytes=size, stored_bytes=size, sha256=None))
+        # A tombstone (retention removed it) is no stored dump.
+        store.delete(store.get("17000000002-0123456789abcdef-2"), "max_count")
     st = install.status(Config(), host.paths, csplice=host.csplice)
     assert st["spool"]["pending"] == 3
     assert st["spool"]["bytes"] >= 3 * 8196

@@ -76,12 +76,12 @@ def test_ties_in_time_break_on_id():
 def test_apply_deletes_and_reports_reasons():
     decisions = plan(_items(STORE), Policy(max_count=3), free_bytes=0, now=NOW)
     calls = []
-    done = apply(decisions, lambda i: calls.append(i) or 4096)
-    assert calls == ["a", "b"]
+    done = apply(decisions, lambda i, rule: calls.append((i, rule)) or 4096)
+    assert calls == [("a", "max_count"), ("b", "max_count")]
     assert [(d.id, d.exe, d.rule, d.freed_bytes) for d in done] == [("a", "/x", "max_count", 4096),
                                                                    ("b", "/y", "max_count", 4096)]
     calls.clear()
-    dry = apply(decisions, lambda i: calls.append(i) or 0, dry_run=True)
+    dry = apply(decisions, lambda i, rule: calls.append(i) or 0, dry_run=True)
     assert calls == [] and [(d.id, d.freed_bytes) for d in dry] == [("a", 100), ("b", 200)]
 
 

@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from corehandler.store import SCHEMA_VERSION, Filter, Store, StoreError, row_from_record
+from corehandler.store import SCHEMA_VERSION, UNKNOWN_RULE, Filter, Store, StoreError, row_from_record
 
 
 def _record(n: int, *, pid=None, comm="app", exe="/usr/bin/app", signal=11, ts=None):
@@ -91,7 +91,7 @@ def test_delete_survives_a_kill_between_file_and_row(store):
     store.insert(_row(_record(2)))
     path2 = store.store_dir / f"{_record(2)['id']}.zst"
     path2.write_bytes(b"y" * 8192)
-    assert store.delete(store.get(_record(2)["id"])) >= 8192
+    assert store.delete(store.get(_record(2)["id"]), "max_count") >= 8192
     assert not path2.exists() and store.all() == []
 
 
@@ -130,3 +130,84 @@ def test_a_damaged_index_is_one_clear_error(tmp_path, readonly):
     (tmp_path / "index.sqlite").write_bytes(b"this is not a database, just some text" * 100)
     with pytest.raises(StoreError, match="cannot open the index .*index.sqlite: file is not a database"):
         Store(tmp_path, readonly=readonly)
+
+
+def test_delete_leaves_a_tombstone_no_user_query_sees(store):
+    for n in (1, 2):
+        store.insert(_row(_record(n)))
+        (store.store_dir / f"{_record(n)['id']}.zst").write_bytes(b"x" * 4096)
+    gone = _record(1)
+    gone["proc"]["environ"] = ["SECRET=1"]
+    store.db.execute("UPDATE dumps SET record = ? WHERE id = ?", (json.dumps(gone), gone["id"]))
+    store.db.commit()
+    freed = store.delete(store.get(gone["id"]), "max_age")
+    assert freed >= 4096 and not (store.store_dir / f"{gone['id']}.zst").exists()
+
+    live = [_record(2)["id"]]
+    assert [d.id for d in store.query()] == live and store.query(Filter(ids=(gone["id"],))) == []
+    assert [d.id for d in store.all()] == live and [d.id for d in store.all(include_deleting=True)] == live
+    assert [r[0] for r in store.sizes()] == live
+    assert store.totals() == (10, 1)
+    assert store.unindexed_files() == []
+
+    tomb = store.get(gone["id"])
+    assert (tomb.deleted_rule, tomb.freed_bytes, tomb.path, tomb.cmdline) == ("max_age", freed, None, None)
+    assert tomb.deleted_at is not None and not tomb.deleting
+    # What the metrics replay, and nothing a user may regret keeping: no cmdline, no environ.
+    assert tomb.record == {"schema": 1, "id": gone["id"], "signal": 11, "comm": "app", "timestamp": gone["timestamp"],
+                           "capture": {}, "proc": {"exe": "/usr/bin/app"}}
+    assert (tomb.raw_bytes, tomb.stored_bytes, tomb.status) == (100, 10, "ok")  # the counted figures stay
+    assert [d.id for d in store.history()] == [gone["id"]] + live
+    # Ingest still knows the id: a replayed record is not indexed again.
+    assert store.insert(_row(_record(1))) is False
+    assert store.finish_deletions() == []
+
+
+def test_a_kill_after_the_mark_completes_with_the_marked_rule_and_size(store):
+    record = _record(1)
+    store.insert(_row(record))
+    path = store.store_dir / f"{record['id']}.zst"
+    path.write_bytes(b"x" * 8192)
+    # delete()'s first step, then a kill: the row carries the rule and the size measured before the unlink.
+    store.db.execute("UPDATE dumps SET deleting = 1, deleted_rule = 'max_use', freed_bytes = ? WHERE id = ?",
+                     (path.stat().st_blocks * 512, record["id"]))
+    store.db.commit()
+    path.unlink()
+    (tomb,) = store.finish_deletions()
+    assert (tomb.id, tomb.deleted_rule, tomb.freed_bytes) == (record["id"], "max_use", 8192)
+    assert store.finish_deletions() == [] and store.all(include_deleting=True) == []
+
+
+SCHEMA_1 = """
+CREATE TABLE dumps (id TEXT PRIMARY KEY, crashed_at REAL NOT NULL, ingested_at REAL NOT NULL,
+    pid INTEGER, uid INTEGER, gid INTEGER, signal INTEGER, exe TEXT, comm TEXT, cmdline TEXT, hostname TEXT,
+    boot_id TEXT, raw_bytes INTEGER NOT NULL DEFAULT 0, stored_bytes INTEGER NOT NULL DEFAULT 0, sha256 TEXT,
+    status TEXT NOT NULL, problem TEXT, path TEXT, deleting INTEGER NOT NULL DEFAULT 0, record TEXT NOT NULL);
+CREATE INDEX dumps_crashed_at ON dumps (crashed_at);
+CREATE INDEX dumps_exe ON dumps (exe);
+PRAGMA user_version=1;
+"""
+
+
+@pytest.mark.parametrize("readonly", [False, True])
+def test_a_schema_1_index_is_migrated_in_place(tmp_path, readonly):
+    """What a corehandler before tombstones wrote: one live row and one deletion a kill interrupted."""
+    (tmp_path / "store").mkdir()
+    db = sqlite3.connect(tmp_path / "index.sqlite")
+    db.executescript(SCHEMA_1)
+    for n, deleting in ((1, 0), (2, 1)):
+        row = dict(_row(_record(n)), deleting=deleting)
+        del row["compress_seconds"], row["ingest_seconds"]  # not in schema 1
+        db.execute(f"INSERT INTO dumps ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values()))
+    db.commit()
+    db.close()
+    (tmp_path / "store" / f"{_record(2)['id']}.zst").write_bytes(b"x" * 4096)
+
+    with Store(tmp_path, readonly=readonly) as s:
+        assert s.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert [d.id for d in s.query()] == [_record(1)["id"]]
+        assert [d.deleted_at for d in s.history()] == [None, None]
+    with Store(tmp_path) as s:
+        (tomb,) = s.finish_deletions()  # schema 1 marked no rule and measured nothing: done now
+        assert (tomb.deleted_rule, tomb.freed_bytes) == (UNKNOWN_RULE, 4096)
+        assert s.get(_record(1)["id"]).record == _record(1)
