@@ -42,6 +42,7 @@ typedef struct Crash {
         uint64_t started_ns;       /* CLOCK_REALTIME at csplice's start */
         uint64_t capture_begin_ns; /* CLOCK_MONOTONIC around the copy */
         uint64_t capture_end_ns;
+        uint64_t released_ns;      /* CLOCK_REALTIME once the pipe is drained: the process is let go */
         bool elf_magic;
 } Crash;
 

@@ -228,6 +228,7 @@ int main(int argc, char *argv[]) {
         } else
                 c.capture.drained = capture_drain(in_fd);
         c.capture_end_ns = now_ns(CLOCK_MONOTONIC);
+        c.released_ns = now_ns(CLOCK_REALTIME);
         /* The process is released once the pipe is drained; closing it also ends a timed-out dump. */
         (void) close(in_fd);
 

@@ -90,6 +90,8 @@ static void write_capture(Json *j, const Crash *c) {
         json_u64(j, "bytes", cap->written);
         json_u64(j, "drained_bytes", cap->drained);
         json_u64(j, "ns", ns);
+        /* With handler.started_realtime_ns: how long the kernel held the crashed process for us. */
+        json_u64(j, "ended_realtime_ns", c->released_ns);
         json_double(j, "throughput_bytes_per_second",
                     ns > 0 ? (double) (cap->written + cap->drained) * 1e9 / (double) ns : 0.0);
         json_bool(j, "complete", c->has_core && !cap->truncated);

@@ -75,7 +75,7 @@ def check_record(rec: dict) -> None:
     cap = rec["capture"]
     _typed(cap, "strategy", OptStr, "capture")
     _check(cap["strategy"] in STRATEGIES + (None,), f"strategy {cap['strategy']!r}")
-    for key in ("bytes", "drained_bytes", "ns"):
+    for key in ("bytes", "drained_bytes", "ns", "ended_realtime_ns"):
         _typed(cap, key, int, "capture")
         _check(cap[key] >= 0, f"capture.{key} < 0")
     _typed(cap, "throughput_bytes_per_second", (int, float), "capture")
@@ -100,6 +100,7 @@ def check_record(rec: dict) -> None:
     _check(handler.get("name") == "csplice", f"handler.name {handler.get('name')!r}")
     _typed(handler, "version", str, "handler")
     _typed(handler, "started_realtime_ns", int, "handler")
+    _check(cap["ended_realtime_ns"] >= handler["started_realtime_ns"], "the process released before csplice started")
     _typed(handler, "settings", dict, "handler")
     for key, types in SETTINGS.items():
         _typed(handler["settings"], key, types, "handler.settings")

@@ -229,3 +229,13 @@ def test_textfile_is_written_atomically_without_process_metrics(three_dumps, tmp
     assert path.stat().st_ino != first_inode
     assert value(samples(path.read_text()), "corehandler_ingest_backlog") == 1
     assert sorted(p.name for p in path.parent.iterdir()) == ["corehandler.prom"]
+
+
+def test_real_records_carry_the_release_time(maker):
+    """csplice stamps the moment it let the process go, so hold time includes its start-up and metadata reads."""
+    from corehandler import facts
+
+    record = maker.make(256 * 1024)
+    started, ended = record["handler"]["started_realtime_ns"], record["capture"]["ended_realtime_ns"]
+    assert facts.hold_seconds(record) == pytest.approx((ended - started) / 1e9)
+    assert ended - started >= record["capture"]["ns"]
