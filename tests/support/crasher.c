@@ -22,7 +22,8 @@
 #define PATTERN 0xc0ffee00c0ffee00ULL
 
 static void crash_here_segv(void) {
-        volatile int *p = NULL;
+        /* The pointer itself is volatile: with a known NULL the compiler may drop the store as undefined. */
+        volatile int *volatile p = NULL;
         *p = 1;
 }
 
