@@ -8,6 +8,7 @@
  *       measures the handler's CPU time), sink-splice / sink-read (a reference reader that throws the core
  *       away with splice() to /dev/null or read()). Crashes `/crasher KIND MIB [--untouched-half]`, times the
  *       hold (crash signal to reaped), takes the dumper's CPU time, checks the capture and deletes it.
+ *   guest verify CORE PID ADDR LEN HALF KIND   the capture check on its own (for the host's tests of it).
  *   guest probe          proves which kernel runs: see probe() below.
  *   guest kallsyms       reports vmsplice_to_pipe's type in /proc/kallsyms (when the kernel has kallsyms).
  *   guest hrun PID PROG ARGS...      (core_pattern) runs PROG, then stores its CPU time for `case`.
@@ -150,7 +151,10 @@ static bool check_region(Check *k, const uint8_t *base, const Elf64_Phdr *ph, ui
         return true;
 }
 
-static bool check_core(Check *k, const char *path, pid_t pid, uint64_t addr, uint64_t len, bool half) {
+/* kind: segv (one thread, SIGSEGV) or abort (five threads, SIGABRT first: the worker that called abort()). */
+static bool check_core(Check *k, const char *path, pid_t pid, uint64_t addr, uint64_t len, bool half,
+                       const char *kind) {
+        bool abort_kind = strcmp(kind, "abort") == 0;
         const Elf64_Ehdr *eh;
         const uint8_t *base;
         struct stat st;
@@ -194,6 +198,10 @@ static bool check_core(Check *k, const char *path, pid_t pid, uint64_t addr, uin
                 ok = fail(k, "%s: no segment at the region's address %#llx", "pattern", (unsigned long long) addr);
         else if (ok && !k->pid_seen)
                 ok = fail(k, "%s: no NT_PRSTATUS for pid %llu", "notes", (unsigned long long) pid);
+        else if (ok && k->threads != (abort_kind ? 5U : 1U))
+                ok = fail(k, "%s: %llu NT_PRSTATUS notes", "notes", k->threads);
+        else if (ok && k->first_signal != (abort_kind ? SIGABRT : SIGSEGV))
+                ok = fail(k, "%s: the first thread died of signal %llu", "notes", (unsigned long long) k->first_signal);
         (void) munmap((void *) base, k->size);
         return ok;
 }
@@ -373,7 +381,7 @@ static int cmd_case(char **a) {
         }
         (void) snprintf(core, sizeof core, SPOOL "/%s.core", rec.id);
         if (ok && csplice && verify)
-                ok = check_core(&k, core, c.pid, c.addr, c.len, half);
+                ok = check_core(&k, core, c.pid, c.addr, c.len, half, kind);
         if (ok && csplice && k.size == 0) {
                 struct stat st;
                 k.size = stat(core, &st) == 0 ? (uint64_t) st.st_size : 0;
@@ -381,10 +389,6 @@ static int cmd_case(char **a) {
         if (ok && csplice && k.size != rec.bytes)
                 ok = !snprintf(k.error, sizeof k.error, "core holds %llu bytes, record says %llu",
                                (unsigned long long) k.size, (unsigned long long) rec.bytes);
-        if (ok && verify && strcmp(kind, "abort") == 0 && (k.threads != 5 || k.first_signal != SIGABRT))
-                ok = !snprintf(k.error, sizeof k.error, "%u threads, signal %d in the notes", k.threads, k.first_signal);
-        if (ok && verify && strcmp(kind, "segv") == 0 && (k.threads != 1 || k.first_signal != SIGSEGV))
-                ok = !snprintf(k.error, sizeof k.error, "%u threads, signal %d in the notes", k.threads, k.first_signal);
         if (rec.id[0]) {
                 (void) unlink(core);
                 (void) snprintf(core, sizeof core, SPOOL "/%s.json", rec.id);
@@ -399,6 +403,16 @@ static int cmd_case(char **a) {
                (int) c.pid, c.signal, (unsigned long long) (csplice ? k.size : 0), sink_bytes, k.threads,
                (unsigned long long) c.hold_ns, (unsigned long long) c.dumper_cpu_ns, hcpu);
         (void) fflush(stdout);
+        return ok ? 0 : 1;
+}
+
+/* argv: CORE PID ADDR LEN HALF KIND. The check `case` runs, on its own, so the host can test the checker. */
+static int cmd_verify(char **argv) {
+        Check k = { .error = "" };
+        bool ok = check_core(&k, argv[0], (pid_t) atoi(argv[1]), strtoull(argv[2], NULL, 0),
+                             strtoull(argv[3], NULL, 0), strcmp(argv[4], "1") == 0, argv[5]);
+
+        printf("{\"ok\":%s,\"error\":\"%s\",\"threads\":%u}\n", ok ? "true" : "false", k.error, k.threads);
         return ok ? 0 : 1;
 }
 
@@ -592,6 +606,8 @@ int main(int argc, char *argv[]) {
                 return cmd_hrun(argv + 2);
         if (argc == 6 && strcmp(argv[1], "sink") == 0)
                 return cmd_sink(argv + 2);
+        if (argc == 8 && strcmp(argv[1], "verify") == 0)
+                return cmd_verify(argv + 2);
         if (argc == 3 && strcmp(argv[1], "probe-handler") == 0)
                 return cmd_probe_handler(argv + 2);
         if (argc == 2 && strcmp(argv[1], "probe") == 0)
