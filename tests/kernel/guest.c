@@ -6,7 +6,7 @@
  *   guest case NAME HANDLER KIND MIB HALF VERIFY STRATEGY CHUNK PIPE
  *       HANDLER: csplice (core_pattern |/csplice ...), csplice-timed (the same under `guest hrun`, which
  *       measures the handler's CPU time), sink-splice / sink-read (a reference reader that throws the core
- *       away with splice() to /dev/null or read()). Crashes `/crasher KIND MIB [--untouched-half]`, times the
+ *       away with splice() to /dev/null or read(); `+batch`/`+pin` variants, see cmd_sink). Crashes `/crasher KIND MIB [--untouched-half]`, times the
  *       hold (crash signal to reaped), takes the dumper's CPU time, checks the capture and deletes it.
  *   guest verify CORE PID ADDR LEN HALF KIND   the capture check on its own (for the host's tests of it).
  *   guest probe          proves which kernel runs: see probe() below.
@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -269,7 +270,7 @@ typedef struct Crash {
 } Crash;
 
 /* Runs the crasher with --wait, so the clock starts at the crash and not at the fill. */
-static int run_crasher(const char *kind, const char *mib, bool half, Crash *c) {
+static int run_crasher(const char *name, const char *kind, const char *mib, bool half, Crash *c) {
         int to[2], from[2], status;
         char line[128] = "";
         struct rusage ru;
@@ -297,6 +298,9 @@ static int run_crasher(const char *kind, const char *mib, bool half, Crash *c) {
             sscanf(line, "region %" SCNx64 " %" SCNu64, &c->addr, &c->len) != 2)
                 return -EPROTO;
         before = proc_cpu_ns(c->pid);
+        /* Tells a host-side profiler that the dump starts now. */
+        printf("BEGIN %s\n", name);
+        (void) fflush(stdout);
         t0 = now_ns();
         n = write(to[1], "\n", 1);
         if (n != 1)
@@ -327,7 +331,7 @@ static int set_handler(const char *handler, const char *strategy, const char *ch
                 (void) snprintf(buf, sizeof buf, "|/csplice %s", SPECIFIERS);
         else if (strcmp(handler, "csplice-timed") == 0)
                 (void) snprintf(buf, sizeof buf, "|/bin/guest hrun %%P /csplice %s", SPECIFIERS);
-        else if (strcmp(handler, "sink-splice") == 0 || strcmp(handler, "sink-read") == 0)
+        else if (strncmp(handler, "sink-", 5) == 0 && strspn(handler + 5, "abcdefghijklmnopqrstuvwxyz+") == strlen(handler + 5))
                 (void) snprintf(buf, sizeof buf, "|/bin/guest hrun %%P /bin/guest sink %s %s %s %%P", handler + 5, chunk,
                                 pipe_bytes);
         else
@@ -363,7 +367,7 @@ static int cmd_case(char **a) {
 
         r = set_handler(handler, a[6], a[7], a[8]);
         if (r >= 0)
-                r = run_crasher(kind, mib, half, &c);
+                r = run_crasher(name, kind, mib, half, &c);
         if (r < 0) {
                 printf("RESULT {\"case\":\"%s\",\"ok\":false,\"error\":\"setup: %s\"}\n", name, strerror(-r));
                 return 1;
@@ -446,22 +450,57 @@ static int cmd_hrun(char **argv) {
         return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
 }
 
-/* argv: splice|read CHUNK PIPE PID. Throws stdin away; the kernel-side cost of a dump with a trivial reader. */
+/* The CPU a task last ran on: field 39 of /proc/PID/stat. */
+static int task_cpu(const char *pid) {
+        char path[64], buf[1024], *p;
+        int cpu = -1;
+
+        (void) snprintf(path, sizeof path, "/proc/%s/stat", pid);
+        if (read_file(path, buf, sizeof buf) < 0 || !(p = strrchr(buf, ')')))
+                return -1;
+        p += 2;
+        for (int field = 3; field < 39 && p; field++)
+                if ((p = strchr(p, ' ')))
+                        p++;
+        if (p)
+                cpu = atoi(p);
+        return cpu;
+}
+
+/* argv: MODE CHUNK PIPE PID, MODE = splice|read [+batch] [+pin]. Throws stdin away: the kernel-side cost of a
+ * dump with a trivial reader, and the handler-side choices the -smp 2 investigation compares:
+ *   +batch  sleep 1 ms while the pipe is under half full, so the dumper fills it instead of waking us per page;
+ *   +pin    run ourselves and the dumper on the dumper's CPU, so its wakeups never cross CPUs. */
 static int cmd_sink(char **argv) {
         size_t chunk = strtoull(argv[1], NULL, 10), pipe_bytes = strtoull(argv[2], NULL, 10);
-        bool use_splice = strcmp(argv[0], "splice") == 0;
+        bool use_splice = strncmp(argv[0], "splice", 6) == 0, batch = strstr(argv[0], "+batch") != NULL;
         unsigned long long total = 0;
         char path[64], buf[32];
         char *mem = NULL;
-        int out;
+        int out, size;
 
         if (pipe_bytes > 0)
                 (void) fcntl(0, F_SETPIPE_SZ, (int) pipe_bytes);
+        size = fcntl(0, F_GETPIPE_SZ);
+        if (strstr(argv[0], "+pin")) {
+                int cpu = task_cpu(argv[3]);
+                cpu_set_t set;
+
+                CPU_ZERO(&set);
+                CPU_SET(cpu < 0 ? 0 : cpu, &set);
+                (void) sched_setaffinity(0, sizeof set, &set);
+                (void) sched_setaffinity((pid_t) atoi(argv[3]), sizeof set, &set);
+        }
         out = open("/dev/null", O_WRONLY | O_CLOEXEC);
         if (!use_splice && !(mem = malloc(chunk)))
                 return 1;
         for (;;) {
-                ssize_t n = use_splice ? splice(0, NULL, out, NULL, chunk, SPLICE_F_MOVE) : read(0, mem, chunk);
+                ssize_t n;
+                int avail;
+
+                if (batch && ioctl(0, FIONREAD, &avail) == 0 && avail < size / 2)
+                        (void) usleep(1000);
+                n = use_splice ? splice(0, NULL, out, NULL, chunk, SPLICE_F_MOVE) : read(0, mem, chunk);
                 if (n < 0 && errno == EINTR)
                         continue;
                 if (n <= 0)

@@ -16,7 +16,9 @@ import shutil
 import stat
 import struct
 import subprocess
+import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from support.crash import build_crasher
@@ -194,18 +196,33 @@ def parse_results(console: str) -> list[dict]:
     return results
 
 
-def boot(kernel: Path, initrd: Path, smp: int = 2, memory_mib: int = 4096, timeout: float = 540) -> Boot:
-    """Boots kernel + initrd under TCG (KVM does not boot guests on these machines) until the guest powers off."""
+def boot(kernel: Path, initrd: Path, smp: int = 2, memory_mib: int = 4096, timeout: float = 540,
+         extra_args: Sequence[str] = (), on_line: Callable[[str], None] | None = None) -> Boot:
+    """Boots kernel + initrd under TCG (KVM does not boot guests on these machines) until the guest powers off.
+
+    on_line sees each console line as it arrives (a profiler follows the guest's `BEGIN case` lines with it).
+    """
     if not shutil.which(QEMU):
         raise MatrixError(f"{QEMU} is missing: apt-get install qemu-system-x86")
     cmd = [QEMU, "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", str(smp), "-m", str(memory_mib),
-           "-nographic", "-no-reboot", "-kernel", str(kernel), "-initrd", str(initrd), "-append", APPEND]
+           "-nographic", "-no-reboot", "-kernel", str(kernel), "-initrd", str(initrd), "-append", APPEND,
+           *extra_args]
     started = time.monotonic()
-    try:
-        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              timeout=timeout)
-        output, timed_out = done.stdout, False
-    except subprocess.TimeoutExpired as e:
-        output, timed_out = e.output or b"", True
-    console = output.decode("utf-8", "replace").replace("\r", "")
+    lines: list[str] = []
+    with subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as qemu:
+        watchdog = threading.Timer(timeout, qemu.kill)
+        watchdog.start()
+        try:
+            for raw in qemu.stdout:
+                line = raw.decode("utf-8", "replace").rstrip("\r\n").replace("\r", "")
+                lines.append(line)
+                if on_line:
+                    on_line(line)
+            qemu.wait()
+        finally:
+            watchdog.cancel()
+            if qemu.poll() is None:
+                qemu.kill()
+    console = "\n".join(lines)
+    timed_out = time.monotonic() - started >= timeout
     return Boot(kernel, smp, parse_results(console), console, time.monotonic() - started, timed_out)
