@@ -23,6 +23,7 @@
 #include <inttypes.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -107,8 +108,14 @@ typedef struct Check {
         uint64_t size;
 } Check;
 
-static bool fail(Check *k, const char *fmt, const char *what, unsigned long long v) {
-        (void) snprintf(k->error, sizeof k->error, fmt, what, v);
+/* Records why a check failed; returns false so callers can `return fail(...)`. */
+__attribute__((format(printf, 2, 3)))
+static bool fail(Check *k, const char *fmt, ...) {
+        va_list ap;
+
+        va_start(ap, fmt);
+        (void) vsnprintf(k->error, sizeof k->error, fmt, ap);
+        va_end(ap);
         return false;
 }
 
@@ -142,12 +149,12 @@ static bool check_region(Check *k, const uint8_t *base, const Elf64_Phdr *ph, ui
         const uint64_t *w = (const uint64_t *) (base + ph->p_offset + skip);
 
         if (ph->p_filesz < skip + len)
-                return fail(k, "%s: the region's segment holds only %llu bytes", "pattern",
+                return fail(k, "pattern: the region's segment holds only %llu bytes",
                             (unsigned long long) ph->p_filesz);
         for (uint64_t i = 0; i < len / 8; i++) {
                 uint64_t want = i < filled ? (i * 8) ^ PATTERN : 0;
                 if (w[i] != want)
-                        return fail(k, "%s: wrong word at region offset %llu", "pattern", (unsigned long long) i * 8);
+                        return fail(k, "pattern: wrong word at region offset %llu", (unsigned long long) i * 8);
         }
         return true;
 }
@@ -164,28 +171,28 @@ static bool check_core(Check *k, const char *path, pid_t pid, uint64_t addr, uin
 
         fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0 || fstat(fd, &st) < 0)
-                return fail(k, "%s: cannot open the core (errno %llu)", "open", (unsigned long long) errno);
+                return fail(k, "open: cannot open the core: %s", strerror(errno));
         k->size = (uint64_t) st.st_size;
         if (k->size < sizeof *eh) {
                 (void) close(fd);
-                return fail(k, "%s: core of %llu bytes", "elf", (unsigned long long) k->size);
+                return fail(k, "elf: core of %llu bytes", (unsigned long long) k->size);
         }
         base = mmap(NULL, k->size, PROT_READ, MAP_PRIVATE, fd, 0);
         (void) close(fd);
         if (base == MAP_FAILED)
-                return fail(k, "%s: mmap failed (errno %llu)", "open", (unsigned long long) errno);
+                return fail(k, "open: mmap failed: %s", strerror(errno));
         eh = (const Elf64_Ehdr *) base;
         if (memcmp(eh->e_ident, ELFMAG, SELFMAG) != 0 || eh->e_ident[EI_CLASS] != ELFCLASS64)
-                ok = fail(k, "%s: not a 64-bit ELF file (%llu)", "elf", 0);
+                ok = fail(k, "elf: not a 64-bit ELF file");
         else if (eh->e_type != ET_CORE || eh->e_machine != EM_X86_64)
-                ok = fail(k, "%s: e_type %llu is not ET_CORE/x86_64", "elf", eh->e_type);
+                ok = fail(k, "elf: e_type %u is not ET_CORE/x86_64", (unsigned) eh->e_type);
         else if (eh->e_phoff + (uint64_t) eh->e_phnum * sizeof(Elf64_Phdr) > k->size)
-                ok = fail(k, "%s: program headers past the end (%llu)", "elf", eh->e_phnum);
+                ok = fail(k, "elf: program headers past the end (%u)", (unsigned) eh->e_phnum);
         for (unsigned i = 0; ok && i < eh->e_phnum; i++) {
                 const Elf64_Phdr *ph = (const Elf64_Phdr *) (base + eh->e_phoff) + i;
 
                 if (ph->p_offset + ph->p_filesz > k->size) {
-                        ok = fail(k, "%s: segment %llu runs past the end of the core", "truncated", i);
+                        ok = fail(k, "truncated: segment %u runs past the end of the core", i);
                         break;
                 }
                 if (ph->p_type == PT_NOTE)
@@ -196,13 +203,13 @@ static bool check_core(Check *k, const char *path, pid_t pid, uint64_t addr, uin
                 }
         }
         if (ok && !region)
-                ok = fail(k, "%s: no segment at the region's address %#llx", "pattern", (unsigned long long) addr);
+                ok = fail(k, "pattern: no segment at the region's address %#llx", (unsigned long long) addr);
         else if (ok && !k->pid_seen)
-                ok = fail(k, "%s: no NT_PRSTATUS for pid %llu", "notes", (unsigned long long) pid);
+                ok = fail(k, "notes: no NT_PRSTATUS for pid %d", (int) pid);
         else if (ok && k->threads != (abort_kind ? 5U : 1U))
-                ok = fail(k, "%s: %llu NT_PRSTATUS notes", "notes", k->threads);
+                ok = fail(k, "notes: %u NT_PRSTATUS notes", k->threads);
         else if (ok && k->first_signal != (abort_kind ? SIGABRT : SIGSEGV))
-                ok = fail(k, "%s: the first thread died of signal %llu", "notes", (unsigned long long) k->first_signal);
+                ok = fail(k, "notes: the first thread died of signal %d", k->first_signal);
         (void) munmap((void *) base, k->size);
         return ok;
 }
@@ -295,16 +302,22 @@ static int run_crasher(const char *name, const char *kind, const char *mib, bool
         (void) close(from[1]);
         f = fdopen(from[0], "r");
         if (!f || !fgets(line, sizeof line, f) ||
-            sscanf(line, "region %" SCNx64 " %" SCNu64, &c->addr, &c->len) != 2)
+            sscanf(line, "region %" SCNx64 " %" SCNu64, &c->addr, &c->len) != 2) {
+                (void) kill(c->pid, SIGKILL);
+                (void) waitpid(c->pid, NULL, 0);
                 return -EPROTO;
+        }
         before = proc_cpu_ns(c->pid);
         /* Tells a host-side profiler that the dump starts now. */
         printf("BEGIN %s\n", name);
         (void) fflush(stdout);
         t0 = now_ns();
         n = write(to[1], "\n", 1);
-        if (n != 1)
+        if (n != 1) {
+                (void) kill(c->pid, SIGKILL);
+                (void) waitpid(c->pid, NULL, 0);
                 return -EIO;
+        }
         if (wait4(c->pid, &status, 0, &ru) < 0)
                 return -errno;
         c->hold_ns = now_ns() - t0;
@@ -375,13 +388,15 @@ static int cmd_case(char **a) {
         hcpu = strcmp(handler, "csplice") == 0 ? -1 : handler_cpu_ns(c.pid, &sink_bytes);
         ok = c.dumped;
         if (!ok)
-                (void) snprintf(k.error, sizeof k.error, "crasher not dumped (signal %d)", c.signal);
+                (void) fail(&k, "crasher not dumped (signal %d)", c.signal);
+        if (ok && !csplice && sink_bytes < c.len)
+                ok = fail(&k, "the sink read %llu bytes, less than the region", sink_bytes);
         if (ok && csplice) {
                 ok = find_record(c.pid, &rec);
                 if (!ok)
-                        (void) snprintf(k.error, sizeof k.error, "no committed record for pid %d", (int) c.pid);
+                        (void) fail(&k, "no committed record for pid %d", (int) c.pid);
                 else if (!rec.complete)
-                        ok = !snprintf(k.error, sizeof k.error, "record says the capture is incomplete");
+                        ok = fail(&k, "record says the capture is incomplete");
         }
         (void) snprintf(core, sizeof core, SPOOL "/%s.core", rec.id);
         if (ok && csplice && verify)
@@ -391,7 +406,7 @@ static int cmd_case(char **a) {
                 k.size = stat(core, &st) == 0 ? (uint64_t) st.st_size : 0;
         }
         if (ok && csplice && k.size != rec.bytes)
-                ok = !snprintf(k.error, sizeof k.error, "core holds %llu bytes, record says %llu",
+                ok = fail(&k, "core holds %llu bytes, record says %llu",
                                (unsigned long long) k.size, (unsigned long long) rec.bytes);
         if (rec.id[0]) {
                 (void) unlink(core);
