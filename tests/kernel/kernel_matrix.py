@@ -80,16 +80,20 @@ def _require_static(binary: Path) -> Path:
     return binary
 
 
+def _run(cmd: list[str]) -> None:
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise MatrixError(f"{' '.join(cmd)} failed:\n{(done.stdout + done.stderr)[-2000:]}")
+
+
 def build_csplice_static(cache: Path) -> Path:
     """The project's csplice, configured with -DCSPLICE_STATIC=ON, once per source version."""
     sources = sorted(p for p in (REPO / "csplice").iterdir() if p.is_file()) + [REPO / "CMakeLists.txt"]
     build = cache / f"csplice-static-{_digest(*(p.name.encode() + p.read_bytes() for p in sources))}"
     binary = build / "csplice" / "csplice"
     if not binary.exists():
-        subprocess.run(["cmake", "-S", str(REPO), "-B", str(build), "-DCSPLICE_STATIC=ON",
-                        "-DCMAKE_BUILD_TYPE=Release"], check=True, capture_output=True)
-        subprocess.run(["cmake", "--build", str(build), "--target", "csplice", "-j2"], check=True,
-                       capture_output=True)
+        _run(["cmake", "-S", str(REPO), "-B", str(build), "-DCSPLICE_STATIC=ON", "-DCMAKE_BUILD_TYPE=Release"])
+        _run(["cmake", "--build", str(build), "--target", "csplice", "-j2"])
     return _require_static(binary)
 
 
@@ -98,8 +102,8 @@ def build_guest(cache: Path) -> Path:
     binary = cache / f"guest-{_digest(source.read_bytes())}"
     if not binary.exists():
         cache.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["gcc", "-static", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-o",
-                        f"{binary}.tmp", str(source)], check=True)
+        _run(["gcc", "-static", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-o", f"{binary}.tmp",
+              str(source)])
         os.replace(f"{binary}.tmp", binary)
     return _require_static(binary)
 
@@ -112,7 +116,7 @@ class Case:
     kind: str = "segv"  # segv: one thread; abort: five threads, abort() from a worker
     mib: int = 16
     untouched_half: bool = False
-    handler: str = "csplice"  # csplice | csplice-timed | sink-splice | sink-read
+    handler: str = "csplice"  # csplice | csplice-timed | sink-splice | sink-read (+batch, +pin: see guest.c)
     verify: bool = True
     strategy: str = "rw"
     chunk_bytes: int = 65536
