@@ -75,17 +75,21 @@ def test_a_region_inside_a_merged_segment_is_found(guest, tmp_path):
     assert verify(guest, tmp_path, core)["ok"]
 
 
-@pytest.mark.parametrize("bad, message", [
-    (lambda: make_core(region=bytes(good_region()[:-8]) + b"\1" * 8), "wrong word at region offset 65528"),
-    (lambda: make_core()[:-100], "runs past the end"),
-    (lambda: make_core(threads=((PID + 1, 11),)), "no NT_PRSTATUS for pid 4242"),
-    (lambda: make_core(threads=((PID, 6),)), "died of signal 6"),
-    (lambda: make_core(threads=((PID, 11), (PID + 1, 0))), "2 NT_PRSTATUS notes"),
-    (lambda: make_core(e_type=2), "is not ET_CORE"),
-    (lambda: make_core(vaddr=ADDR + 4096), "no segment at the region's address"),
-    (lambda: b"\x7fELF" + bytes(10), "core of 14 bytes"),
-    (lambda: b"not an elf file at all" + bytes(100), "not a 64-bit ELF file"),
-])
+BAD_CORES = {
+    "last-word-wrong": (lambda: make_core(region=bytes(good_region()[:-8]) + b"\1" * 8),
+                        "wrong word at region offset 65528"),
+    "truncated": (lambda: make_core()[:-100], "runs past the end"),
+    "other-pid": (lambda: make_core(threads=((PID + 1, 11),)), "no NT_PRSTATUS for pid 4242"),
+    "wrong-signal": (lambda: make_core(threads=((PID, 6),)), "died of signal 6"),
+    "extra-thread": (lambda: make_core(threads=((PID, 11), (PID + 1, 0))), "2 NT_PRSTATUS notes"),
+    "not-a-core": (lambda: make_core(e_type=2), "is not ET_CORE"),
+    "region-missing": (lambda: make_core(vaddr=ADDR + 4096), "no segment at the region's address"),
+    "header-only": (lambda: b"\x7fELF" + bytes(10), "core of 14 bytes"),
+    "not-elf": (lambda: b"not an elf file at all" + bytes(100), "not a 64-bit ELF file"),
+}
+
+
+@pytest.mark.parametrize("bad, message", BAD_CORES.values(), ids=BAD_CORES.keys())
 def test_a_bad_core_is_named(guest, tmp_path, bad, message):
     result = verify(guest, tmp_path, bad())
     assert not result["ok"] and message in result["error"]
