@@ -7,6 +7,7 @@ tests/kernel/build-kernels.sh. One boot per kernel, about 10-30 s each under TCG
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -33,7 +34,10 @@ def images() -> dict:
     try:
         return km.kernel_images(km.kernel_dir())
     except km.MatrixError as e:
-        pytest.fail(str(e))
+        # Images named on purpose must be there; without the variable, a machine that never built them skips.
+        if os.environ.get("COREHANDLER_KERNEL_DIR"):
+            pytest.fail(str(e))
+        pytest.skip(str(e))
 
 
 @pytest.fixture(scope="module")

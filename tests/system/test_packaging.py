@@ -94,7 +94,7 @@ def clean_host(host_core_settings):
 
 def test_lintian_finds_no_errors(deb):
     if shutil.which("lintian") is None:
-        pytest.fail("lintian is not installed (scripts/apt/packaging.txt lists it)")
+        pytest.fail("lintian is not installed (scripts/apt/test.txt lists it)")
     result = run("lintian", "--fail-on", "error", str(deb), check=False, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert not re.search(r"^E: ", result.stdout, re.M), result.stdout
