@@ -166,6 +166,16 @@ def file_state(store: Store, d: Dump, verify: bool) -> tuple[str, str | None]:
 
 # -- list ------------------------------------------------------------------------------------------------------
 
+def _cgroup(text: str | None) -> str | None:
+    """The process's cgroup as coredumpctl shows it: the unified hierarchy's path ("0::/path"), else the
+    first v1 hierarchy's; /proc/PID/cgroup lists one line per hierarchy."""
+    lines = [line.split(":", 2) for line in (text or "").splitlines() if line.count(":") >= 2]
+    for hierarchy, _, path in lines:
+        if hierarchy == "0":
+            return path
+    return lines[0][2] if lines else None
+
+
 def _time(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
 
@@ -205,7 +215,7 @@ def _info_lines(store: Store, d: Dump, state: str, problem: str | None) -> list[
         ("Timestamp", _time(d.crashed_at)),
         ("Command Line", " ".join(shlex.quote(a) for a in d.cmdline) if d.cmdline else None),
         ("Executable", d.exe),
-        ("Control Group", (proc.get("cgroup") or "").strip() or None),
+        ("Control Group", _cgroup(proc.get("cgroup"))),
         ("Hostname", d.hostname), ("Boot ID", d.boot_id),
         ("Status", d.status), ("Problem", d.problem),
         ("Capture", f"{capture.get('strategy')}, {human_size(capture.get('bytes') or 0)} in "

@@ -204,3 +204,15 @@ def test_corrupt_store_files_are_reported_not_crashed_on(capsys, filled, tmp_pat
     assert code == 0 and " corrupt " in out
     code, out, _ = run(capsys, filled, "--json", "list", "beta")
     assert json.loads(out)[0]["corefile"] == "corrupt"
+
+
+@pytest.mark.parametrize("text, shown", [
+    ("0::/system.slice/nginx.service\n", "/system.slice/nginx.service"),
+    ("4:memory:/docker/abc\n0::/init.scope\n", "/init.scope"),
+    ("12:name=systemd:/user.slice\n4:memory:/x\n", "/user.slice"),
+    ("", None), (None, None),
+])
+def test_info_shows_the_cgroup_path_as_coredumpctl_does(text, shown):
+    from corehandler.cli.dumps import _cgroup
+
+    assert _cgroup(text) == shown
