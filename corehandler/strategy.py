@@ -22,12 +22,15 @@ _PATCHED_SYMBOL = re.compile(rb"^[0-9a-f]+ T vmsplice_to_pipe$", re.MULTILINE)
 
 # Measured by bench/capture.py on Linux 6.18, 2 CPUs, ext4, with the config's 256K chunk and 1M pipe:
 # - stock kernel (bench/results/capture.md, live crashes of 256 MiB and 1 GiB, dense and half untouched):
-#   read/write held the process 0.68-0.78x as long as a plain read/write loop; the seed's 16-page splice loop
-#   0.84-1.02x, two-stage splice 0.87-1.15x, two-thread read/write 1.3-3.2x (erratic on two cores).
+#   read/write held the process 0.71-0.98x as long as a plain read/write loop on a quiet machine (0.68-0.78x
+#   in an earlier run under load); the seed's 16-page splice loop 1.3-2.0x (0.84-1.02x under load); two-stage
+#   splice 0.77-0.98x (0.87-1.15x under load), two-thread read/write 1.2-3.2x (erratic on two cores). Only
+#   read/write stayed at or below the loop in every workload of every run.
 # - COREDUMP_USE_PIPE kernel (the feeder's vmsplice path: the kernel no longer copies the pages): two-stage
-#   splice 0.48x the loop against read/write's 0.59x over 25 runs (bench/results/capture-feeder.md); the 15-run
-#   table in capture.md has them the other way round (0.92x, 0.80x), within this shared machine's noise. The
-#   seed's probes also had two-stage splice ahead there (by 13%), so it stays the choice for that kernel.
+#   splice 0.48-0.50x the loop against read/write's 0.59-0.60x (bench/results/capture-feeder.md, and the
+#   quiet run in capture.md); one run under load had them the other way round (0.92x, 0.80x). Under qemu,
+#   on the real patched 6.1 kernel, two-stage splice with 1 MiB pipes was the fastest csplice configuration
+#   in every run (bench/results/kernel.md). The seed's probes also had it ahead there, by 13%.
 STOCK_KERNEL_STRATEGY = "rw"
 PATCHED_KERNEL_STRATEGY = "splice2"
 
