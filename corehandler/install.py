@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from corehandler import paths as paths_mod
-from corehandler import sysctl
+from corehandler import spool, supervise, sysctl
 from corehandler.atomicfile import write_atomic
 from corehandler.config import Config, render_csplice_settings, write_csplice_settings
 from corehandler.errors import HandlerConflictError, NotRootError, SystemFailure, UnsafePathError
@@ -257,10 +257,6 @@ def _spool_summary(spool_dir: Path) -> dict:
             summary["bytes"] += entry.stat(follow_symlinks=False).st_blocks * 512
             if entry.name.endswith(".json") and not entry.name.startswith("."):
                 summary["pending"] += 1
-    try:
-        from corehandler import spool  # branch `daemon`'s module knows the lock protocol that defines orphans
-    except ImportError:
-        return summary
     summary["orphans"] = len(spool.find_orphans(spool_dir))
     return summary
 
@@ -279,10 +275,6 @@ def _store_summary(index_path: Path) -> dict | None:
 
 
 def _daemon_summary(paths: Paths) -> dict:
-    try:
-        from corehandler import supervise  # branch `packaging`'s supervisor knows its pid file and lock
-    except ImportError:
-        return {"state": "unknown"}
     found = supervise.status(paths)
     return {"state": "running" if found.running else "stopped", **found.as_dict()}
 
