@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from corehandler import compress, retention
+from corehandler import compress, facts, retention
 from corehandler.cli import emit, load
 from corehandler.errors import CorehandlerError, NoMatchError, UsageError
 from corehandler.store import Dump, Filter, Store
@@ -91,12 +91,9 @@ def parse_signal(text: str) -> int:
 
 
 def signal_name(number: int | None) -> str:
-    if number is None:
-        return "-"
-    try:
-        return signals.Signals(number).name[3:]
-    except ValueError:
-        return str(number)
+    """The name as coredumpctl lists it (SEGV for 11); "-" when the record has none."""
+    name = facts.signal_name(number)
+    return "-" if name is None else name.removeprefix("SIG")
 
 
 def build_filter(args: argparse.Namespace) -> Filter:
