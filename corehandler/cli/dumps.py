@@ -21,7 +21,7 @@ from pathlib import Path
 
 from corehandler import compress, facts, retention
 from corehandler.cli import emit, load
-from corehandler.errors import CorehandlerError, NoMatchError, UsageError
+from corehandler.errors import CorehandlerError, NoMatchError, SystemFailure, UsageError
 from corehandler.store import Dump, Filter, Store
 from corehandler.units import UnitError, human_size, parse_duration
 
@@ -277,14 +277,19 @@ def run_dump(args: argparse.Namespace) -> int:
         else:
             # A temp file renamed into place: a corrupt store file never leaves a complete-looking output.
             target = args.output.absolute()
-            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
             try:
-                with os.fdopen(fd, "wb") as out:
-                    _write_verified(d, path, out)
-                os.rename(tmp, target)
-            except BaseException:
-                os.unlink(tmp)
-                raise
+                fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+                try:
+                    with os.fdopen(fd, "wb") as out:
+                        _write_verified(d, path, out)
+                    os.rename(tmp, target)
+                except BaseException:
+                    os.unlink(tmp)
+                    raise
+            except OSError as e:
+                if e.filename == str(path):  # the store's file, not ours: vanished under a retention run
+                    raise
+                raise SystemFailure(f"cannot write {target}: {e.strerror}") from None
     print(f"wrote {d.id} ({human_size(d.raw_bytes)}) to {args.output or 'stdout'}", file=sys.stderr)
     return 0
 

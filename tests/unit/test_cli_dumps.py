@@ -184,6 +184,27 @@ def test_serve_refuses_an_invalid_config(capsys, filled):
     assert len(err.splitlines()) == 1 and "compression.level" in err and "corehandler.toml" in err
 
 
+def test_dump_to_an_unwritable_place_is_one_line(capsys, filled, tmp_path):
+    code, _, err = run(capsys, filled, "dump", "-o", str(tmp_path / "absent" / "core"))
+    assert code == EXIT_SYSTEM and err == f"corehandler: cannot write {tmp_path / 'absent' / 'core'}: " \
+        "No such file or directory\n"
+
+
+def test_an_index_damaged_past_its_header_is_one_line(capsys, filled, tmp_path):
+    state, etc, _ = filled
+    copy = tmp_path / "state"
+    copy.mkdir()
+    data = bytearray((state / "index.sqlite").read_bytes())
+    page = 4096
+    assert len(data) > page  # the header page survives; every page after it is garbage
+    data[page:] = b"\xff" * (len(data) - page)
+    (copy / "index.sqlite").write_bytes(bytes(data))
+    code = main(["--config-dir", str(etc), "--state-dir", str(copy), "list"])
+    _, err = capsys.readouterr()
+    assert code == EXIT_SYSTEM and err.startswith("corehandler: the index is damaged") and \
+        len(err.splitlines()) == 1
+
+
 def test_corrupt_store_files_are_reported_not_crashed_on(capsys, filled, tmp_path):
     """Runs last in this module: it damages the store. A flipped byte shows in info (full check); a
     truncated file shows in list (size and header check) too; dump refuses and leaves no output."""
