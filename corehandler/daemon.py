@@ -17,6 +17,7 @@ import logging
 import os
 import select
 import signal
+import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -337,7 +338,7 @@ class Daemon:
     def retain(self) -> list[retention.Deletion]:
         try:
             deleted = retention.vacuum(self.store, self.settings.policy)
-        except OSError as e:
+        except (OSError, sqlite3.Error) as e:  # the next ingest or timer tries again
             self.report_error("ingest", f"Retention failed: {e}")
             return []
         for d in deleted:
