@@ -208,7 +208,7 @@ class Daemon:
         except spool.SpoolRecordError as e:
             if not spool.record_path(spool_dir, dump_id).exists():
                 return False  # already gone (a concurrent sweep)
-            log.warning("%s", e)
+            self.report_error("corrupt", f"{e}; indexed as invalid", dump_id)
             core = spool.core_path(spool_dir, dump_id)
             record = {"schema": spool.RECORD_SCHEMA, "id": dump_id, "unreadable": True,
                       "core": core.name if core.exists() else None, "errors": [str(e)]}
@@ -231,7 +231,7 @@ class Daemon:
                 raise _Retry() from e
             except compress.VerifyError as e:
                 stored.path.unlink(missing_ok=True)
-                self.report_error("compress", f"Stored {dump_id} failed verification ({e}); retrying later", dump_id)
+                self.report_error("corrupt", f"Stored {dump_id} failed verification ({e}); retrying later", dump_id)
                 raise _Retry() from e
             except compress.CompressError as e:
                 self.report_error("compress", f"{e}; the raw dump stays in the spool", dump_id)
@@ -330,6 +330,7 @@ class Daemon:
             raw_bytes, digest = compress.measure(path)
         except compress.VerifyError as e:
             raw_bytes, digest, problem = 0, None, f"{problem}; {e}"
+            self.report_error("corrupt", f"Stray store file {path.name}: {e}", dump_id)
         record = {"schema": spool.RECORD_SCHEMA, "id": dump_id, "core": None, "orphan": True, "errors": [problem]}
         self.store.insert(row_from_record(record, status="orphan", problem=problem, path=path.name,
                                           raw_bytes=raw_bytes, stored_bytes=path.stat().st_size, sha256=digest))
