@@ -310,12 +310,14 @@ class Store:
                                       "WHERE deleted_at IS NULL").fetchone()
         return int(size), int(count)
 
-    def delete(self, dump: Dump, rule: str) -> int:
-        """Removes a dump's file and turns its row into a tombstone; returns the bytes freed.
+    def delete(self, dump: Dump, rule: str) -> int | None:
+        """Removes a dump's file and turns its row into a tombstone; returns the bytes freed, or None when
+        another process (the daemon, or `vacuum`) had already started deleting it.
 
         The row is marked first, with the rule and the file's size, so a kill at any point leaves either the
         dump untouched or a marked row that `finish_deletions` completes with the same figures, never a file
-        without a row nor a deletion counted twice."""
+        without a row nor a deletion counted twice. Only the process whose mark took counts the deletion: a
+        second mark would overwrite the size with what is left of a file being unlinked."""
         path = self.file_path(dump)
         freed = 0
         if path is not None:
@@ -324,8 +326,11 @@ class Store:
             except FileNotFoundError:
                 pass
         with self.db:
-            self.db.execute("UPDATE dumps SET deleting = 1, deleted_rule = ?, freed_bytes = ? "
-                            "WHERE id = ? AND deleted_at IS NULL", (rule, freed, dump.id))
+            marked = self.db.execute("UPDATE dumps SET deleting = 1, deleted_rule = ?, freed_bytes = ? "
+                                     "WHERE id = ? AND deleted_at IS NULL AND deleting = 0",
+                                     (rule, freed, dump.id)).rowcount
+        if not marked:
+            return None
         self._finish_delete(dump.id)
         return freed
 
