@@ -298,11 +298,8 @@ class Daemon:
                 break
             if self._try_ingest(dump_id):
                 count += 1
-                self._after_ingest()
+                self.retain()
         return count
-
-    def _after_ingest(self) -> None:
-        self.retain()
 
     # -- recovery and retention -------------------------------------------------------------------------------
 
@@ -397,7 +394,7 @@ class Daemon:
                     for _, name in events:
                         if name.endswith(".json") and not name.startswith(".") and spool.is_valid_id(name[:-5]):
                             if self._try_ingest(name[:-5]):
-                                self._after_ingest()
+                                self.retain()
                 now = time.monotonic()
                 if now >= next_sweep:
                     self.sweep()

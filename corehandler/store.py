@@ -248,9 +248,6 @@ class Store:
         row = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM dumps WHERE id = ?", (dump_id,)).fetchone()
         return Dump.from_row(row) if row else None
 
-    def has(self, dump_id: str) -> bool:
-        return self.db.execute("SELECT 1 FROM dumps WHERE id = ?", (dump_id,)).fetchone() is not None
-
     def query(self, f: Filter = Filter()) -> list[Dump]:
         """Matching dumps, oldest first. Within a kind (ids, pids, comms, exes) any value matches; kinds and
         the other filters must all match."""
@@ -356,10 +353,6 @@ class Store:
         """Completes deletions a kill interrupted; returns their tombstones."""
         pending = [d.id for d in self.all(include_deleting=True) if d.deleting]
         return [t for t in map(self._finish_delete, pending) if t is not None]
-
-    def set_problem(self, dump_id: str, status: str, problem: str | None) -> None:
-        with self.db:
-            self.db.execute("UPDATE dumps SET status = ?, problem = ? WHERE id = ?", (status, problem, dump_id))
 
     def unindexed_files(self) -> list[Path]:
         """Store files without an index row (temp files excluded)."""
