@@ -30,7 +30,7 @@ def register(commands) -> None:
     p = commands.add("list", run_list, help="list stored dumps (the default verb)")
     _match_options(p)
     p.add_argument("-1", dest="last", action="store_const", const=1, help="only the newest matching dump")
-    p.add_argument("-n", dest="last", type=int, metavar="N", help="only the newest N matching dumps")
+    p.add_argument("-n", dest="last", type=_count, metavar="N", help="only the newest N matching dumps")
 
     p = commands.add("info", run_info, help="everything known about matching dumps")
     _match_options(p)
@@ -50,6 +50,12 @@ def register(commands) -> None:
 
     p = commands.add("vacuum", run_vacuum, help="apply the retention policy now")
     p.add_argument("--dry-run", action="store_true", help="say what would be deleted, delete nothing")
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) > 2**63 - 1:  # SQLite's LIMIT is a 64-bit integer
+        raise argparse.ArgumentTypeError(f"not a count: {text!r}")
+    return int(text)
 
 
 def _match_options(p: argparse.ArgumentParser) -> None:
@@ -79,8 +85,14 @@ def parse_time(text: str, now: float | None = None) -> float:
         raise UsageError(f"cannot parse time {text!r}: use @EPOCH, YYYY-MM-DD[ HH:MM[:SS]] or -DURATION") from e
 
 
+# pid_t and the kernel's signal numbers are C ints; a larger number matches nothing and SQLite cannot take it.
+_MAX_C_INT = 2**31 - 1
+
+
 def parse_signal(text: str) -> int:
     if text.isdigit():
+        if int(text) > _MAX_C_INT:
+            raise UsageError(f"unknown signal {text!r}")
         return int(text)
     name = text.upper()
     name = name if name.startswith("SIG") else "SIG" + name
@@ -109,7 +121,7 @@ def build_filter(args: argparse.Namespace) -> Filter:
         else:
             kind, value = "comms", m
         if kind == "pids":
-            if not value.isdigit():
+            if not value.isdigit() or int(value) > _MAX_C_INT:
                 raise UsageError(f"not a PID: {value!r}")
             value = int(value)
         kinds[kind].append(value)

@@ -95,7 +95,8 @@ def test_list_by_id_prefix_and_json(capsys, filled):
     assert code == 0 and pids(out) == [3003]
 
 
-@pytest.mark.parametrize("argv", [["--since", "yesterdayish"], ["--signal", "SIGFOO"], ["pid=abc"]])
+@pytest.mark.parametrize("argv", [["--since", "yesterdayish"], ["--signal", "SIGFOO"], ["pid=abc"],
+                                  ["--signal", "9" * 20], ["9" * 20]])
 def test_usage_errors(capsys, filled, argv):
     code, _, err = run(capsys, filled, "list", *argv)
     assert code == EXIT_USAGE and len(err.splitlines()) == 1 and err.startswith("corehandler: ")
