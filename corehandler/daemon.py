@@ -112,6 +112,23 @@ def stored_event(dump, path: Path | None) -> dict:
             "problem": dump.problem}
 
 
+def replay_rows(store: Store, spool_dir: Path) -> list[dict]:
+    """The index history as MetricsObserver.seed rows, less what this daemon will announce again once it runs:
+    a dump whose spool record is still there (a kill after indexing: ingest redoes the cleanup and sends
+    on_ingested) and a deletion a kill interrupted (recover finishes it and sends on_deleted). Replaying those
+    too would count them twice."""
+    pending = set(spool.committed_ids(spool_dir))
+    rows = []
+    for dump in store.history():
+        if dump.id in pending:
+            continue
+        row = dict(dump.summary(), stored=stored_event(dump, store.file_path(dump)))
+        if dump.deleting:
+            row["deleted_rule"] = None
+        rows.append(row)
+    return rows
+
+
 class Daemon:
     def __init__(self, settings: Settings, observers: Sequence = (),
                  reload: Callable[[], Settings] | None = None, *, handle_signals: bool = False):
@@ -308,7 +325,7 @@ class Daemon:
         spool (in sweep), and store files that have neither an index row nor a record."""
         for d in self.store.finish_deletions():
             log.warning("Finished the interrupted deletion of %s (%s)", d.id, d.deleted_rule)
-            # The killed daemon never reported it: the counters see it now, as the next start's replay would.
+            # The killed daemon never reported it; replay_rows left it out of the seed, so it counts once, here.
             self._notify("on_deleted", d.id, d.exe, d.deleted_rule, d.freed_bytes or 0)
         for tmp in self.store.temp_files():
             log.warning("Removing %s, left by an interrupted compression", tmp.name)
