@@ -6,7 +6,8 @@ install, as root:
   2. refuses when another pipe handler is in core_pattern (systemd-coredump, apport, ...) unless forced;
   3. creates the state directories (state 0700, spool 0700, store 0700, owned by root);
   4. saves the current core_pattern and core_pipe_limit in <state>/previous-sysctl.json, unless they are
-     already ours (so installing twice keeps the values from before the first install);
+     already ours: this csplice's, or any csplice's with values saved here (so installing twice keeps the
+     values from before the first install);
   5. writes csplice.conf from the config, then the sysctl.d file, then core_pipe_limit and core_pattern live
      (the pattern last: by the time the kernel runs csplice, its settings are in place);
   6. calls start_daemon(paths) when given (the CLI passes the supervisor's start where systemd is absent).
@@ -176,7 +177,11 @@ def install(config: Config, paths: Paths, *, csplice: Path | None = None, force:
                                    f"`corehandler install --force` replaces it and uninstall puts it back")
 
     ensure_state_dirs(paths)
-    already_ours = is_ours(current)
+    # Values saved before an earlier install into this state dir are the ones uninstall must restore, even if
+    # that install used another csplice path. Another installation's csplice with nothing saved here (a second
+    # state dir, scripts/setup's /opt copy) is a handler like any other: saved, so uninstall puts it back.
+    already_ours = is_ours(current) and (handler_program(current) == str(program)
+                                         or _previous_path(paths).exists())
     if not already_ours:
         try:
             write_atomic(_previous_path(paths), json.dumps({**live, "saved_at": time.time()}, indent=1).encode(),
