@@ -168,6 +168,8 @@ def file_state(store: Store, d: Dump, verify: bool) -> tuple[str, str | None]:
                 raise compress.VerifyError(f"{path.name} is {size} bytes, {d.stored_bytes} were stored")
     except compress.VerifyError as e:
         return "corrupt", e.message
+    except FileNotFoundError:  # retention removed it after the stat
+        return "missing", f"{path} is missing"
     except OSError as e:
         return "corrupt", f"{path.name}: {e.strerror}"
     return "present", None
