@@ -7,8 +7,11 @@ import os
 from pathlib import Path
 
 
-def write_atomic(path: Path, data: bytes, mode: int) -> None:
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+def write_atomic(path: Path, data: bytes, mode: int, *, tmp: Path | None = None) -> None:
+    """tmp: the temp file's name, for a directory whose cleanup knows a naming of its own (the spool's)."""
+    tmp = tmp or path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    # Only a writer killed before its rename leaves one; every temp name has a single writer at a time.
+    tmp.unlink(missing_ok=True)
     # O_EXCL|O_NOFOLLOW: never write through a link someone planted under the temp name.
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:

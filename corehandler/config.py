@@ -94,9 +94,6 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, arbitrary_types_allowed=True)
 
 
-STRATEGIES = ("auto", "rw", "splice", "rw2", "splice2")
-
-
 class CaptureConfig(_Section):
     strategy: Literal["auto", "rw", "splice", "rw2", "splice2"] = Field(
         "auto", description="auto | rw | splice | rw2 | splice2; auto = what bench/ measured best for this kernel")

@@ -17,6 +17,7 @@ import logging
 import os
 import select
 import signal
+import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -109,6 +110,23 @@ def stored_event(dump, path: Path | None) -> dict:
             "compressed_bytes": dump.stored_bytes, "compress_seconds": dump.compress_seconds or 0.0,
             "ingest_seconds": dump.ingest_seconds or 0.0, "ingested_at": dump.ingested_at, "status": dump.status,
             "problem": dump.problem}
+
+
+def replay_rows(store: Store, spool_dir: Path) -> list[dict]:
+    """The index history as MetricsObserver.seed rows, less what this daemon will announce again once it runs:
+    a dump whose spool record is still there (a kill after indexing: ingest redoes the cleanup and sends
+    on_ingested) and a deletion a kill interrupted (recover finishes it and sends on_deleted). Replaying those
+    too would count them twice."""
+    pending = set(spool.committed_ids(spool_dir))
+    rows = []
+    for dump in store.history():
+        if dump.id in pending:
+            continue
+        row = dict(dump.summary(), stored=stored_event(dump, store.file_path(dump)))
+        if dump.deleting:
+            row["deleted_rule"] = None
+        rows.append(row)
+    return rows
 
 
 class Daemon:
@@ -207,7 +225,7 @@ class Daemon:
         except spool.SpoolRecordError as e:
             if not spool.record_path(spool_dir, dump_id).exists():
                 return False  # already gone (a concurrent sweep)
-            log.warning("%s", e)
+            self.report_error("corrupt", f"{e}; indexed as invalid", dump_id)
             core = spool.core_path(spool_dir, dump_id)
             record = {"schema": spool.RECORD_SCHEMA, "id": dump_id, "unreadable": True,
                       "core": core.name if core.exists() else None, "errors": [str(e)]}
@@ -230,7 +248,7 @@ class Daemon:
                 raise _Retry() from e
             except compress.VerifyError as e:
                 stored.path.unlink(missing_ok=True)
-                self.report_error("compress", f"Stored {dump_id} failed verification ({e}); retrying later", dump_id)
+                self.report_error("corrupt", f"Stored {dump_id} failed verification ({e}); retrying later", dump_id)
                 raise _Retry() from e
             except compress.CompressError as e:
                 self.report_error("compress", f"{e}; the raw dump stays in the spool", dump_id)
@@ -297,11 +315,8 @@ class Daemon:
                 break
             if self._try_ingest(dump_id):
                 count += 1
-                self._after_ingest()
+                self.retain()
         return count
-
-    def _after_ingest(self) -> None:
-        self.retain()
 
     # -- recovery and retention -------------------------------------------------------------------------------
 
@@ -310,7 +325,7 @@ class Daemon:
         spool (in sweep), and store files that have neither an index row nor a record."""
         for d in self.store.finish_deletions():
             log.warning("Finished the interrupted deletion of %s (%s)", d.id, d.deleted_rule)
-            # The killed daemon never reported it: the counters see it now, as the next start's replay would.
+            # The killed daemon never reported it; replay_rows left it out of the seed, so it counts once, here.
             self._notify("on_deleted", d.id, d.exe, d.deleted_rule, d.freed_bytes or 0)
         for tmp in self.store.temp_files():
             log.warning("Removing %s, left by an interrupted compression", tmp.name)
@@ -329,6 +344,7 @@ class Daemon:
             raw_bytes, digest = compress.measure(path)
         except compress.VerifyError as e:
             raw_bytes, digest, problem = 0, None, f"{problem}; {e}"
+            self.report_error("corrupt", f"Stray store file {path.name}: {e}", dump_id)
         record = {"schema": spool.RECORD_SCHEMA, "id": dump_id, "core": None, "orphan": True, "errors": [problem]}
         self.store.insert(row_from_record(record, status="orphan", problem=problem, path=path.name,
                                           raw_bytes=raw_bytes, stored_bytes=path.stat().st_size, sha256=digest))
@@ -337,7 +353,7 @@ class Daemon:
     def retain(self) -> list[retention.Deletion]:
         try:
             deleted = retention.vacuum(self.store, self.settings.policy)
-        except OSError as e:
+        except (OSError, sqlite3.Error) as e:  # the next ingest or timer tries again
             self.report_error("ingest", f"Retention failed: {e}")
             return []
         for d in deleted:
@@ -395,7 +411,7 @@ class Daemon:
                     for _, name in events:
                         if name.endswith(".json") and not name.startswith(".") and spool.is_valid_id(name[:-5]):
                             if self._try_ingest(name[:-5]):
-                                self._after_ingest()
+                                self.retain()
                 now = time.monotonic()
                 if now >= next_sweep:
                     self.sweep()

@@ -68,6 +68,7 @@ _LAYOUTS = {
 # pr_cursig is a short at offset 12 in both classes (after the embedded elf_siginfo's three ints).
 _PRSTATUS_CURSIG = 12
 _FNAME_LEN, _PSARGS_LEN = 16, 80
+_MAX_OFFSET = 2**63 - 1  # off_t
 
 
 def _text(raw: bytes) -> str:
@@ -75,6 +76,10 @@ def _text(raw: bytes) -> str:
 
 
 def _read_at(fd: int, offset: int, length: int) -> bytes:
+    # Header offsets are unsigned 64-bit; past 2^63 pread cannot even be asked (OverflowError), and no file
+    # reaches there, so such a read finds what a read past the end finds: nothing.
+    if offset + length > _MAX_OFFSET:
+        return b""
     chunks, done = [], 0
     while done < length:
         b = os.pread(fd, length - done, offset + done)

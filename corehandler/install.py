@@ -6,7 +6,8 @@ install, as root:
   2. refuses when another pipe handler is in core_pattern (systemd-coredump, apport, ...) unless forced;
   3. creates the state directories (state 0700, spool 0700, store 0700, owned by root);
   4. saves the current core_pattern and core_pipe_limit in <state>/previous-sysctl.json, unless they are
-     already ours (so installing twice keeps the values from before the first install);
+     already ours: this csplice's, or any csplice's with values saved here (so installing twice keeps the
+     values from before the first install);
   5. writes csplice.conf from the config, then the sysctl.d file, then core_pipe_limit and core_pattern live
      (the pattern last: by the time the kernel runs csplice, its settings are in place);
   6. calls start_daemon(paths) when given (the CLI passes the supervisor's start where systemd is absent).
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from corehandler import paths as paths_mod
-from corehandler import sysctl
+from corehandler import spool, supervise, sysctl
 from corehandler.atomicfile import write_atomic
 from corehandler.config import Config, render_csplice_settings, write_csplice_settings
 from corehandler.errors import HandlerConflictError, NotRootError, SystemFailure, UnsafePathError
@@ -176,7 +177,11 @@ def install(config: Config, paths: Paths, *, csplice: Path | None = None, force:
                                    f"`corehandler install --force` replaces it and uninstall puts it back")
 
     ensure_state_dirs(paths)
-    already_ours = is_ours(current)
+    # Values saved before an earlier install into this state dir are the ones uninstall must restore, even if
+    # that install used another csplice path. Another installation's csplice with nothing saved here (a second
+    # state dir, scripts/setup's /opt copy) is a handler like any other: saved, so uninstall puts it back.
+    already_ours = is_ours(current) and (handler_program(current) == str(program)
+                                         or _previous_path(paths).exists())
     if not already_ours:
         try:
             write_atomic(_previous_path(paths), json.dumps({**live, "saved_at": time.time()}, indent=1).encode(),
@@ -257,10 +262,6 @@ def _spool_summary(spool_dir: Path) -> dict:
             summary["bytes"] += entry.stat(follow_symlinks=False).st_blocks * 512
             if entry.name.endswith(".json") and not entry.name.startswith("."):
                 summary["pending"] += 1
-    try:
-        from corehandler import spool  # branch `daemon`'s module knows the lock protocol that defines orphans
-    except ImportError:
-        return summary
     summary["orphans"] = len(spool.find_orphans(spool_dir))
     return summary
 
@@ -279,10 +280,6 @@ def _store_summary(index_path: Path) -> dict | None:
 
 
 def _daemon_summary(paths: Paths) -> dict:
-    try:
-        from corehandler import supervise  # branch `packaging`'s supervisor knows its pid file and lock
-    except ImportError:
-        return {"state": "unknown"}
     found = supervise.status(paths)
     return {"state": "running" if found.running else "stopped", **found.as_dict()}
 

@@ -130,15 +130,17 @@ class Deletion:
     freed_bytes: int
 
 
-def apply(decisions: Iterable[Decision], delete: Callable[[str, str], int], *,
+def apply(decisions: Iterable[Decision], delete: Callable[[str, str], int | None], *,
           dry_run: bool = False) -> list[Deletion]:
-    """Deletes what the plan says through delete(id, rule) -> freed bytes, logging each deletion with its
-    reason."""
+    """Deletes what the plan says through delete(id, rule) -> freed bytes (None: another process deleted
+    it first, and counts it), logging each deletion with its reason."""
     done = []
     for d in decisions:
         if d.keep:
             continue
         freed = d.item.size if dry_run else delete(d.item.id, d.rule)
+        if freed is None:
+            continue
         if not dry_run:
             log.info("Retention deleted dump %s (%s, %d bytes): %s", d.item.id, d.item.exe, freed, d.rule)
         done.append(Deletion(d.item.id, d.item.exe, d.rule, freed))

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from corehandler.atomicfile import write_atomic
 from corehandler.errors import CorehandlerError
 
 log = logging.getLogger(__name__)
@@ -127,17 +128,6 @@ def find_orphans(spool_dir: Path, now: float | None = None, min_age: float = ORP
     return orphans
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".tmp.{path.name}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, path)
-
-
 def adopt_orphan(spool_dir: Path, orphan: Orphan) -> dict:
     """Turns an orphan into a committed record (so ingest treats it like any other), and returns it.
 
@@ -161,7 +151,9 @@ def adopt_orphan(spool_dir: Path, orphan: Orphan) -> dict:
                     "dropped": False, "dropped_reason": None},
         "errors": [message],
     }
-    _write_atomic(record_path(spool_dir, orphan.id), json.dumps(record).encode())
+    # The temp name is csplice's, so clean_stale_tmp removes what a kill here leaves.
+    write_atomic(record_path(spool_dir, orphan.id), json.dumps(record).encode(), 0o600,
+                 tmp=spool_dir / f".tmp.{orphan.id}.json")
     log.warning("Adopted orphaned dump %s: %s", orphan.id, orphan.reason)
     return record
 

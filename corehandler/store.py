@@ -248,9 +248,6 @@ class Store:
         row = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM dumps WHERE id = ?", (dump_id,)).fetchone()
         return Dump.from_row(row) if row else None
 
-    def has(self, dump_id: str) -> bool:
-        return self.db.execute("SELECT 1 FROM dumps WHERE id = ?", (dump_id,)).fetchone() is not None
-
     def query(self, f: Filter = Filter()) -> list[Dump]:
         """Matching dumps, oldest first. Within a kind (ids, pids, comms, exes) any value matches; kinds and
         the other filters must all match."""
@@ -310,12 +307,14 @@ class Store:
                                       "WHERE deleted_at IS NULL").fetchone()
         return int(size), int(count)
 
-    def delete(self, dump: Dump, rule: str) -> int:
-        """Removes a dump's file and turns its row into a tombstone; returns the bytes freed.
+    def delete(self, dump: Dump, rule: str) -> int | None:
+        """Removes a dump's file and turns its row into a tombstone; returns the bytes freed, or None when
+        another process (the daemon, or `vacuum`) had already started deleting it.
 
         The row is marked first, with the rule and the file's size, so a kill at any point leaves either the
         dump untouched or a marked row that `finish_deletions` completes with the same figures, never a file
-        without a row nor a deletion counted twice."""
+        without a row nor a deletion counted twice. Only the process whose mark took counts the deletion: a
+        second mark would overwrite the size with what is left of a file being unlinked."""
         path = self.file_path(dump)
         freed = 0
         if path is not None:
@@ -324,8 +323,11 @@ class Store:
             except FileNotFoundError:
                 pass
         with self.db:
-            self.db.execute("UPDATE dumps SET deleting = 1, deleted_rule = ?, freed_bytes = ? "
-                            "WHERE id = ? AND deleted_at IS NULL", (rule, freed, dump.id))
+            marked = self.db.execute("UPDATE dumps SET deleting = 1, deleted_rule = ?, freed_bytes = ? "
+                                     "WHERE id = ? AND deleted_at IS NULL AND deleting = 0",
+                                     (rule, freed, dump.id)).rowcount
+        if not marked:
+            return None
         self._finish_delete(dump.id)
         return freed
 
@@ -351,10 +353,6 @@ class Store:
         """Completes deletions a kill interrupted; returns their tombstones."""
         pending = [d.id for d in self.all(include_deleting=True) if d.deleting]
         return [t for t in map(self._finish_delete, pending) if t is not None]
-
-    def set_problem(self, dump_id: str, status: str, problem: str | None) -> None:
-        with self.db:
-            self.db.execute("UPDATE dumps SET status = ?, problem = ? WHERE id = ?", (status, problem, dump_id))
 
     def unindexed_files(self) -> list[Path]:
         """Store files without an index row (temp files excluded)."""

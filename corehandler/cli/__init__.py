@@ -22,13 +22,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Callable
 
 from corehandler import __version__
 from corehandler.config import Config, load_config
-from corehandler.errors import EXIT_USAGE, CorehandlerError
+from corehandler.errors import EXIT_SYSTEM, EXIT_USAGE, CorehandlerError
 from corehandler.paths import Paths
 
 COMMAND_MODULES = (
@@ -121,11 +122,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args) or 0
     except CorehandlerError as e:
-        print(f"corehandler: {e.message}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        return 130
+        return _fail(e.message, e.exit_code)
     except BrokenPipeError:
         # `corehandler list | head`: the reader left; say nothing more.
         sys.stderr.close()
         return 141
+    # The last resort for a failure no handler foresaw (a file that vanished under us, a full disk, an index
+    # damaged past its header): still one line, not a traceback.
+    except OSError as e:
+        return _fail(f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e), EXIT_SYSTEM)
+    except sqlite3.Error as e:
+        return _fail(f"the index is damaged or unreadable: {e}", EXIT_SYSTEM)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"corehandler: {message}", file=sys.stderr)
+    return code

@@ -19,9 +19,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from corehandler import compress, retention
+from corehandler import compress, facts, retention
 from corehandler.cli import emit, load
-from corehandler.errors import CorehandlerError, NoMatchError, UsageError
+from corehandler.errors import CorehandlerError, NoMatchError, SystemFailure, UsageError
 from corehandler.store import Dump, Filter, Store
 from corehandler.units import UnitError, human_size, parse_duration
 
@@ -30,7 +30,7 @@ def register(commands) -> None:
     p = commands.add("list", run_list, help="list stored dumps (the default verb)")
     _match_options(p)
     p.add_argument("-1", dest="last", action="store_const", const=1, help="only the newest matching dump")
-    p.add_argument("-n", dest="last", type=int, metavar="N", help="only the newest N matching dumps")
+    p.add_argument("-n", dest="last", type=_count, metavar="N", help="only the newest N matching dumps")
 
     p = commands.add("info", run_info, help="everything known about matching dumps")
     _match_options(p)
@@ -50,6 +50,12 @@ def register(commands) -> None:
 
     p = commands.add("vacuum", run_vacuum, help="apply the retention policy now")
     p.add_argument("--dry-run", action="store_true", help="say what would be deleted, delete nothing")
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) > 2**63 - 1:  # SQLite's LIMIT is a 64-bit integer
+        raise argparse.ArgumentTypeError(f"not a count: {text!r}")
+    return int(text)
 
 
 def _match_options(p: argparse.ArgumentParser) -> None:
@@ -79,8 +85,14 @@ def parse_time(text: str, now: float | None = None) -> float:
         raise UsageError(f"cannot parse time {text!r}: use @EPOCH, YYYY-MM-DD[ HH:MM[:SS]] or -DURATION") from e
 
 
+# pid_t and the kernel's signal numbers are C ints; a larger number matches nothing and SQLite cannot take it.
+_MAX_C_INT = 2**31 - 1
+
+
 def parse_signal(text: str) -> int:
     if text.isdigit():
+        if int(text) > _MAX_C_INT:
+            raise UsageError(f"unknown signal {text!r}")
         return int(text)
     name = text.upper()
     name = name if name.startswith("SIG") else "SIG" + name
@@ -91,12 +103,9 @@ def parse_signal(text: str) -> int:
 
 
 def signal_name(number: int | None) -> str:
-    if number is None:
-        return "-"
-    try:
-        return signals.Signals(number).name[3:]
-    except ValueError:
-        return str(number)
+    """The name as coredumpctl lists it (SEGV for 11); "-" when the record has none."""
+    name = facts.signal_name(number)
+    return "-" if name is None else name.removeprefix("SIG")
 
 
 def build_filter(args: argparse.Namespace) -> Filter:
@@ -112,7 +121,7 @@ def build_filter(args: argparse.Namespace) -> Filter:
         else:
             kind, value = "comms", m
         if kind == "pids":
-            if not value.isdigit():
+            if not value.isdigit() or int(value) > _MAX_C_INT:
                 raise UsageError(f"not a PID: {value!r}")
             value = int(value)
         kinds[kind].append(value)
@@ -159,6 +168,8 @@ def file_state(store: Store, d: Dump, verify: bool) -> tuple[str, str | None]:
                 raise compress.VerifyError(f"{path.name} is {size} bytes, {d.stored_bytes} were stored")
     except compress.VerifyError as e:
         return "corrupt", e.message
+    except FileNotFoundError:  # retention removed it after the stat
+        return "missing", f"{path} is missing"
     except OSError as e:
         return "corrupt", f"{path.name}: {e.strerror}"
     return "present", None
@@ -280,14 +291,19 @@ def run_dump(args: argparse.Namespace) -> int:
         else:
             # A temp file renamed into place: a corrupt store file never leaves a complete-looking output.
             target = args.output.absolute()
-            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
             try:
-                with os.fdopen(fd, "wb") as out:
-                    _write_verified(d, path, out)
-                os.rename(tmp, target)
-            except BaseException:
-                os.unlink(tmp)
-                raise
+                fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+                try:
+                    with os.fdopen(fd, "wb") as out:
+                        _write_verified(d, path, out)
+                    os.rename(tmp, target)
+                except BaseException:
+                    os.unlink(tmp)
+                    raise
+            except OSError as e:
+                if e.filename == str(path):  # the store's file, not ours: vanished under a retention run
+                    raise
+                raise SystemFailure(f"cannot write {target}: {e.strerror}") from None
     print(f"wrote {d.id} ({human_size(d.raw_bytes)}) to {args.output or 'stdout'}", file=sys.stderr)
     return 0
 

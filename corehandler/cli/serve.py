@@ -9,7 +9,7 @@ import sys
 
 from corehandler.cli import load
 from corehandler.config import write_csplice_settings
-from corehandler.daemon import Daemon, Settings, settings_from_config, stored_event
+from corehandler.daemon import Daemon, Settings, replay_rows, settings_from_config
 from corehandler.journal import JournalObserver
 from corehandler.metrics import MetricsObserver
 from corehandler.store import Store
@@ -37,8 +37,7 @@ def observers_for(config, paths, store_limit) -> tuple[list, list[str]]:
         # does not read as a reset.
         if paths.index_path.exists():
             with Store(paths.state_dir, readonly=True) as store:
-                metrics.seed(dict(d.summary(), stored=stored_event(d, store.file_path(d)))
-                             for d in store.history())
+                metrics.seed(replay_rows(store, paths.spool_dir))
         if config.metrics.enabled:
             try:
                 metrics.serve(config.metrics.listen, config.metrics.port)

@@ -95,7 +95,8 @@ def test_list_by_id_prefix_and_json(capsys, filled):
     assert code == 0 and pids(out) == [3003]
 
 
-@pytest.mark.parametrize("argv", [["--since", "yesterdayish"], ["--signal", "SIGFOO"], ["pid=abc"]])
+@pytest.mark.parametrize("argv", [["--since", "yesterdayish"], ["--signal", "SIGFOO"], ["pid=abc"],
+                                  ["--signal", "9" * 20], ["9" * 20]])
 def test_usage_errors(capsys, filled, argv):
     code, _, err = run(capsys, filled, "list", *argv)
     assert code == EXIT_USAGE and len(err.splitlines()) == 1 and err.startswith("corehandler: ")
@@ -182,6 +183,27 @@ def test_serve_refuses_an_invalid_config(capsys, filled):
         (etc / "corehandler.toml").unlink()
     assert code == EXIT_CONFIG
     assert len(err.splitlines()) == 1 and "compression.level" in err and "corehandler.toml" in err
+
+
+def test_dump_to_an_unwritable_place_is_one_line(capsys, filled, tmp_path):
+    code, _, err = run(capsys, filled, "dump", "-o", str(tmp_path / "absent" / "core"))
+    assert code == EXIT_SYSTEM and err == f"corehandler: cannot write {tmp_path / 'absent' / 'core'}: " \
+        "No such file or directory\n"
+
+
+def test_an_index_damaged_past_its_header_is_one_line(capsys, filled, tmp_path):
+    state, etc, _ = filled
+    copy = tmp_path / "state"
+    copy.mkdir()
+    data = bytearray((state / "index.sqlite").read_bytes())
+    page = 4096
+    assert len(data) > page  # the header page survives; every page after it is garbage
+    data[page:] = b"\xff" * (len(data) - page)
+    (copy / "index.sqlite").write_bytes(bytes(data))
+    code = main(["--config-dir", str(etc), "--state-dir", str(copy), "list"])
+    _, err = capsys.readouterr()
+    assert code == EXIT_SYSTEM and err.startswith("corehandler: the index is damaged") and \
+        len(err.splitlines()) == 1
 
 
 def test_corrupt_store_files_are_reported_not_crashed_on(capsys, filled, tmp_path):

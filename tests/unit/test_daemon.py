@@ -106,8 +106,11 @@ def test_bad_input_is_kept_and_flagged(tmp_path, state, feeder, csplice):
     orphan.write_bytes((spool_dir / garbage["core"]).read_bytes())
     os.utime(orphan, (time.time() - 60, time.time() - 60))
 
-    with Running(Settings(state, threads=1, sweep_interval=3600)):
+    rec = Recorder()
+    with Running(Settings(state, threads=1, sweep_interval=3600), [rec]):
         wait_for(lambda: spool_empty(state), what="spool drained")
+    # A damaged record is data corruption, the kind the errors counter and the alert rules name for it.
+    assert [(e[1], e[3]) for e in rec.of("error")] == [("corrupt", garbage["id"])]
     rows = indexed(state)
     assert (rows[not_elf["id"]].status, rows[not_elf["id"]].problem) == ("invalid", "not an ELF file")
     assert rows[not_elf["id"]].raw_bytes == 2400  # kept, though not a core

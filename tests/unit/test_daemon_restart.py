@@ -33,13 +33,19 @@ def total(samples: dict, name: str, **labels: str) -> float:
     return sum(v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= ls)
 
 
-def test_counters_continue_across_a_restart_after_deletions(tmp_path, feeder, csplice, capsys):
+def setup(tmp_path):
+    """A state dir with its spool, csplice settings for the feeder, and the config serve would run with: the
+    metrics observer writing a textfile (no HTTP port to share), no journald."""
     state = tmp_path / "state"
     (state / "spool").mkdir(parents=True, mode=0o700)
     settings = write_settings(tmp_path / "s.conf", state / "spool")
     config = Config.model_validate({"metrics": {"enabled": False, "textfile": str(tmp_path / "corehandler.prom")},
                                     "journal": {"enabled": False}})
-    paths = Paths(state_dir=state)
+    return state, settings, config, Paths(state_dir=state)
+
+
+def test_counters_continue_across_a_restart_after_deletions(tmp_path, feeder, csplice, capsys):
+    state, settings, config, paths = setup(tmp_path)
     daemon_settings = Settings(state, threads=1, sweep_interval=3600, policy=Policy(max_count=3))
 
     def run_until(done, metrics):
@@ -85,3 +91,29 @@ def test_counters_continue_across_a_restart_after_deletions(tmp_path, feeder, cs
     capsys.readouterr()
     assert main([*cli, "list", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)) == 3
+
+
+def test_what_a_kill_left_unannounced_is_counted_once_after_the_restart(tmp_path, feeder, csplice):
+    """A kill after indexing (the record still in the spool) and a kill after a deletion's mark: the restarted
+    daemon announces both, so the seed must leave them out, or the counters would go up by two."""
+    state, settings, config, paths = setup(tmp_path)
+    indexed, deleting = (feed(feeder, csplice, settings, size=65536, pid=720 + i) for i in range(2))
+    record_file = state / "spool" / f"{indexed['id']}.json"
+    record_text = record_file.read_text()
+    with Running(Settings(state, threads=1, sweep_interval=3600)):
+        wait_for(lambda: not [n for n in os.listdir(state / "spool") if n.endswith(".json")],
+                 what="the dumps ingested")
+    record_file.write_text(record_text)  # as a kill between the index row and the cleanup leaves it
+    with Store(state) as store:  # as a kill between delete()'s mark and its unlink leaves it
+        store.db.execute("UPDATE dumps SET deleting = 1, deleted_rule = 'max_count', freed_bytes = 4096 "
+                         "WHERE id = ?", (deleting["id"],))
+        store.db.commit()
+
+    (metrics,), _ = observers_for(config, paths, lambda: None)
+    with Running(Settings(state, threads=1, sweep_interval=3600), [metrics]):
+        wait_for(lambda: not record_file.exists(), what="the cleanup redone")
+    metrics.close()
+    after = counters(metrics)
+    assert total(after, "corehandler_dumps_total") == 2
+    assert total(after, "corehandler_retention_deletions_total", rule="max_count") == 1
+    assert total(after, "corehandler_retention_freed_bytes_total", rule="max_count") == 4096

@@ -123,3 +123,21 @@ def test_huge_sparse_core_is_read_by_headers_only(tmp_path, feeder):
     assert info.status == "truncated"
     assert info.problems == [f"truncated: {offset + (32 << 30)} of {offset + (64 << 30)} bytes "
                              f"({32 << 30} missing)"]
+
+
+def _core64_header(phoff: int, phnum: int, shoff: int = 0) -> bytes:
+    ident = b"\x7fELF\x02\x01\x01" + bytes(9)
+    return struct.pack("<16sHHIQQQIHHHHHH", ident, elfcore.ET_CORE, 62, 1, 0, phoff, shoff, 0, 64, 56, phnum,
+                       64, 0, 0)
+
+
+@pytest.mark.parametrize("data", [
+    _core64_header(2**64 - 64, 1) + bytes(200),                        # program headers past 2^63
+    _core64_header(64, elfcore.PN_XNUM, shoff=2**64 - 8) + bytes(200),  # segment count past 2^63
+    _core64_header(64, 1) + struct.pack("<IIQQQQQQ", elfcore.PT_NOTE, 0, 2**64 - 16, 0, 0, 100, 100, 4),
+], ids=["phoff", "shoff", "note-offset"])
+def test_offsets_past_what_a_file_can_hold_are_a_truncated_core_not_an_exception(tmp_path, data):
+    path = tmp_path / "core"
+    path.write_bytes(data)
+    info = elfcore.inspect_core(path)
+    assert info.status == elfcore.STATUS_TRUNCATED and info.problems

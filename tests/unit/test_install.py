@@ -286,3 +286,27 @@ def test_status_reports_an_unsafe_csplice(host):
     st = install.status(Config(), host.paths, csplice=host.csplice)
     assert "writable by group or others" in st["csplice"]["problem"]
     assert st["core_pattern_expected"] is None
+
+
+def test_install_over_another_installations_csplice_puts_it_back_on_uninstall(host):
+    """scripts/setup's /opt/corehandler is live and this install has its own state dir (the system tests'):
+    that csplice is the handler to restore, not the kernel's defaults."""
+    other = f"|/opt/corehandler/libexec/csplice {SPECS}"
+    host.set("core_pattern", other)
+    host.set("core_pipe_limit", "16")
+    done = install.install(Config(), host.paths, csplice=host.csplice)
+    assert done["previous_saved"] and done["replaced"] == other
+    install.uninstall(host.paths)
+    assert (host.get("core_pattern"), host.get("core_pipe_limit")) == (other, "16")
+
+
+def test_reinstall_from_another_path_keeps_the_values_from_before_the_first_install(host, tmp_path):
+    host.set("core_pattern", "/var/crash/core.%p")
+    install.install(Config(), host.paths, csplice=host.csplice)
+    moved = host.csplice.parent.parent / "moved" / "csplice"
+    moved.parent.mkdir()
+    shutil.copy(host.csplice, moved)
+    done = install.install(Config(), host.paths, csplice=moved)
+    assert not done["previous_saved"] and done["replaced"] is None
+    install.uninstall(host.paths)
+    assert host.get("core_pattern") == "/var/crash/core.%p"

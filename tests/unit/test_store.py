@@ -211,3 +211,21 @@ def test_a_schema_1_index_is_migrated_in_place(tmp_path, readonly):
         (tomb,) = s.finish_deletions()  # schema 1 marked no rule and measured nothing: done now
         assert (tomb.deleted_rule, tomb.freed_bytes) == (UNKNOWN_RULE, 4096)
         assert s.get(_record(1)["id"]).record == _record(1)
+
+
+def test_a_dump_another_process_is_deleting_is_left_to_it(store):
+    """The daemon's retention and `corehandler vacuum` may pick the same dump: the second deleter must not
+    overwrite the first one's rule and size (the tombstone's figures) nor count the deletion again."""
+    record = _record(1)
+    store.insert(_row(record))
+    path = store.store_dir / f"{record['id']}.zst"
+    path.write_bytes(b"x" * 8192)
+    with Store(store.state_dir) as other:
+        dump = other.get(record["id"])
+        store.db.execute("UPDATE dumps SET deleting = 1, deleted_rule = 'max_use', freed_bytes = 8192 "
+                         "WHERE id = ?", (record["id"],))
+        store.db.commit()
+        assert other.delete(dump, "max_count") is None
+    assert path.exists()
+    (tomb,) = store.finish_deletions()
+    assert (tomb.deleted_rule, tomb.freed_bytes) == ("max_use", 8192)
