@@ -295,6 +295,13 @@ static int capture_rw2(Capture *c) {
                                 done = true;
                                 break;
                         }
+                        /* The alarm may have gone off while we waited for a free slot (the disk being the
+                         * slower side), and then no read() of ours was there for it to interrupt. */
+                        if (capture_timed_out) {
+                                set_failure(c, "timeout", 0);
+                                done = true;
+                                break;
+                        }
                         n = read_some(c->in_fd, ring.slot[i] + fill, want);
                         if (n <= 0) {
                                 if (n < 0)
