@@ -101,11 +101,16 @@ static ssize_t read_some(int fd, void *buf, size_t len) {
         }
 }
 
+/* The first failure wins. rw2 and splice2 fail from both threads, hence the lock: reason and errno stay a pair. */
 static void set_failure(Capture *c, const char *why, int err) {
+        static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+        (void) pthread_mutex_lock(&lock);
         if (!c->truncated) {
                 c->truncated = why;
                 c->error = err;
         }
+        (void) pthread_mutex_unlock(&lock);
 }
 
 /* ---- read()/write(), one thread ---- */
