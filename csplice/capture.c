@@ -521,7 +521,9 @@ int capture_run(Capture *c) {
 
         if (!capture_timed_out)
                 c->drained += capture_drain(c->in_fd);
-        if (c->truncated && strcmp(c->truncated, "max_dump_bytes") == 0 && c->drained == 0)
-                c->truncated = NULL; /* the dump was exactly the limit */
+        /* Nothing left after the limit means the dump was exactly the limit; only a drain that ran to EOF
+         * can tell, not one the timeout skipped. */
+        if (c->truncated && strcmp(c->truncated, "max_dump_bytes") == 0 && c->drained == 0 && !capture_timed_out)
+                c->truncated = NULL;
         return 0;
 }
