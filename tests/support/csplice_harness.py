@@ -23,6 +23,7 @@ from support.record_schema import check_record
 MiB = 1 << 20
 GiB = 1 << 30
 HASH_BLOCK = 4 * MiB
+HZ = os.sysconf("SC_CLK_TCK")
 
 
 def core_args(pid: int, comm: bytes | str = "pytest", signal: int = 11, pidfd: int | None = None) -> list:
@@ -199,3 +200,28 @@ def rate_file(exe: bytes) -> str:
     for b in exe:
         h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
     return f"{h:016x}"
+
+
+def make_fake_proc(root: Path, pid: int, comm: bytes, cmdline: list[bytes], exe: bytes,
+                   started_ago: float = 900.0, pidfd: int | None = None) -> Path:
+    """A /proc with one process, as procinfo.c reads it: <pid>/{exe,comm,cmdline,status,cgroup,stat},
+    stat (btime), sys/kernel/random/boot_id and, for %F, self/fdinfo/<pidfd>."""
+    btime = int(time.time()) - 100_000
+    start_ticks = int((time.time() - started_ago - btime) * HZ)
+    d = root / str(pid)
+    d.mkdir(parents=True)
+    os.symlink(exe, os.fsencode(d / "exe"))
+    (d / "comm").write_bytes(comm + b"\n")
+    (d / "cmdline").write_bytes(b"".join(a + b"\0" for a in cmdline))
+    (d / "status").write_bytes(b"Name:\t" + comm + b"\nPid:\t%d\nUid:\t0\t0\t0\t0\n" % pid)
+    (d / "cgroup").write_bytes(b"0::/fake.slice/fake.service\n")
+    # Field 22 is the start time; comm may hold ") " so the parser counts from the last ')'.
+    fields = ["S"] + ["0"] * 18 + [str(start_ticks)] + ["0"] * 30
+    (d / "stat").write_bytes(b"%d (%s) " % (pid, comm) + " ".join(fields).encode() + b"\n")
+    (root / "stat").write_text(f"cpu  1 2 3 4\nbtime {btime}\nprocesses 5\n")
+    (root / "sys/kernel/random").mkdir(parents=True)
+    (root / "sys/kernel/random/boot_id").write_text("0123456789abcdef0123456789abcdef\n")
+    if pidfd is not None:
+        (root / "self/fdinfo").mkdir(parents=True)
+        (root / "self/fdinfo" / str(pidfd)).write_text(f"pos:\t0\nflags:\t02000002\nmnt_id:\t15\nPid:\t{pid}\n")
+    return root
