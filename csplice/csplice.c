@@ -114,12 +114,13 @@ static const char *admit(Crash *c, int spool_fd, int out_probe_fd) {
         return NULL;
 }
 
-/* Room for a record: its fixed part plus the /proc texts it quotes (escaping rarely grows them much). */
+/* Room for a record: its fixed part plus the /proc texts it quotes. A hostile process picks those bytes, and
+ * an invalid or control byte is written as a six-byte escape (\udcXX, \u00XX), so reserve for the worst. */
 static uint64_t record_reserve(const Crash *c) {
         const ProcInfo *p = &c->proc;
 
-        return 64 * 1024 + p->cmdline_len + p->environ_len + (p->status ? strlen(p->status) : 0) +
-               (p->cgroup ? strlen(p->cgroup) : 0) + (p->maps ? strlen(p->maps) : 0);
+        return 64 * 1024 + 6 * ((uint64_t) p->cmdline_len + p->environ_len + (p->status ? strlen(p->status) : 0) +
+                                (p->cgroup ? strlen(p->cgroup) : 0) + (p->maps ? strlen(p->maps) : 0));
 }
 
 static int commit_record(Crash *c, int spool_fd, SpoolRecord *rec) {
