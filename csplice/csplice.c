@@ -185,9 +185,8 @@ int main(int argc, char *argv[]) {
 
         /* Metadata before the dump: once the pipe is drained the kernel may reap the process. */
         read_boot_id(&c, proc_root);
-        r = procinfo_collect(&c.proc, proc_root, (pid_t) crash_arg_number(&c, ARG_PID),
-                             (int) crash_arg_number(&c, ARG_PIDFD), (time_t) crash_arg_number(&c, ARG_TIMESTAMP),
-                             &c.settings);
+        r = procinfo_collect(&c.proc, proc_root, crash_arg_int(&c, ARG_PID), crash_arg_int(&c, ARG_PIDFD),
+                             (time_t) crash_arg_number(&c, ARG_TIMESTAMP), &c.settings);
         if (r < 0)
                 (void) log_errno(LOG_WARNING, r, "Failed to read /proc/%s, recording the dump without it: %m",
                                  c.argv[ARG_PID] ?: "?");
