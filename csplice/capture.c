@@ -346,6 +346,7 @@ static int capture_rw2(Capture *c) {
 typedef struct Relay {
         Capture *c;
         int pipe_rd;
+        int sink; /* /dev/null, opened up front: after a failure the private pipe must still be emptied */
         volatile sig_atomic_t failed;
 } Relay;
 
@@ -360,7 +361,6 @@ static void *relay_writer(void *userdata) {
         Capture *c = relay->c;
         size_t chunk = splice2_chunk(c);
         uint64_t next_check = 0;
-        int sink = -1;
 
         for (;;) {
                 const char *stop;
@@ -373,31 +373,25 @@ static void *relay_writer(void *userdata) {
                                 relay->failed = 1;
                         }
                 }
-                if (relay->failed && sink < 0) {
-                        /* Keep emptying the private pipe, or the first hop would block forever. */
-                        sink = open("/dev/null", O_WRONLY | O_CLOEXEC);
-                        if (sink < 0)
-                                return NULL;
-                }
-                n = splice(relay->pipe_rd, NULL, sink >= 0 ? sink : c->out_fd, NULL, chunk, SPLICE_F_MOVE);
+                /* Once failed, keep emptying the private pipe, or the first hop would block forever. */
+                n = splice(relay->pipe_rd, NULL, relay->failed ? relay->sink : c->out_fd, NULL, chunk,
+                           SPLICE_F_MOVE);
                 if (n == 0)
                         break;
                 if (n < 0) {
                         if (errno == EINTR)
                                 continue;
+                        if (relay->failed)
+                                break;
                         set_failure(c, "write_error", -errno);
                         relay->failed = 1;
-                        if (sink >= 0)
-                                break;
                         continue;
                 }
-                if (sink < 0)
-                        c->written += (uint64_t) n;
-                else
+                if (relay->failed)
                         c->drained += (uint64_t) n;
+                else
+                        c->written += (uint64_t) n;
         }
-        if (sink >= 0)
-                (void) close(sink);
         return NULL;
 }
 
@@ -409,8 +403,14 @@ static int capture_splice2(Capture *c) {
         sigset_t alrm, old;
         int p[2], r;
 
-        if (pipe2(p, O_CLOEXEC) < 0)
+        relay.sink = open("/dev/null", O_WRONLY | O_CLOEXEC);
+        if (relay.sink < 0)
                 return -errno;
+        if (pipe2(p, O_CLOEXEC) < 0) {
+                r = -errno;
+                (void) close(relay.sink);
+                return r;
+        }
         (void) fcntl(p[1], F_SETPIPE_SZ, (int) MAX(c->settings->pipe_bytes, RING_SLOT_BYTES));
         relay.pipe_rd = p[0];
 
@@ -422,6 +422,7 @@ static int capture_splice2(Capture *c) {
         if (r < 0) {
                 (void) close(p[0]);
                 (void) close(p[1]);
+                (void) close(relay.sink);
                 return r;
         }
 
@@ -457,6 +458,7 @@ static int capture_splice2(Capture *c) {
         (void) close(p[1]);
         (void) pthread_join(writer, NULL);
         (void) close(p[0]);
+        (void) close(relay.sink);
         return r;
 }
 
