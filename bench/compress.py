@@ -36,10 +36,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from common import filesystem_of, host_core_settings, machine, markdown_table, median, paired_ratio  # noqa: E402
+from common import filesystem_of, machine, markdown_table, median, paired_ratio  # noqa: E402
 
 from corehandler import compress, paths  # noqa: E402
 from support.crash import build_crasher  # noqa: E402
+from support.host_core import host_core_settings  # noqa: E402
 
 MiB = 1 << 20
 ARGS = "%P %i %I %u %g %d %s %t %c %h %e"
