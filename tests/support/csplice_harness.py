@@ -26,10 +26,11 @@ HASH_BLOCK = 4 * MiB
 HZ = os.sysconf("SC_CLK_TCK")
 
 
-def core_args(pid: int, comm: bytes | str = "pytest", signal: int = 11, pidfd: int | None = None) -> list:
-    """The argv a kernel would pass for a crash of pid (uid/gid/hostname of this process)."""
+def core_args(pid: int, comm: bytes | str = "pytest", signal: int = 11, pidfd: int | None = None,
+              hostname: str | None = None) -> list:
+    """The argv a kernel would pass for a crash of pid (uid/gid of this process, hostname of this host)."""
     args = [str(pid), str(pid), str(pid), str(os.getuid()), str(os.getgid()), "1", str(signal),
-            str(int(time.time())), "18446744073709551615", socket.gethostname(), comm]
+            str(int(time.time())), "18446744073709551615", hostname or socket.gethostname(), comm]
     if pidfd is not None:
         args.append(str(pidfd))
     return [a.encode() if isinstance(a, str) else a for a in args]
@@ -115,6 +116,8 @@ class Handler:
     settings: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
     wrapper: list = field(default_factory=list)  # a command prefix, e.g. to run in another namespace
+    csplice: Path = field(default_factory=paths.csplice_path)
+    feeder: Path = field(default_factory=paths.feeder_path)
 
     def __post_init__(self):
         self.base.mkdir(parents=True, exist_ok=True)
@@ -159,7 +162,7 @@ class Handler:
              timeout: float = 300) -> Result:
         """The feeder pushes a synthetic core of `size` bytes into csplice's stdin, as the kernel would."""
         pid = os.getpid() if pid is None else pid
-        cmd = [*self.wrapper, str(paths.feeder_path()), "--size", str(size), "--mode", mode, "--pid", str(pid)]
+        cmd = [*self.wrapper, str(self.feeder), "--size", str(size), "--mode", mode, "--pid", str(pid)]
         if zero_regions:
             cmd.append("--zero-regions")
         if chunk:
@@ -167,7 +170,7 @@ class Handler:
         if pipe_size:
             cmd += ["--pipe-size", str(pipe_size)]
         args = args if args is not None else core_args(pid)
-        cmd += ["--", str(paths.csplice_path()), *args]
+        cmd += ["--", str(self.csplice), *args]
         before = set(self.records())
         t0 = time.monotonic()
         proc = subprocess.run(cmd, env=self.environment(), capture_output=True, timeout=timeout)
@@ -183,7 +186,7 @@ class Handler:
         before = set(self.records())
         t0 = time.monotonic()
         args = args if args is not None else core_args(os.getpid())
-        proc = subprocess.run([*self.wrapper, str(paths.csplice_path()), *args],
+        proc = subprocess.run([*self.wrapper, str(self.csplice), *args],
                               input=stdin, env=self.environment(), capture_output=True, timeout=timeout)
         seconds = time.monotonic() - t0
         return self._result(before, args, proc.returncode, proc.stderr.decode(errors="replace"), None, seconds)
