@@ -8,13 +8,15 @@ import subprocess
 import time
 from pathlib import Path
 
+from support.csplice_harness import render_settings
+
 
 def write_settings(path: Path, spool_dir: Path, **extra) -> Path:
     """A csplice settings file for tests: no storm limits unless asked, no free-space floor."""
     settings = {"spool_dir": str(spool_dir), "max_pending": 0, "max_per_exe_per_minute": 0,
                 "min_free_percent": 0, "min_free_bytes": 0}
     settings.update(extra)
-    path.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+    path.write_text(render_settings(settings))
     return path
 
 
