@@ -494,7 +494,7 @@ uint64_t capture_drain(int in_fd) {
         return total;
 }
 
-int capture_run(Capture *c) {
+void capture_run(Capture *c) {
         static int (*const table[_STRATEGY_MAX])(Capture *c) = {
                 [STRATEGY_RW] = capture_rw,
                 [STRATEGY_SPLICE] = capture_splice,
@@ -527,5 +527,4 @@ int capture_run(Capture *c) {
          * can tell, not one the timeout skipped. */
         if (c->truncated && strcmp(c->truncated, "max_dump_bytes") == 0 && c->drained == 0 && !capture_timed_out)
                 c->truncated = NULL;
-        return 0;
 }

@@ -86,7 +86,7 @@ static void make_id(Crash *c) {
 }
 
 /* Admission: the reason to keep only metadata, or NULL to capture. Checked before the first byte is read. */
-static const char *admit(Crash *c, int spool_fd, int out_probe_fd) {
+static const char *admit(Crash *c, int spool_fd) {
         const Settings *s = &c->settings;
         const char *key;
         int r;
@@ -106,7 +106,7 @@ static const char *admit(Crash *c, int spool_fd, int out_probe_fd) {
                 else if ((uint64_t) r > s->max_per_exe_per_minute)
                         return "max_per_exe_per_minute";
         }
-        r = capture_space_ok(out_probe_fd, s, 0);
+        r = capture_space_ok(spool_fd, s, 0);
         if (r < 0)
                 (void) log_errno(LOG_WARNING, r, "Failed to check free space, ignoring: %m");
         else if (r == 0)
@@ -204,7 +204,7 @@ int main(int argc, char *argv[]) {
         if (r < 0 && r != -EOPNOTSUPP)
                 (void) log_errno(LOG_WARNING, r, "Failed to create the record file, trying again after the dump: %m");
 
-        c.dropped = admit(&c, spool_fd, spool_fd);
+        c.dropped = admit(&c, spool_fd);
         if (!c.dropped) {
                 core_fd = spool_create_core(spool_fd, c.id);
                 if (core_fd < 0) {
@@ -218,7 +218,7 @@ int main(int argc, char *argv[]) {
                 char magic[4];
 
                 c.capture = (Capture) { .in_fd = in_fd, .out_fd = core_fd, .settings = &c.settings };
-                (void) capture_run(&c.capture);
+                capture_run(&c.capture);
                 c.elf_magic = pread(core_fd, magic, sizeof magic, 0) == sizeof magic &&
                               memcmp(magic, "\177ELF", 4) == 0;
                 c.has_core = true;
