@@ -187,6 +187,20 @@ static int capture_splice(Capture *c) {
         return 0;
 }
 
+/* Starts the second thread of rw2 and splice2. It must not take SIGALRM: the timeout has to interrupt the first
+ * thread's blocking read or splice on the core pipe. Returns 0 or -errno. */
+static int start_writer(pthread_t *ret, void *(*fn)(void *), void *userdata) {
+        sigset_t alrm, old;
+        int r;
+
+        (void) sigemptyset(&alrm);
+        (void) sigaddset(&alrm, SIGALRM);
+        (void) pthread_sigmask(SIG_BLOCK, &alrm, &old);
+        r = -pthread_create(ret, NULL, fn, userdata);
+        (void) pthread_sigmask(SIG_SETMASK, &old, NULL);
+        return r;
+}
+
 /* ---- read()/write() with a reader and a writer thread ---- */
 
 typedef struct Ring {
@@ -250,7 +264,6 @@ static int capture_rw2(Capture *c) {
         size_t chunk = (size_t) c->settings->chunk_bytes;
         uint64_t queued = 0;
         pthread_t writer;
-        sigset_t alrm, old;
         int r = 0;
 
         /* On the kernel's 64 KiB pipe the idle reader thread wakes for about every page the kernel writes, on
@@ -263,13 +276,8 @@ static int capture_rw2(Capture *c) {
                 if (!ring.slot[i])
                         r = -ENOMEM;
         }
-        /* The writer must not take SIGALRM: the reader's blocking read() is what the timeout has to break. */
-        (void) sigemptyset(&alrm);
-        (void) sigaddset(&alrm, SIGALRM);
-        (void) pthread_sigmask(SIG_BLOCK, &alrm, &old);
         if (r == 0)
-                r = -pthread_create(&writer, NULL, ring_writer, &ring);
-        (void) pthread_sigmask(SIG_SETMASK, &old, NULL);
+                r = start_writer(&writer, ring_writer, &ring);
         if (r < 0) {
                 for (unsigned i = 0; i < RING_SLOTS; i++)
                         free(ring.slot[i]);
@@ -400,7 +408,6 @@ static int capture_splice2(Capture *c) {
         size_t chunk = splice2_chunk(c);
         uint64_t queued = 0;
         pthread_t writer;
-        sigset_t alrm, old;
         int p[2], r;
 
         relay.sink = open("/dev/null", O_WRONLY | O_CLOEXEC);
@@ -414,11 +421,7 @@ static int capture_splice2(Capture *c) {
         (void) fcntl(p[1], F_SETPIPE_SZ, (int) MAX(c->settings->pipe_bytes, RING_SLOT_BYTES));
         relay.pipe_rd = p[0];
 
-        (void) sigemptyset(&alrm);
-        (void) sigaddset(&alrm, SIGALRM);
-        (void) pthread_sigmask(SIG_BLOCK, &alrm, &old);
-        r = -pthread_create(&writer, NULL, relay_writer, &relay);
-        (void) pthread_sigmask(SIG_SETMASK, &old, NULL);
+        r = start_writer(&writer, relay_writer, &relay);
         if (r < 0) {
                 (void) close(p[0]);
                 (void) close(p[1]);
