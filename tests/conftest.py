@@ -64,20 +64,20 @@ def _clean_environment(monkeypatch):
             monkeypatch.delenv(name)
 
 
+def _built(path: Path) -> Path:
+    if not path.exists():
+        pytest.fail(f"{path.name} is not built at {path}: run `pip install .` first")
+    return path
+
+
 @pytest.fixture
 def csplice() -> Path:
-    path = paths.csplice_path()
-    if not path.exists():
-        pytest.fail(f"csplice is not built at {path}: run `pip install .` first")
-    return path
+    return _built(paths.csplice_path())
 
 
 @pytest.fixture
 def feeder() -> Path:
-    path = paths.feeder_path()
-    if not path.exists():
-        pytest.fail(f"feeder is not built at {path}: run `pip install .` first")
-    return path
+    return _built(paths.feeder_path())
 
 
 @pytest.fixture
