@@ -33,7 +33,7 @@ def core_args(pid: int, comm: bytes | str = "pytest", signal: int = 11, pidfd: i
             str(int(time.time())), "18446744073709551615", hostname or socket.gethostname(), comm]
     if pidfd is not None:
         args.append(str(pidfd))
-    return [a.encode() if isinstance(a, str) else a for a in args]
+    return [os.fsencode(a) for a in args]
 
 
 def hash_stream(f) -> str:

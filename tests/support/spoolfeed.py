@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 
-from support.csplice_harness import render_settings
+from support.csplice_harness import core_args, render_settings
 
 
 def write_settings(path: Path, spool_dir: Path, **extra) -> Path:
@@ -33,8 +32,7 @@ def feed(feeder: Path, csplice: Path, settings: Path, *, size: int, pid: int = 4
     env = dict(os.environ, CSPLICE_SETTINGS=str(settings), CSPLICE_PROC_ROOT=str(proc_root),
                CSPLICE_LOG_STDERR="1")
     args = [str(feeder), "--size", str(size), "--pid", str(pid)] + (["--zero-regions"] if zero_regions else [])
-    args += ["--", str(csplice), str(pid), str(pid), str(pid), "0", "0", "1", str(signal),
-             str(int(time.time())), "unlimited", "testhost", comm]
+    args += ["--", str(csplice), *core_args(pid, comm=comm, signal=signal, hostname="testhost")]
     subprocess.run(args, env=env, check=True, capture_output=True, timeout=120)
     new = sorted(n for n in set(os.listdir(spool_dir)) - before if n.endswith(".json") and not n.startswith("."))
     try:
