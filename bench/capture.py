@@ -32,10 +32,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from common import filesystem_of, host_core_settings, machine, markdown_table, median, paired_ratio  # noqa: E402
+from common import filesystem_of, machine, markdown_table, median, paired_ratio  # noqa: E402
 
 from corehandler import paths  # noqa: E402
 from support.crash import build_crasher  # noqa: E402
+from support.host_core import host_core_settings  # noqa: E402
+from support.waiting import wait_for  # noqa: E402
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -112,11 +114,7 @@ class Tools:
     def check(self, method: str, size: int) -> None:
         """The handler really captured the dump (a benchmark of a failing handler measures nothing)."""
         if method in CSPLICE:
-            deadline = time.monotonic() + 30
-            while not (records := list(self.spool.glob("*.json"))) and time.monotonic() < deadline:
-                time.sleep(0.002)
-            if not records:
-                raise SystemExit(f"{method}: no record committed")
+            records = wait_for(lambda: list(self.spool.glob("*.json")), 30, f"{method}'s record", interval=0.002)
             cap = json.loads(records[0].read_text())["capture"]
             if not cap["complete"] or cap["bytes"] < size:
                 raise SystemExit(f"{method}: capture incomplete: {cap}")

@@ -36,10 +36,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from common import filesystem_of, host_core_settings, machine, markdown_table, median, paired_ratio  # noqa: E402
+from common import filesystem_of, machine, markdown_table, median, paired_ratio  # noqa: E402
 
 from corehandler import compress, paths  # noqa: E402
 from support.crash import build_crasher  # noqa: E402
+from support.host_core import host_core_settings  # noqa: E402
+from support.waiting import wait_for  # noqa: E402
 
 MiB = 1 << 20
 ARGS = "%P %i %I %u %g %d %s %t %c %h %e"
@@ -80,13 +82,12 @@ def timed_crash(argv: list[str]) -> tuple[float, float]:
 
 
 def wait_records(spool: Path, n: int, timeout: float = 120) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def committed():
         names = sorted(x for x in os.listdir(spool) if x.endswith(".json") and not x.startswith("."))
-        if len(names) >= n:
-            return [json.loads((spool / x).read_text()) for x in names]
-        time.sleep(0.01)
-    raise RuntimeError(f"no {n} records in {spool}")
+        return names if len(names) >= n else None
+
+    names = wait_for(committed, timeout, f"{n} records in {spool}", interval=0.01)
+    return [json.loads((spool / x).read_text()) for x in names]
 
 
 # -- 1. compression of real cores ----------------------------------------------------------------------------

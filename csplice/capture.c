@@ -101,11 +101,16 @@ static ssize_t read_some(int fd, void *buf, size_t len) {
         }
 }
 
+/* The first failure wins. rw2 and splice2 fail from both threads, hence the lock: reason and errno stay a pair. */
 static void set_failure(Capture *c, const char *why, int err) {
+        static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+        (void) pthread_mutex_lock(&lock);
         if (!c->truncated) {
                 c->truncated = why;
                 c->error = err;
         }
+        (void) pthread_mutex_unlock(&lock);
 }
 
 /* ---- read()/write(), one thread ---- */
@@ -182,6 +187,20 @@ static int capture_splice(Capture *c) {
         return 0;
 }
 
+/* Starts the second thread of rw2 and splice2. It must not take SIGALRM: the timeout has to interrupt the first
+ * thread's blocking read or splice on the core pipe. Returns 0 or -errno. */
+static int start_writer(pthread_t *ret, void *(*fn)(void *), void *userdata) {
+        sigset_t alrm, old;
+        int r;
+
+        (void) sigemptyset(&alrm);
+        (void) sigaddset(&alrm, SIGALRM);
+        (void) pthread_sigmask(SIG_BLOCK, &alrm, &old);
+        r = -pthread_create(ret, NULL, fn, userdata);
+        (void) pthread_sigmask(SIG_SETMASK, &old, NULL);
+        return r;
+}
+
 /* ---- read()/write() with a reader and a writer thread ---- */
 
 typedef struct Ring {
@@ -245,7 +264,6 @@ static int capture_rw2(Capture *c) {
         size_t chunk = (size_t) c->settings->chunk_bytes;
         uint64_t queued = 0;
         pthread_t writer;
-        sigset_t alrm, old;
         int r = 0;
 
         /* On the kernel's 64 KiB pipe the idle reader thread wakes for about every page the kernel writes, on
@@ -258,13 +276,8 @@ static int capture_rw2(Capture *c) {
                 if (!ring.slot[i])
                         r = -ENOMEM;
         }
-        /* The writer must not take SIGALRM: the reader's blocking read() is what the timeout has to break. */
-        (void) sigemptyset(&alrm);
-        (void) sigaddset(&alrm, SIGALRM);
-        (void) pthread_sigmask(SIG_BLOCK, &alrm, &old);
         if (r == 0)
-                r = -pthread_create(&writer, NULL, ring_writer, &ring);
-        (void) pthread_sigmask(SIG_SETMASK, &old, NULL);
+                r = start_writer(&writer, ring_writer, &ring);
         if (r < 0) {
                 for (unsigned i = 0; i < RING_SLOTS; i++)
                         free(ring.slot[i]);
@@ -292,6 +305,13 @@ static int capture_rw2(Capture *c) {
 
                         if (want == 0) {
                                 set_failure(c, "max_dump_bytes", 0);
+                                done = true;
+                                break;
+                        }
+                        /* The alarm may have gone off while we waited for a free slot (the disk being the
+                         * slower side), and then no read() of ours was there for it to interrupt. */
+                        if (capture_timed_out) {
+                                set_failure(c, "timeout", 0);
                                 done = true;
                                 break;
                         }
@@ -334,6 +354,7 @@ static int capture_rw2(Capture *c) {
 typedef struct Relay {
         Capture *c;
         int pipe_rd;
+        int sink; /* /dev/null, opened up front: after a failure the private pipe must still be emptied */
         volatile sig_atomic_t failed;
 } Relay;
 
@@ -348,7 +369,6 @@ static void *relay_writer(void *userdata) {
         Capture *c = relay->c;
         size_t chunk = splice2_chunk(c);
         uint64_t next_check = 0;
-        int sink = -1;
 
         for (;;) {
                 const char *stop;
@@ -361,31 +381,25 @@ static void *relay_writer(void *userdata) {
                                 relay->failed = 1;
                         }
                 }
-                if (relay->failed && sink < 0) {
-                        /* Keep emptying the private pipe, or the first hop would block forever. */
-                        sink = open("/dev/null", O_WRONLY | O_CLOEXEC);
-                        if (sink < 0)
-                                return NULL;
-                }
-                n = splice(relay->pipe_rd, NULL, sink >= 0 ? sink : c->out_fd, NULL, chunk, SPLICE_F_MOVE);
+                /* Once failed, keep emptying the private pipe, or the first hop would block forever. */
+                n = splice(relay->pipe_rd, NULL, relay->failed ? relay->sink : c->out_fd, NULL, chunk,
+                           SPLICE_F_MOVE);
                 if (n == 0)
                         break;
                 if (n < 0) {
                         if (errno == EINTR)
                                 continue;
+                        if (relay->failed)
+                                break;
                         set_failure(c, "write_error", -errno);
                         relay->failed = 1;
-                        if (sink >= 0)
-                                break;
                         continue;
                 }
-                if (sink < 0)
-                        c->written += (uint64_t) n;
-                else
+                if (relay->failed)
                         c->drained += (uint64_t) n;
+                else
+                        c->written += (uint64_t) n;
         }
-        if (sink >= 0)
-                (void) close(sink);
         return NULL;
 }
 
@@ -394,22 +408,24 @@ static int capture_splice2(Capture *c) {
         size_t chunk = splice2_chunk(c);
         uint64_t queued = 0;
         pthread_t writer;
-        sigset_t alrm, old;
         int p[2], r;
 
-        if (pipe2(p, O_CLOEXEC) < 0)
+        relay.sink = open("/dev/null", O_WRONLY | O_CLOEXEC);
+        if (relay.sink < 0)
                 return -errno;
+        if (pipe2(p, O_CLOEXEC) < 0) {
+                r = -errno;
+                (void) close(relay.sink);
+                return r;
+        }
         (void) fcntl(p[1], F_SETPIPE_SZ, (int) MAX(c->settings->pipe_bytes, RING_SLOT_BYTES));
         relay.pipe_rd = p[0];
 
-        (void) sigemptyset(&alrm);
-        (void) sigaddset(&alrm, SIGALRM);
-        (void) pthread_sigmask(SIG_BLOCK, &alrm, &old);
-        r = -pthread_create(&writer, NULL, relay_writer, &relay);
-        (void) pthread_sigmask(SIG_SETMASK, &old, NULL);
+        r = start_writer(&writer, relay_writer, &relay);
         if (r < 0) {
                 (void) close(p[0]);
                 (void) close(p[1]);
+                (void) close(relay.sink);
                 return r;
         }
 
@@ -445,6 +461,7 @@ static int capture_splice2(Capture *c) {
         (void) close(p[1]);
         (void) pthread_join(writer, NULL);
         (void) close(p[0]);
+        (void) close(relay.sink);
         return r;
 }
 
@@ -480,7 +497,7 @@ uint64_t capture_drain(int in_fd) {
         return total;
 }
 
-int capture_run(Capture *c) {
+void capture_run(Capture *c) {
         static int (*const table[_STRATEGY_MAX])(Capture *c) = {
                 [STRATEGY_RW] = capture_rw,
                 [STRATEGY_SPLICE] = capture_splice,
@@ -509,7 +526,8 @@ int capture_run(Capture *c) {
 
         if (!capture_timed_out)
                 c->drained += capture_drain(c->in_fd);
-        if (c->truncated && strcmp(c->truncated, "max_dump_bytes") == 0 && c->drained == 0)
-                c->truncated = NULL; /* the dump was exactly the limit */
-        return 0;
+        /* Nothing left after the limit means the dump was exactly the limit; only a drain that ran to EOF
+         * can tell, not one the timeout skipped. */
+        if (c->truncated && strcmp(c->truncated, "max_dump_bytes") == 0 && c->drained == 0 && !capture_timed_out)
+                c->truncated = NULL;
 }

@@ -23,8 +23,8 @@ extern volatile sig_atomic_t capture_timed_out;
 
 /* Copies in_fd to out_fd with the configured strategy (falling back to read/write where its system calls
  * are refused), stops at the size limit and the free-space floor, then drains whatever is left so the
- * kernel releases the process. Always returns 0: every failure is recorded in c. */
-int capture_run(Capture *c);
+ * kernel releases the process. Nothing to return: every failure is recorded in c, for the record. */
+void capture_run(Capture *c);
 
 /* Reads in_fd to EOF and discards it, the fastest way available; returns the bytes discarded. */
 uint64_t capture_drain(int in_fd);

@@ -46,8 +46,10 @@ typedef struct Crash {
         bool elf_magic;
 } Crash;
 
-/* Parses a numeric argument; -1 when absent or not a number. */
+/* Parses a numeric argument; -1 when absent, not a number or out of range. */
 long long crash_arg_number(const Crash *c, Arg a);
+/* The same for arguments that are an int (PID, fd): -1 past INT_MAX rather than another, wrapped, number. */
+int crash_arg_int(const Crash *c, Arg a);
 
 /* Writes the spool record as JSON to f. */
 void record_write(const Crash *c, FILE *f);

@@ -86,7 +86,7 @@ static void make_id(Crash *c) {
 }
 
 /* Admission: the reason to keep only metadata, or NULL to capture. Checked before the first byte is read. */
-static const char *admit(Crash *c, int spool_fd, int out_probe_fd) {
+static const char *admit(Crash *c, int spool_fd) {
         const Settings *s = &c->settings;
         const char *key;
         int r;
@@ -106,7 +106,7 @@ static const char *admit(Crash *c, int spool_fd, int out_probe_fd) {
                 else if ((uint64_t) r > s->max_per_exe_per_minute)
                         return "max_per_exe_per_minute";
         }
-        r = capture_space_ok(out_probe_fd, s, 0);
+        r = capture_space_ok(spool_fd, s, 0);
         if (r < 0)
                 (void) log_errno(LOG_WARNING, r, "Failed to check free space, ignoring: %m");
         else if (r == 0)
@@ -114,12 +114,13 @@ static const char *admit(Crash *c, int spool_fd, int out_probe_fd) {
         return NULL;
 }
 
-/* Room for a record: its fixed part plus the /proc texts it quotes (escaping rarely grows them much). */
+/* Room for a record: its fixed part plus the /proc texts it quotes. A hostile process picks those bytes, and
+ * an invalid or control byte is written as a six-byte escape (\udcXX, \u00XX), so reserve for the worst. */
 static uint64_t record_reserve(const Crash *c) {
         const ProcInfo *p = &c->proc;
 
-        return 64 * 1024 + p->cmdline_len + p->environ_len + (p->status ? strlen(p->status) : 0) +
-               (p->cgroup ? strlen(p->cgroup) : 0) + (p->maps ? strlen(p->maps) : 0);
+        return 64 * 1024 + 6 * ((uint64_t) p->cmdline_len + p->environ_len + (p->status ? strlen(p->status) : 0) +
+                                (p->cgroup ? strlen(p->cgroup) : 0) + (p->maps ? strlen(p->maps) : 0));
 }
 
 static int commit_record(Crash *c, int spool_fd, SpoolRecord *rec) {
@@ -184,9 +185,8 @@ int main(int argc, char *argv[]) {
 
         /* Metadata before the dump: once the pipe is drained the kernel may reap the process. */
         read_boot_id(&c, proc_root);
-        r = procinfo_collect(&c.proc, proc_root, (pid_t) crash_arg_number(&c, ARG_PID),
-                             (int) crash_arg_number(&c, ARG_PIDFD), (time_t) crash_arg_number(&c, ARG_TIMESTAMP),
-                             &c.settings);
+        r = procinfo_collect(&c.proc, proc_root, crash_arg_int(&c, ARG_PID), crash_arg_int(&c, ARG_PIDFD),
+                             (time_t) crash_arg_number(&c, ARG_TIMESTAMP), &c.settings);
         if (r < 0)
                 (void) log_errno(LOG_WARNING, r, "Failed to read /proc/%s, recording the dump without it: %m",
                                  c.argv[ARG_PID] ?: "?");
@@ -204,7 +204,7 @@ int main(int argc, char *argv[]) {
         if (r < 0 && r != -EOPNOTSUPP)
                 (void) log_errno(LOG_WARNING, r, "Failed to create the record file, trying again after the dump: %m");
 
-        c.dropped = admit(&c, spool_fd, spool_fd);
+        c.dropped = admit(&c, spool_fd);
         if (!c.dropped) {
                 core_fd = spool_create_core(spool_fd, c.id);
                 if (core_fd < 0) {
@@ -218,7 +218,7 @@ int main(int argc, char *argv[]) {
                 char magic[4];
 
                 c.capture = (Capture) { .in_fd = in_fd, .out_fd = core_fd, .settings = &c.settings };
-                (void) capture_run(&c.capture);
+                capture_run(&c.capture);
                 c.elf_magic = pread(core_fd, magic, sizeof magic, 0) == sizeof magic &&
                               memcmp(magic, "\177ELF", 4) == 0;
                 c.has_core = true;

@@ -1,4 +1,6 @@
 /* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,8 +24,14 @@ long long crash_arg_number(const Crash *c, Arg a) {
 
         if (!s || *s < '0' || *s > '9')
                 return -1;
+        errno = 0;
         v = strtoll(s, &end, 10);
-        return *end == '\0' ? v : -1;
+        return errno == 0 && *end == '\0' ? v : -1;
+}
+
+int crash_arg_int(const Crash *c, Arg a) {
+        long long v = crash_arg_number(c, a);
+        return v <= INT_MAX ? (int) v : -1;
 }
 
 static void json_number_or_null(Json *j, const char *key, long long v) {

@@ -7,7 +7,6 @@ the machine does not meet it, and the header line says which tiers can run.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 from pathlib import Path
@@ -16,11 +15,7 @@ import pytest
 
 from corehandler import paths
 
-# One lock for every test and benchmark that changes kernel.core_pattern or the fixed csplice.conf: they are
-# global, so such tests never overlap, even across separate pytest runs.
-CORE_PATTERN_LOCK = Path("/run/lock/corehandler-core-pattern.lock")
-SYSCTL_FILES = ("kernel/core_pattern", "kernel/core_pipe_limit")
-
+from support import host_core
 
 def _is_root() -> bool:
     return os.geteuid() == 0
@@ -69,40 +64,25 @@ def _clean_environment(monkeypatch):
             monkeypatch.delenv(name)
 
 
+def _built(path: Path) -> Path:
+    if not path.exists():
+        pytest.fail(f"{path.name} is not built at {path}: run `pip install .` first")
+    return path
+
+
 @pytest.fixture
 def csplice() -> Path:
-    path = paths.csplice_path()
-    if not path.exists():
-        pytest.fail(f"csplice is not built at {path}: run `pip install .` first")
-    return path
+    return _built(paths.csplice_path())
 
 
 @pytest.fixture
 def feeder() -> Path:
-    path = paths.feeder_path()
-    if not path.exists():
-        pytest.fail(f"feeder is not built at {path}: run `pip install .` first")
-    return path
+    return _built(paths.feeder_path())
 
 
 @pytest.fixture
 def host_core_settings():
-    """Exclusive use of the host's core_pattern, core_pipe_limit and fixed csplice.conf, restored afterwards.
-
-    Yields the saved values. Restores them on every exit path, failure included.
-    """
-    CORE_PATTERN_LOCK.parent.mkdir(parents=True, exist_ok=True)
-    with open(CORE_PATTERN_LOCK, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        saved = {name: Path("/proc/sys", name).read_text() for name in SYSCTL_FILES}
-        settings = paths.CSPLICE_SETTINGS
-        saved_settings = settings.read_bytes() if settings.exists() else None
-        try:
-            yield saved
-        finally:
-            for name, value in saved.items():
-                Path("/proc/sys", name).write_text(value)
-            if saved_settings is None:
-                settings.unlink(missing_ok=True)
-            else:
-                settings.write_bytes(saved_settings)
+    """Exclusive use of the host's core_pattern, core_pipe_limit and fixed csplice.conf, restored afterwards on
+    every exit path, failure included. Yields the saved sysctl values."""
+    with host_core.host_core_settings(paths.CSPLICE_SETTINGS) as saved:
+        yield saved

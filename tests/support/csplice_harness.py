@@ -23,15 +23,17 @@ from support.record_schema import check_record
 MiB = 1 << 20
 GiB = 1 << 30
 HASH_BLOCK = 4 * MiB
+HZ = os.sysconf("SC_CLK_TCK")
 
 
-def core_args(pid: int, comm: bytes | str = "pytest", signal: int = 11, pidfd: int | None = None) -> list:
-    """The argv a kernel would pass for a crash of pid (uid/gid/hostname of this process)."""
+def core_args(pid: int, comm: bytes | str = "pytest", signal: int = 11, pidfd: int | None = None,
+              hostname: str | None = None) -> list:
+    """The argv a kernel would pass for a crash of pid (uid/gid of this process, hostname of this host)."""
     args = [str(pid), str(pid), str(pid), str(os.getuid()), str(os.getgid()), "1", str(signal),
-            str(int(time.time())), "18446744073709551615", socket.gethostname(), comm]
+            str(int(time.time())), "18446744073709551615", hostname or socket.gethostname(), comm]
     if pidfd is not None:
         args.append(str(pidfd))
-    return [a.encode() if isinstance(a, str) else a for a in args]
+    return [os.fsencode(a) for a in args]
 
 
 def hash_stream(f) -> str:
@@ -114,6 +116,8 @@ class Handler:
     settings: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
     wrapper: list = field(default_factory=list)  # a command prefix, e.g. to run in another namespace
+    csplice: Path = field(default_factory=paths.csplice_path)
+    feeder: Path = field(default_factory=paths.feeder_path)
 
     def __post_init__(self):
         self.base.mkdir(parents=True, exist_ok=True)
@@ -158,7 +162,7 @@ class Handler:
              timeout: float = 300) -> Result:
         """The feeder pushes a synthetic core of `size` bytes into csplice's stdin, as the kernel would."""
         pid = os.getpid() if pid is None else pid
-        cmd = [*self.wrapper, str(paths.feeder_path()), "--size", str(size), "--mode", mode, "--pid", str(pid)]
+        cmd = [*self.wrapper, str(self.feeder), "--size", str(size), "--mode", mode, "--pid", str(pid)]
         if zero_regions:
             cmd.append("--zero-regions")
         if chunk:
@@ -166,7 +170,7 @@ class Handler:
         if pipe_size:
             cmd += ["--pipe-size", str(pipe_size)]
         args = args if args is not None else core_args(pid)
-        cmd += ["--", str(paths.csplice_path()), *args]
+        cmd += ["--", str(self.csplice), *args]
         before = set(self.records())
         t0 = time.monotonic()
         proc = subprocess.run(cmd, env=self.environment(), capture_output=True, timeout=timeout)
@@ -182,7 +186,7 @@ class Handler:
         before = set(self.records())
         t0 = time.monotonic()
         args = args if args is not None else core_args(os.getpid())
-        proc = subprocess.run([*self.wrapper, str(paths.csplice_path()), *args],
+        proc = subprocess.run([*self.wrapper, str(self.csplice), *args],
                               input=stdin, env=self.environment(), capture_output=True, timeout=timeout)
         seconds = time.monotonic() - t0
         return self._result(before, args, proc.returncode, proc.stderr.decode(errors="replace"), None, seconds)
@@ -199,3 +203,28 @@ def rate_file(exe: bytes) -> str:
     for b in exe:
         h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
     return f"{h:016x}"
+
+
+def make_fake_proc(root: Path, pid: int, comm: bytes, cmdline: list[bytes], exe: bytes,
+                   started_ago: float = 900.0, pidfd: int | None = None) -> Path:
+    """A /proc with one process, as procinfo.c reads it: <pid>/{exe,comm,cmdline,status,cgroup,stat},
+    stat (btime), sys/kernel/random/boot_id and, for %F, self/fdinfo/<pidfd>."""
+    btime = int(time.time()) - 100_000
+    start_ticks = int((time.time() - started_ago - btime) * HZ)
+    d = root / str(pid)
+    d.mkdir(parents=True)
+    os.symlink(exe, os.fsencode(d / "exe"))
+    (d / "comm").write_bytes(comm + b"\n")
+    (d / "cmdline").write_bytes(b"".join(a + b"\0" for a in cmdline))
+    (d / "status").write_bytes(b"Name:\t" + comm + b"\nPid:\t%d\nUid:\t0\t0\t0\t0\n" % pid)
+    (d / "cgroup").write_bytes(b"0::/fake.slice/fake.service\n")
+    # Field 22 is the start time; comm may hold ") " so the parser counts from the last ')'.
+    fields = ["S"] + ["0"] * 18 + [str(start_ticks)] + ["0"] * 30
+    (d / "stat").write_bytes(b"%d (%s) " % (pid, comm) + " ".join(fields).encode() + b"\n")
+    (root / "stat").write_text(f"cpu  1 2 3 4\nbtime {btime}\nprocesses 5\n")
+    (root / "sys/kernel/random").mkdir(parents=True)
+    (root / "sys/kernel/random/boot_id").write_text("0123456789abcdef0123456789abcdef\n")
+    if pidfd is not None:
+        (root / "self/fdinfo").mkdir(parents=True)
+        (root / "self/fdinfo" / str(pidfd)).write_text(f"pos:\t0\nflags:\t02000002\nmnt_id:\t15\nPid:\t{pid}\n")
+    return root

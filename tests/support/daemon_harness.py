@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import threading
-import time
 
 from corehandler.daemon import Daemon
 
+from support import waiting
 
-def wait_for(predicate, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+# The daemon's passes compress and index: give them longer than waiting.wait_for's default.
+wait_for = functools.partial(waiting.wait_for, timeout=30.0, interval=0.02)
 
 
 class Recorder:

@@ -4,48 +4,40 @@ daemon would report for them, made by really compressing the captured core."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import time
 from pathlib import Path
 
 import zstandard
 
+from support.csplice_harness import Handler, core_args
+
 
 class RecordMaker:
-    """Runs feeder -> csplice into its own spool under `root`; `settings` go into csplice's settings file."""
+    """csplice_harness.Handler's feeder -> csplice runs into a spool under `root`, and a store beside it for
+    store_dump; `settings` go into csplice's settings file."""
 
     def __init__(self, feeder: Path, csplice: Path, root: Path, **settings: object) -> None:
-        self.feeder, self.csplice, self.root = feeder, csplice, root
-        self.spool = root / "spool"
+        self.handler = Handler(root, settings=settings, csplice=csplice, feeder=feeder)
+        self.spool = self.handler.spool
         self.store = root / "store"
-        self.spool.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.store.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.settings_file = root / "csplice.conf"
-        self.configure(**settings)
 
     def configure(self, **settings: object) -> None:
-        lines = [f"spool_dir={self.spool}", "min_free_percent=0"]
-        lines += [f"{key}={value}" for key, value in settings.items()]
-        self.settings_file.write_text("\n".join(lines) + "\n")
+        self.handler.configure(**settings)
 
-    def make(self, size: int, *, pid: int | None = None, signal: int = 11, comm: str | bytes = "crasher",
-             hostname: str = "testhost", uid: int | None = None, gid: int | None = None) -> dict:
-        """One crash of `size` bytes from process `pid` (its /proc is read, so it must be alive); the record."""
-        pid = os.getpid() if pid is None else pid
-        uid = os.getuid() if uid is None else uid
-        gid = os.getgid() if gid is None else gid
-        before = set(self.spool.glob("*.json"))
-        argv = [str(self.csplice), str(pid), "1", str(pid), str(uid), str(gid), "1", str(signal),
-                str(int(time.time())), "unlimited", hostname, comm]
-        env = dict(os.environ, CSPLICE_SETTINGS=str(self.settings_file), CSPLICE_LOG_STDERR="1")
-        subprocess.run([str(self.feeder), "--size", str(size), "--pid", str(pid), "--", *argv],
-                       env=env, check=True, capture_output=True, timeout=60)
-        (path,) = set(self.spool.glob("*.json")) - before
-        return json.loads(path.read_text())
+    def make(self, size: int, *, signal: int = 11, comm: str | bytes = "crasher") -> dict:
+        """One crash of `size` bytes from this process (its /proc is read); the committed record."""
+        pid = os.getpid()
+        result = self.handler.feed(size, pid=pid, args=core_args(pid, comm=comm, signal=signal, hostname="testhost"))
+        assert result.record is not None, f"csplice committed no record ({result.returncode}): {result.stderr}"
+        return result.record
 
     def store_dump(self, record: dict) -> dict:
+        return store_dump(record, self.spool, self.store)
+
+
+def store_dump(self, record: dict) -> dict:
         return store_dump(record, self.spool, self.store)
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
+
+from support.csplice_harness import core_args, render_settings
 
 
 def write_settings(path: Path, spool_dir: Path, **extra) -> Path:
@@ -14,7 +15,7 @@ def write_settings(path: Path, spool_dir: Path, **extra) -> Path:
     settings = {"spool_dir": str(spool_dir), "max_pending": 0, "max_per_exe_per_minute": 0,
                 "min_free_percent": 0, "min_free_bytes": 0}
     settings.update(extra)
-    path.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+    path.write_text(render_settings(settings))
     return path
 
 
@@ -31,8 +32,7 @@ def feed(feeder: Path, csplice: Path, settings: Path, *, size: int, pid: int = 4
     env = dict(os.environ, CSPLICE_SETTINGS=str(settings), CSPLICE_PROC_ROOT=str(proc_root),
                CSPLICE_LOG_STDERR="1")
     args = [str(feeder), "--size", str(size), "--pid", str(pid)] + (["--zero-regions"] if zero_regions else [])
-    args += ["--", str(csplice), str(pid), str(pid), str(pid), "0", "0", "1", str(signal),
-             str(int(time.time())), "unlimited", "testhost", comm]
+    args += ["--", str(csplice), *core_args(pid, comm=comm, signal=signal, hostname="testhost")]
     subprocess.run(args, env=env, check=True, capture_output=True, timeout=120)
     new = sorted(n for n in set(os.listdir(spool_dir)) - before if n.endswith(".json") and not n.startswith("."))
     try:

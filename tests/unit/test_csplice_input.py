@@ -4,14 +4,12 @@ gets a committed record saying what happened, and nothing is written outside the
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
 
-from support.csplice_harness import Handler, core_args, rate_file, spool_files
+from support.csplice_harness import Handler, core_args, make_fake_proc, rate_file, spool_files
 
-HZ = os.sysconf("SC_CLK_TCK")
 NO_SUCH_PID = 2**22 + 7  # above the largest pid_max Linux allows
 
 
@@ -32,31 +30,6 @@ def tree(root: Path) -> dict[str, bytes]:
         else:
             out[rel] = b"<dir>"
     return out
-
-
-def make_fake_proc(root: Path, pid: int, comm: bytes, cmdline: list[bytes], exe: bytes,
-                   started_ago: float = 900.0, pidfd: int | None = None) -> Path:
-    """A /proc with one process, as procinfo.c reads it: <pid>/{exe,comm,cmdline,status,cgroup,stat},
-    stat (btime), sys/kernel/random/boot_id and, for %F, self/fdinfo/<pidfd>."""
-    btime = int(time.time()) - 100_000
-    start_ticks = int((time.time() - started_ago - btime) * HZ)
-    d = root / str(pid)
-    d.mkdir(parents=True)
-    os.symlink(exe, os.fsencode(d / "exe"))
-    (d / "comm").write_bytes(comm + b"\n")
-    (d / "cmdline").write_bytes(b"".join(a + b"\0" for a in cmdline))
-    (d / "status").write_bytes(b"Name:\t" + comm + b"\nPid:\t%d\nUid:\t0\t0\t0\t0\n" % pid)
-    (d / "cgroup").write_bytes(b"0::/fake.slice/fake.service\n")
-    # Field 22 is the start time; comm may hold ") " so the parser counts from the last ')'.
-    fields = ["S"] + ["0"] * 18 + [str(start_ticks)] + ["0"] * 30
-    (d / "stat").write_bytes(b"%d (%s) " % (pid, comm) + " ".join(fields).encode() + b"\n")
-    (root / "stat").write_text(f"cpu  1 2 3 4\nbtime {btime}\nprocesses 5\n")
-    (root / "sys/kernel/random").mkdir(parents=True)
-    (root / "sys/kernel/random/boot_id").write_text("0123456789abcdef0123456789abcdef\n")
-    if pidfd is not None:
-        (root / "self/fdinfo").mkdir(parents=True)
-        (root / "self/fdinfo" / str(pidfd)).write_text(f"pos:\t0\nflags:\t02000002\nmnt_id:\t15\nPid:\t{pid}\n")
-    return root
 
 
 def test_empty_stream_is_recorded(handler):

@@ -13,7 +13,7 @@ import pytest
 
 from corehandler import paths
 
-from support.csplice_harness import MiB, Handler, core_args, expected_digest, hash_file, spool_files
+from support.csplice_harness import MiB, Handler, core_args, expected_digest, hash_file, make_fake_proc, spool_files
 
 STRATEGIES = ("rw", "splice", "rw2", "splice2")
 
@@ -170,5 +170,23 @@ def test_full_disk_truncates_and_still_commits(tmp_path, strategy):
         assert 0 < cap["bytes"] < 8 * MiB and cap["bytes"] + cap["drained_bytes"] == 32 * MiB
         assert result.core.stat().st_size == cap["bytes"]
         assert hash_file(result.core) == expected_digest(32 * MiB, False, result.record["pid"], limit=cap["bytes"])
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+@pytest.mark.root
+def test_full_disk_still_commits_a_record_of_hostile_bytes(tmp_path):
+    """The record's room is taken before the dump fills the disk; a process whose command line is all invalid
+    UTF-8 makes every byte a six-byte escape in the record, and that must still fit."""
+    mnt = tmp_path / "mnt"
+    _mount_tmpfs(mnt, "8m")
+    try:
+        cmdline = [b"\xff" * 4000] * 15  # just under procinfo.c's 64 KiB
+        proc_root = make_fake_proc(tmp_path / "proc", 4242, b"hostile", cmdline, b"/usr/bin/hostile")
+        handler = Handler(mnt / "h", env={"CSPLICE_PROC_ROOT": str(proc_root)})
+        result = handler.feed(32 * MiB, pid=4242)
+        assert result.returncode == 0, result.stderr
+        assert result.capture["truncated_reason"] == "write_error"
+        assert [a.encode("utf-8", "surrogateescape") for a in result.record["proc"]["cmdline"]] == cmdline
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=True)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from support.csplice_harness import Handler, core_args
+from support.csplice_harness import Handler, core_args, make_fake_proc
 from support.record_schema import check_record
 
 
@@ -50,6 +50,18 @@ def test_missing_specifiers_are_null(handler):
     assert rec["specifiers"]["i"] is None and rec["specifiers"]["I"] == "7" and rec["specifiers"]["e"] is None
     assert (rec["tid"], rec["uid"], rec["signal"], rec["comm"], rec["hostname"]) == (7, None, None, None, None)
     assert any("Only 3 of 11" in e for e in rec["errors"])
+
+
+def test_out_of_range_numbers_are_null_not_wrapped(handler, tmp_path):
+    """A PID past int reads no /proc entry (2**32 + 4242 must not wrap to process 4242); past 64 bits, null."""
+    proc_root = make_fake_proc(tmp_path / "proc", 4242, b"innocent", [b"/usr/bin/innocent"], b"/usr/bin/innocent")
+    handler.env["CSPLICE_PROC_ROOT"] = str(proc_root)
+    args = core_args(4242)
+    args[0] = str(2**32 + 4242).encode()
+    args[6] = b"99999999999999999999"
+    rec = handler.run(stdin=b"\x7fELF", args=args).record
+    assert rec["pid"] == 2**32 + 4242 and not rec["proc"]["available"] and rec["proc"]["exe"] is None
+    assert rec["signal"] is None and rec["specifiers"]["s"] == "99999999999999999999"
 
 
 def test_extra_arguments_are_ignored(handler):
