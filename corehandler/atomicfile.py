@@ -28,7 +28,12 @@ def write_atomic(path: Path, data: bytes, mode: int, *, tmp: Path | None = None)
             os.close(fd)
         tmp.unlink(missing_ok=True)
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    """A rename is durable only once its directory is."""
+    dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(dir_fd)
     finally:

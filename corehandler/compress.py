@@ -15,6 +15,7 @@ from typing import BinaryIO, Callable
 
 import zstandard
 
+from corehandler.atomicfile import fsync_dir
 from corehandler.errors import CorehandlerError
 
 CHUNK = 1 << 20
@@ -54,14 +55,6 @@ def stored_name(dump_id: str, compressed: bool) -> str:
     return dump_id + (COMPRESSED_SUFFIX if compressed else RAW_SUFFIX)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def store_file(src: Path, store_dir: Path, dump_id: str, *, enabled: bool = True, level: int = 3,
                threads: int = 0, checkpoint: Callable[[str], None] | None = None) -> Stored:
     """Writes src into store_dir as <id>.zst (or <id>.core when compression is off): temp file, fsync,
@@ -97,7 +90,7 @@ def store_file(src: Path, store_dir: Path, dump_id: str, *, enabled: bool = True
         if checkpoint:
             checkpoint("compressed")
         os.rename(tmp, final)
-        _fsync_dir(store_dir)
+        fsync_dir(store_dir)
     except (OSError, zstandard.ZstdError) as e:
         tmp.unlink(missing_ok=True)
         code = getattr(e, "errno", None)
