@@ -35,6 +35,8 @@ import kernel_matrix as km  # noqa: E402
 from kernel_matrix import Case  # noqa: E402
 from kernel_profile import Profiler  # noqa: E402
 
+from common import markdown_table  # noqa: E402
+
 MIB = 1 << 20
 BOOT_TIMEOUT = 420
 # A collapsed run: slow, with both vCPUs busy the whole time (dumper + handler CPU well above the hold).
@@ -136,52 +138,52 @@ def improved(before: float, after: float, lower_is_better: bool = True) -> str:
     return f"{change * 100:+.1f}%"
 
 
+def table(header: list[str], rows: list[list]) -> list[str]:
+    return markdown_table(header, rows).splitlines() + [""]
+
+
 def seed_table(rows, case, smp) -> list[str]:
     s, p = summarise(rows, case, "stock", smp), summarise(rows, case, "patched", smp)
     if not s or not p:
         return [f"_{case} at -smp {smp}: no successful run on both kernels_", ""]
-    return [
-        "| | Before (stock) | After (patched) | Improved by |",
-        "|---|---|---|---|",
-        f"| Time to completion (hold, median) | {s['hold']:.2f} s | {p['hold']:.2f} s | "
-        f"{improved(s['hold'], p['hold'])} |",
-        f"| Throughput | {s['gbps']:.3f} GB/s | {p['gbps']:.3f} GB/s | "
-        f"{improved(s['gbps'], p['gbps'], lower_is_better=False)} |",
-        f"| CPU usage ((dumper + handler CPU) / hold) | {s['cpu']:.1f}% | {p['cpu']:.1f}% | "
-        f"{improved(s['cpu'], p['cpu'])} |",
-        f"| Dumper CPU | {s['dumper']:.2f} s | {p['dumper']:.2f} s | {improved(s['dumper'], p['dumper'])} |",
-        f"| Handler CPU | {s['handler']:.2f} s | {p['handler']:.2f} s | {improved(s['handler'], p['handler'])} |",
-        "",
-    ]
+    return table(["", "Before (stock)", "After (patched)", "Improved by"], [
+        ["Time to completion (hold, median)", f"{s['hold']:.2f} s", f"{p['hold']:.2f} s",
+         improved(s["hold"], p["hold"])],
+        ["Throughput", f"{s['gbps']:.3f} GB/s", f"{p['gbps']:.3f} GB/s",
+         improved(s["gbps"], p["gbps"], lower_is_better=False)],
+        ["CPU usage ((dumper + handler CPU) / hold)", f"{s['cpu']:.1f}%", f"{p['cpu']:.1f}%",
+         improved(s["cpu"], p["cpu"])],
+        ["Dumper CPU", f"{s['dumper']:.2f} s", f"{p['dumper']:.2f} s", improved(s["dumper"], p["dumper"])],
+        ["Handler CPU", f"{s['handler']:.2f} s", f"{p['handler']:.2f} s", improved(s["handler"], p["handler"])],
+    ])
 
 
 def ratio_table(rows, cases, smp) -> list[str]:
-    lines = ["| case | stock hold (min-max) | patched hold (min-max) | patched/stock hold | stock GB/s | "
-             "patched GB/s | stock CPU d+h | patched CPU d+h | runs ok s/p | collapsed s/p |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    def hold(x):
+        return f"{x['hold']:.2f} s ({x['min']:.2f}-{x['max']:.2f})" if x else "failed"
+
+    def col(x, key, fmt):
+        return fmt.format(x[key]) if x else "-"
+
+    def runs(x):
+        return f"{x['n']}/{x['n'] + x['failed']}" if x else "0"
+
+    body = []
     for case in cases:
         s, p = summarise(rows, case.name, "stock", smp), summarise(rows, case.name, "patched", smp)
-
-        def hold(x):
-            return f"{x['hold']:.2f} s ({x['min']:.2f}-{x['max']:.2f})" if x else "failed"
-
-        def col(x, key, fmt):
-            return fmt.format(x[key]) if x else "-"
-
-        def runs(x):
-            return f"{x['n']}/{x['n'] + x['failed']}" if x else "0"
-
-        ratio = f"{p['hold'] / s['hold']:.2f}" if s and p else "-"
-        cpu_s = f"{s['dumper']:.2f}+{s['handler']:.2f} s" if s else "-"
-        cpu_p = f"{p['dumper']:.2f}+{p['handler']:.2f} s" if p else "-"
-        lines.append(f"| {case.name} | {hold(s)} | {hold(p)} | {ratio} | {col(s, 'gbps', '{:.3f}')} | "
-                     f"{col(p, 'gbps', '{:.3f}')} | {cpu_s} | {cpu_p} | {runs(s)} s, {runs(p)} p | "
-                     f"{col(s, 'collapsed', '{}')} s, {col(p, 'collapsed', '{}')} p |")
-    return lines + [""]
+        body.append([
+            case.name, hold(s), hold(p), f"{p['hold'] / s['hold']:.2f}" if s and p else "-",
+            col(s, "gbps", "{:.3f}"), col(p, "gbps", "{:.3f}"),
+            f"{s['dumper']:.2f}+{s['handler']:.2f} s" if s else "-",
+            f"{p['dumper']:.2f}+{p['handler']:.2f} s" if p else "-",
+            f"{runs(s)} s, {runs(p)} p", f"{col(s, 'collapsed', '{}')} s, {col(p, 'collapsed', '{}')} p",
+        ])
+    return table(["case", "stock hold (min-max)", "patched hold (min-max)", "patched/stock hold", "stock GB/s",
+                  "patched GB/s", "stock CPU d+h", "patched CPU d+h", "runs ok s/p", "collapsed s/p"], body)
 
 
 def profile_table(profiles, cases) -> list[str]:
-    lines = ["| case | kernel | where the vCPUs were (share of samples) |", "|---|---|---|"]
+    body = []
     for case in cases:
         for flavour in km.FLAVOURS:
             counter = profiles.get(flavour, {}).get(case.name)
@@ -189,8 +191,8 @@ def profile_table(profiles, cases) -> list[str]:
                 continue
             total = sum(counter.values())
             top = ", ".join(f"{name} {count / total:.0%}" for name, count in counter.most_common(5))
-            lines.append(f"| {case.name} | {flavour} | {top} ({total} samples) |")
-    return lines + [""]
+            body.append([case.name, flavour, f"{top} ({total} samples)"])
+    return table(["case", "kernel", "where the vCPUs were (share of samples)"], body)
 
 
 def main() -> int:
