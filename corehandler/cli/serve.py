@@ -43,7 +43,7 @@ def observers_for(config, paths, store_limit) -> tuple[list, list[str]]:
                 metrics.serve(config.metrics.listen, config.metrics.port)
             except OSError as e:
                 problems.append(f"cannot serve metrics on {config.metrics.listen}:{config.metrics.port}: "
-                         f"{e.strerror}; dumps are still ingested")
+                                f"{e.strerror}; dumps are still ingested")
         observers.append(metrics)
     return observers, problems
 
@@ -56,10 +56,8 @@ def run_serve(args: argparse.Namespace) -> int:
     config, paths = load(args)  # an invalid config stops us here, with the message naming file and key
 
     def reload() -> Settings:
-        nonlocal config
         new, new_paths = load(args)
         write_csplice_settings(new, new_paths)
-        config = new
         return settings_from_config(new, new_paths, sweep_interval=args.sweep_interval)
 
     write_csplice_settings(config, paths)
