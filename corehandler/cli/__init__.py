@@ -1,6 +1,7 @@
 """The corehandler command line: `corehandler [--config-dir DIR] [--state-dir DIR] [--json] VERB ...`.
 
-Verbs live in modules, one per verb group, listed in COMMAND_MODULES. The registration convention:
+Verbs live in modules, one per verb group, listed in COMMAND_MODULES; what they share is in cli/common.py,
+which they import (never this package, which imports them). The registration convention:
 
     def register(commands: Commands) -> None:
         parser = commands.add("status", run_status, help="one line for --help")
@@ -13,7 +14,7 @@ Verbs live in modules, one per verb group, listed in COMMAND_MODULES. The regist
 `commands.add` returns the verb's ArgumentParser, already given the global options (so they work before
 or after the verb). A handler reports failure by raising a CorehandlerError (corehandler.errors): main()
 prints `corehandler: <message>` on stderr, one line, and exits with the error's code. argparse's own usage
-errors exit 2. `emit` prints a result as JSON under --json, else as the human text. With no verb, the verb
+errors exit 2. `common.emit` prints a result as JSON under --json, else as the human text. With no verb, the verb
 named DEFAULT_COMMAND runs if a module registered it (as coredumpctl lists by default).
 """
 
@@ -21,16 +22,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sqlite3
 import sys
-from pathlib import Path
-from typing import Callable
 
 from corehandler import __version__
-from corehandler.config import Config, load_config
+from corehandler.cli.common import Commands, global_options
 from corehandler.errors import EXIT_SYSTEM, EXIT_USAGE, CorehandlerError
-from corehandler.paths import Paths
 
 COMMAND_MODULES = (
     "corehandler.cli.install",
@@ -40,73 +37,20 @@ COMMAND_MODULES = (
 )
 DEFAULT_COMMAND = "list"
 
-Handler = Callable[[argparse.Namespace], "int | None"]
-
-
-class Commands:
-    """What a verb module's register() receives."""
-
-    def __init__(self, subparsers, common: argparse.ArgumentParser):
-        self._subparsers = subparsers
-        self._common = common
-        self.names: list[str] = []
-
-    def add(self, name: str, handler: Handler, *, help: str, **kwargs) -> argparse.ArgumentParser:
-        parser = self._subparsers.add_parser(name, help=help, description=help, parents=[self._common], **kwargs)
-        parser.set_defaults(handler=handler)
-        self.names.append(name)
-        return parser
-
-    def common(self) -> argparse.ArgumentParser:
-        """The global options as a parent parser, for a verb's own sub-verbs (`config check`)."""
-        return self._common
-
-
-def _global_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config-dir", type=Path, metavar="DIR",
-                        help="configuration directory (default /etc/corehandler)")
-    parser.add_argument("--state-dir", type=Path, metavar="DIR",
-                        help="state directory, overriding state_dir in the config (default /var/lib/corehandler)")
-    parser.add_argument("--json", action="store_true", help="print results as JSON")
-
 
 def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
     parser = argparse.ArgumentParser(prog="corehandler", description="Linux core-dump service: capture, "
                                      "store and inspect crashes.")
     parser.add_argument("--version", action="version", version=f"corehandler {__version__}")
-    _global_options(parser)
+    global_options(parser)
     # The same options after the verb; SUPPRESS keeps a verb's parser from resetting what came before it.
     common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
-    _global_options(common)
+    global_options(common)
     subparsers = parser.add_subparsers(dest="command", metavar="VERB")
     commands = Commands(subparsers, common)
     for module in COMMAND_MODULES:
         importlib.import_module(module).register(commands)
     return parser, commands.names
-
-
-def base_paths(args: argparse.Namespace) -> Paths:
-    """Paths with the command line's overrides."""
-    overrides = {}
-    if args.config_dir is not None:
-        overrides["config_dir"] = args.config_dir.absolute()
-    if args.state_dir is not None:
-        overrides["state_dir"] = args.state_dir.absolute()
-    return Paths(**overrides)
-
-
-def load(args: argparse.Namespace) -> tuple[Config, Paths]:
-    """The config and the effective paths: --state-dir wins over state_dir in the config."""
-    base = base_paths(args)
-    config = load_config(base)
-    return config, (base if args.state_dir is not None else config.paths(base))
-
-
-def emit(args: argparse.Namespace, data, human: str) -> None:
-    if args.json:
-        print(json.dumps(data, indent=2, default=str))
-    elif human:
-        print(human)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from corehandler.cli import base_paths, emit, load
+from corehandler.cli.common import base_paths, emit, load
 from corehandler.config import config_files, config_json, render_csplice_settings, render_toml
 
 

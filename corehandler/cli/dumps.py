@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from corehandler import compress, facts, retention
-from corehandler.cli import emit, load
+from corehandler.cli.common import emit, load
 from corehandler.errors import CorehandlerError, NoMatchError, SystemFailure, UsageError
 from corehandler.store import Dump, Filter, Store
 from corehandler.units import UnitError, human_size, parse_duration

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from corehandler import install, supervise
-from corehandler.cli import emit, load
+from corehandler.cli.common import emit, load
 from corehandler.units import human_size
 
 

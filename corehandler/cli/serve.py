@@ -7,7 +7,7 @@ import logging
 import signal
 import sys
 
-from corehandler.cli import load
+from corehandler.cli.common import load
 from corehandler.config import write_csplice_settings
 from corehandler.daemon import Daemon, Settings, replay_rows, settings_from_config
 from corehandler.journal import JournalObserver

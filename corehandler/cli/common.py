@@ -1,0 +1,66 @@
+"""What every verb module shares: the registration object, the global options, loading the config and paths,
+and printing a result (`--json` or the human text). Verb modules import this, never the package itself, so the
+import graph stays a tree (corehandler.cli loads the verb modules)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Callable
+
+from corehandler.config import Config, load_config
+from corehandler.paths import Paths
+
+Handler = Callable[[argparse.Namespace], "int | None"]
+
+
+class Commands:
+    """What a verb module's register() receives."""
+
+    def __init__(self, subparsers, common: argparse.ArgumentParser):
+        self._subparsers = subparsers
+        self._common = common
+        self.names: list[str] = []
+
+    def add(self, name: str, handler: Handler, *, help: str, **kwargs) -> argparse.ArgumentParser:
+        parser = self._subparsers.add_parser(name, help=help, description=help, parents=[self._common], **kwargs)
+        parser.set_defaults(handler=handler)
+        self.names.append(name)
+        return parser
+
+    def common(self) -> argparse.ArgumentParser:
+        """The global options as a parent parser, for a verb's own sub-verbs (`config check`)."""
+        return self._common
+
+
+def global_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config-dir", type=Path, metavar="DIR",
+                        help="configuration directory (default /etc/corehandler)")
+    parser.add_argument("--state-dir", type=Path, metavar="DIR",
+                        help="state directory, overriding state_dir in the config (default /var/lib/corehandler)")
+    parser.add_argument("--json", action="store_true", help="print results as JSON")
+
+
+def base_paths(args: argparse.Namespace) -> Paths:
+    """Paths with the command line's overrides."""
+    overrides = {}
+    if args.config_dir is not None:
+        overrides["config_dir"] = args.config_dir.absolute()
+    if args.state_dir is not None:
+        overrides["state_dir"] = args.state_dir.absolute()
+    return Paths(**overrides)
+
+
+def load(args: argparse.Namespace) -> tuple[Config, Paths]:
+    """The config and the effective paths: --state-dir wins over state_dir in the config."""
+    base = base_paths(args)
+    config = load_config(base)
+    return config, (base if args.state_dir is not None else config.paths(base))
+
+
+def emit(args: argparse.Namespace, data, human: str) -> None:
+    if args.json:
+        print(json.dumps(data, indent=2, default=str))
+    elif human:
+        print(human)
