@@ -16,11 +16,12 @@ import ipaddress
 import json
 import math
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from corehandler import units
 from corehandler.atomicfile import write_atomic
@@ -143,6 +144,102 @@ class MetricsConfig(_Section):
                                                            "others count as \"other\"")
 
 
+def _s3_url(value) -> str:
+    if not isinstance(value, str):
+        raise ValueError("must be a string")
+    if value == "":
+        return value
+    if not value.startswith("s3://"):
+        raise ValueError("must be s3://BUCKET or s3://BUCKET/PREFIX")
+    bucket, _, prefix = value[len("s3://"):].partition("/")
+    if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket):
+        raise ValueError("the bucket must be 3-63 characters of a-z, 0-9, '.' and '-'")
+    if any(ord(c) < 32 or c == "\x7f" for c in prefix) or ".." in prefix.split("/"):
+        raise ValueError("the prefix must not contain control characters or '..'")
+    return "s3://" + bucket + ("/" + prefix.strip("/") if prefix.strip("/") else "")
+
+
+def _http_url(value) -> str:
+    if not isinstance(value, str):
+        raise ValueError("must be a string")
+    if value and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", value):
+        raise ValueError("must be an http:// or https:// URL")
+    return value.rstrip("/")
+
+
+def _host_name(value) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]{0,252})?", value):
+        raise ValueError("must be a host name: letters, digits, '.', '_' and '-'")
+    return value
+
+
+def loopback_url(url: str) -> bool:
+    """Whether an http(s) URL names a loopback address (127.0.0.0/8, ::1, localhost)."""
+    host = re.sub(r"^[a-z]+://", "", url).split("/", 1)[0].rsplit("@", 1)[-1]
+    host = host[1:].split("]", 1)[0] if host.startswith("[") else host.rsplit(":", 1)[0] if host.count(":") == 1 \
+        else host
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class UploadConfig(_Section):
+    url: Annotated[str, BeforeValidator(_s3_url)] = Field(
+        "", description="s3://BUCKET/PREFIX to upload every dump to; \"\" = off")
+    endpoint: Annotated[str, BeforeValidator(_http_url)] = Field(
+        "", description="the S3 API's URL for servers other than AWS (MinIO, Ceph RGW, SeaweedFS); \"\" = AWS")
+    region: str = Field("", description="the bucket's region; \"\" = the AWS configuration's, else us-east-1")
+    credentials_file: Annotated[str, BeforeValidator(_optional_absolute_path)] = Field(
+        "", description="AWS shared-credentials file (owned by root, mode 0600); \"\" = the AWS credential "
+                        "chain (environment, instance role)")
+    profile: str = Field("default", description="the profile to use in credentials_file")
+    ca_bundle: Annotated[str, BeforeValidator(_optional_absolute_path)] = Field(
+        "", description="PEM file of the CAs that sign the endpoint's certificate; \"\" = the system's")
+    allow_http: bool = Field(False, description="allow a plain http:// endpoint that is not on loopback "
+                                                "(dumps hold secrets: keep this off)")
+    send: Literal["cores", "metadata"] = Field("cores", description="cores = compressed core and sidecar; "
+                                               "metadata = the sidecar only")
+    send_environ: bool = Field(False, description="include the environment capture.collect_environ kept")
+    send_maps: bool = Field(False, description="include the maps capture.collect_maps kept")
+    host: Annotated[str, BeforeValidator(_host_name)] = Field(
+        "", description="this host's name in object keys; \"\" = the machine's host name")
+    bandwidth_limit: Size() = Field(0, description="most bytes per second an upload may send; 0 = no limit")
+    part_size: Size(5 << 20, 5 << 30) = Field(16 << 20, description="multipart part size (5M..5G); files "
+                                              "larger than one part go up in parts")
+    concurrency: int = Field(4, ge=1, le=64, description="parts sent in parallel")
+    sse: Literal["", "AES256", "aws:kms"] = Field("", description="server-side encryption: \"\" = the "
+                                                  "bucket's default, AES256 = SSE-S3, aws:kms = SSE-KMS")
+    sse_kms_key_id: str = Field("", description="the KMS key for sse = \"aws:kms\"; \"\" = the account's "
+                                                "default key")
+    fleet_budget: Count = Field(0, description="full cores per signature per day across the fleet (the rest "
+                                               "send the sidecar only); 0 = no budget")
+    retry_initial: Duration(0.01, 3600) = Field(2.0, description="first retry delay after a failed upload "
+                                                "(doubles each attempt, with jitter)")
+    retry_max: Duration(1, 86400) = Field(600.0, description="longest retry delay")
+    timeout: Duration(1, 3600) = Field(60.0, description="connect and read timeout of one request")
+
+    @model_validator(mode="after")
+    def _plain_http(self) -> "UploadConfig":
+        # Dumps hold secrets: over plain http they would cross the network readable by anyone on the path.
+        if self.endpoint.startswith("http://") and not self.allow_http and not loopback_url(self.endpoint):
+            raise ValueError(f"endpoint {self.endpoint}: plain http is allowed only on loopback; use https:// "
+                             "or set allow_http = true")
+        if self.sse_kms_key_id and self.sse != "aws:kms":
+            raise ValueError('sse_kms_key_id needs sse = "aws:kms"')
+        return self
+
+    @property
+    def bucket(self) -> str:
+        return self.url[len("s3://"):].partition("/")[0]
+
+    @property
+    def prefix(self) -> str:
+        return self.url[len("s3://"):].partition("/")[2]
+
+
 class JournalConfig(_Section):
     enabled: bool = Field(True, description="log each dump to journald")
 
@@ -154,6 +251,7 @@ class Config(_Section):
     retention: RetentionConfig = RetentionConfig()
     metrics: MetricsConfig = MetricsConfig()
     journal: JournalConfig = JournalConfig()
+    upload: UploadConfig = UploadConfig()
 
     def paths(self, base: Paths) -> Paths:
         """base with this config's state_dir."""

@@ -8,6 +8,8 @@ Rules, in the order they apply:
                then, oldest first, dumps go while any of these is violated: more than max_count dumps,
                more than max_use bytes stored, less than keep_free bytes free on the store's filesystem.
 A dump marked busy (still being ingested or read) is never deleted, though it counts toward the limits.
+A dump still waiting to upload (unsent) is deleted by keep_free only, the disk floor: the other rules pass
+over it until it is in the bucket. When keep_free takes one, the caller counts it as lost to the fleet.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class Item:
     exe: str | None
     size: int          # bytes it occupies in the store
     busy: bool = False
+    unsent: bool = False  # waiting in the upload queue
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,7 @@ def plan(items: Iterable[Item], policy: Policy, *, free_bytes: int, now: float) 
 
     if _limit(policy.max_age) is not None:
         for it in ordered:
-            if not it.busy and it.time < now - policy.max_age:
+            if not it.busy and not it.unsent and it.time < now - policy.max_age:
                 rule[it.id] = "max_age"
 
     if _limit(policy.max_per_exe) is not None:
@@ -85,7 +88,7 @@ def plan(items: Iterable[Item], policy: Policy, *, free_bytes: int, now: float) 
             for it in group:  # oldest first
                 if excess <= 0:
                     break
-                if not it.busy:
+                if not it.busy and not it.unsent:
                     rule[it.id] = "max_per_exe"
                     excess -= 1
 
@@ -99,6 +102,10 @@ def plan(items: Iterable[Item], policy: Policy, *, free_bytes: int, now: float) 
             break
         if it.busy:
             continue
+        if it.unsent:
+            if "keep_free" not in broken:
+                continue
+            broken = ["keep_free"]
         rule[it.id] = broken[0]
         count -= 1
         used -= it.size
@@ -165,9 +172,17 @@ def vacuum(store, policy: Policy, *, now: float | None = None, busy: Iterable[st
     """Plans against the store's index and filesystem, then deletes (unless dry_run)."""
     if not any((policy.max_use, policy.keep_free, policy.max_age, policy.max_count, policy.max_per_exe)):
         return []  # no limits: nothing to read
+    from corehandler import upload  # the queue lives in the same index
+
     busy = set(busy)
-    items = [Item(i, t, exe, size, i in busy) for i, t, exe, size in store.sizes()]
+    unsent = upload.waiting_ids(store.db)
+    items = [Item(i, t, exe, size, i in busy, i in unsent) for i, t, exe, size in store.sizes()]
     _, free = filesystem(store.store_dir)
     decisions = plan(items, policy, free_bytes=free, now=time.time() if now is None else now)
     # The store keeps a tombstone with the rule, so the deletion counters survive a restart.
-    return apply(decisions, lambda dump_id, rule: store.delete(store.get(dump_id), rule), dry_run=dry_run)
+    deleted = apply(decisions, lambda dump_id, rule: store.delete(store.get(dump_id), rule), dry_run=dry_run)
+    for d in deleted:
+        if d.id in unsent and not dry_run:
+            log.error("Retention had to delete %s before it was uploaded (%s): lost to the fleet", d.id, d.rule)
+            upload.mark_lost(store.db, d.id, f"deleted by retention ({d.rule}) before it was uploaded")
+    return deleted

@@ -164,3 +164,33 @@ def test_property_never_deletes_more_than_needed(items, policy, free):
                                             max_count=policy.max_count),
                             free_bytes=free_after - youngest.size, now=NOW)
         assert broken, youngest
+
+
+UNSENT_TABLE = [
+    # (name, policy, free_bytes, expected deletions) over STORE with a and c still waiting to upload
+    ("max_age passes over unsent", Policy(max_age=5 * DAY), 10_000, {"b": "max_age"}),
+    ("max_count takes younger sent ones", Policy(max_count=3), 10_000, {"b": "max_count", "d": "max_count"}),
+    # unsent dumps count toward the cap, like busy ones: the newest sent one of /x goes instead
+    ("max_per_exe passes over unsent", Policy(max_per_exe=1), 10_000, {"b": "max_per_exe", "d": "max_per_exe"}),
+    ("max_use passes over unsent", Policy(max_use=1000), 10_000, {"b": "max_use", "d": "max_use"}),
+    ("keep_free, the disk floor, takes unsent too", Policy(keep_free=1250), 1000,
+     {"a": "keep_free", "b": "keep_free"}),
+    ("keep_free with max_use: only the floor takes unsent", Policy(max_use=1000, keep_free=1150), 1000,
+     {"a": "keep_free", "b": "max_use", "d": "max_use"}),
+]
+
+
+@pytest.mark.parametrize("name,policy,free,expected", UNSENT_TABLE, ids=[t[0] for t in UNSENT_TABLE])
+def test_dumps_waiting_to_upload_go_only_for_the_disk_floor(name, policy, free, expected):
+    items = [Item(i.id, i.time, i.exe, i.size, unsent=i.id in ("a", "c")) for i in _items(STORE)]
+    assert _deleted(plan(items, policy, free_bytes=free, now=NOW)) == expected
+
+
+@settings(max_examples=int(os.environ.get("HYPOTHESIS_EXAMPLES", "300")), deadline=None)
+@given(items_st, policy_st, free_st, st.data())
+def test_property_unsent_dumps_are_deleted_by_keep_free_only(items, policy, free, data):
+    unsent = data.draw(st.sets(st.sampled_from([i.id for i in items])) if items else st.just(set()))
+    items = [Item(i.id, i.time, i.exe, i.size, i.busy, i.id in unsent) for i in items]
+    for d in plan(items, policy, free_bytes=free, now=NOW):
+        if d.item.unsent and not d.keep:
+            assert d.rule == "keep_free"
