@@ -111,7 +111,8 @@ def open_stored(path: Path) -> BinaryIO:
     return f
 
 
-def _copy(path: Path, write: Callable[[bytes], object]) -> tuple[int, str]:
+def _copy(path: Path, write: Callable[[bytes], object],
+          progress: Callable[[int], None] | None = None) -> tuple[int, str]:
     digest = hashlib.sha256()
     total = 0
     try:
@@ -120,6 +121,8 @@ def _copy(path: Path, write: Callable[[bytes], object]) -> tuple[int, str]:
                 digest.update(chunk)
                 total += len(chunk)
                 write(chunk)
+                if progress:
+                    progress(len(chunk))
     except zstandard.ZstdError as e:
         raise VerifyError(f"{path.name} does not decompress: {e}") from e
     return total, digest.hexdigest()
@@ -153,7 +156,7 @@ def measure(path: Path) -> tuple[int, str]:
     return _copy(path, lambda chunk: None)
 
 
-def decompress_to(path: Path, out: BinaryIO) -> tuple[int, str]:
+def decompress_to(path: Path, out: BinaryIO, progress: Callable[[int], None] | None = None) -> tuple[int, str]:
     """Writes the original bytes to out; a regular file gets holes where the dump has zero pages (cores are
     often mostly zeros), which reads back identically. Returns size and sha256."""
     fd = out.fileno()
@@ -161,7 +164,7 @@ def decompress_to(path: Path, out: BinaryIO) -> tuple[int, str]:
     sparse = stat.S_ISREG(os.fstat(fd).st_mode) and out.seekable() and \
         not fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND
     if not sparse:
-        return _copy(path, out.write)
+        return _copy(path, out.write, progress)
     start = out.tell()
 
     def write(chunk: bytes) -> None:
@@ -173,6 +176,6 @@ def decompress_to(path: Path, out: BinaryIO) -> tuple[int, str]:
             else:
                 out.write(block)
 
-    result = _copy(path, write)
+    result = _copy(path, write, progress)
     out.truncate(start + result[0])
     return result

@@ -379,6 +379,7 @@ class Daemon:
         s.spool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         lock = self._lock()
         self.store = Store(s.state_dir)
+        self._notify("on_start")  # the state dir is ours now (the uploader starts its thread here)
         watch = Watch(s.spool_dir)
         try:
             log.info("Watching %s (compression %s, level %d)", s.spool_dir,

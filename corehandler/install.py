@@ -279,6 +279,22 @@ def _store_summary(index_path: Path) -> dict | None:
     return {"path": str(index_path), "count": count, "bytes": stored}
 
 
+def _upload_summary(config: Config, index_path: Path) -> dict | None:
+    """The upload queue and the problem holding it, if any; None when [upload] is off and never ran."""
+    from corehandler import upload
+
+    if not index_path.exists():
+        return {"url": config.upload.url, "queue": None} if config.upload.url else None
+    try:
+        with Store(index_path.parent, readonly=True) as store:
+            queue = upload.stats(store.db)
+    except (StoreError, sqlite3.Error) as e:
+        return {"url": config.upload.url, "error": str(e)}
+    if queue is None and not config.upload.url:
+        return None
+    return {"url": config.upload.url, "queue": queue}
+
+
 def _daemon_summary(paths: Paths) -> dict:
     found = supervise.status(paths)
     return {"state": "running" if found.running else "stopped", **found.as_dict()}
@@ -331,4 +347,5 @@ def status(config: Config, paths: Paths, *, csplice: Path | None = None) -> dict
         "spool": _spool_summary(paths.spool_dir),
         "store": _store_summary(paths.index_path),
         "daemon": _daemon_summary(paths),
+        "upload": _upload_summary(config, paths.index_path),
     }

@@ -277,6 +277,9 @@ class Uploader:
 
     # observer events (the daemon's thread) ---------------------------------------------------------------
 
+    def on_start(self) -> None:
+        self.start()
+
     def on_ingested(self, record: dict, stored: dict) -> None:
         with self._db_lock:
             if self._enqueue_db is None:

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
+import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable
 
 from corehandler.config import Config, load_config
+from corehandler.errors import SystemFailure, UsageError
 from corehandler.paths import Paths
 
 Handler = Callable[[argparse.Namespace], "int | None"]
@@ -64,3 +68,36 @@ def emit(args: argparse.Namespace, data, human: str) -> None:
         print(json.dumps(data, indent=2, default=str))
     elif human:
         print(human)
+
+
+def table(rows: list[tuple[str, ...]]) -> str:
+    """Rows as aligned columns, the first row the header; the last column is not padded."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows)
+
+
+def write_output(output: Path | None, write: Callable[[BinaryIO], None], *, source: str | None = None) -> None:
+    """Runs write(out) into output, or into stdout when output is None (refused on a terminal). A file goes
+    through a temp name renamed into place, so a failed or corrupt copy never leaves a complete-looking one.
+    An OSError on `source` (what is read, not ours) passes through; one on the output is a SystemFailure."""
+    if output is None:
+        if sys.stdout.isatty():
+            raise UsageError("refusing to write a core to a terminal: use -o FILE or a pipe")
+        sys.stdout.flush()
+        with os.fdopen(os.dup(sys.stdout.fileno()), "wb") as out:
+            write(out)
+        return
+    target = output.absolute()
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                write(out)
+            os.rename(tmp, target)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError as e:
+        if source is not None and e.filename == source:
+            raise
+        raise SystemFailure(f"cannot write {target}: {e.strerror}") from None

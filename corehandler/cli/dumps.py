@@ -20,8 +20,10 @@ import tempfile
 from pathlib import Path
 
 from corehandler import compress, facts, retention
-from corehandler.cli.common import emit, load
-from corehandler.errors import CorehandlerError, NoMatchError, SystemFailure, UsageError
+from corehandler.cli.common import emit, load, write_output
+from corehandler.cli.common import table as format_table
+from corehandler.errors import CorehandlerError, NoMatchError, UsageError
+from corehandler.progress import Progress
 from corehandler.store import Dump, Filter, Store
 from corehandler.units import UnitError, human_size, parse_duration
 
@@ -207,8 +209,7 @@ def run_list(args: argparse.Namespace) -> int:
         table.append((_time(d.crashed_at), str(d.pid if d.pid is not None else "-"),
                       str(d.uid if d.uid is not None else "-"), signal_name(d.signal), d.status, state,
                       human_size(d.raw_bytes) if d.path else "-", d.exe or d.comm or "-"))
-    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]) - 1)]
-    print("\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in table))
+    print(format_table(table))
     return 0
 
 
@@ -273,7 +274,8 @@ def _newest_with_core(store: Store, args: argparse.Namespace) -> tuple[Dump, Pat
 
 
 def _write_verified(d: Dump, path: Path, out) -> None:
-    size, digest = compress.decompress_to(path, out)
+    with Progress(d.raw_bytes, d.id) as progress:
+        size, digest = compress.decompress_to(path, out, progress)
     if size != d.raw_bytes or (d.sha256 and digest != d.sha256):
         raise compress.VerifyError(f"{path.name} decompressed to {size} bytes with sha256 {digest}, expected "
                                    f"{d.raw_bytes} bytes with {d.sha256}")
@@ -284,26 +286,8 @@ def run_dump(args: argparse.Namespace) -> int:
         raise UsageError("refusing to write a core to a terminal: use -o FILE or a pipe")
     with _open_store(args) as store:
         d, path = _newest_with_core(store, args)
-        if args.output is None:
-            sys.stdout.flush()
-            with os.fdopen(os.dup(sys.stdout.fileno()), "wb") as out:
-                _write_verified(d, path, out)
-        else:
-            # A temp file renamed into place: a corrupt store file never leaves a complete-looking output.
-            target = args.output.absolute()
-            try:
-                fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-                try:
-                    with os.fdopen(fd, "wb") as out:
-                        _write_verified(d, path, out)
-                    os.rename(tmp, target)
-                except BaseException:
-                    os.unlink(tmp)
-                    raise
-            except OSError as e:
-                if e.filename == str(path):  # the store's file, not ours: vanished under a retention run
-                    raise
-                raise SystemFailure(f"cannot write {target}: {e.strerror}") from None
+        # A file that vanished under a retention run is the store's problem, not the output's.
+        write_output(args.output, lambda out: _write_verified(d, path, out), source=str(path))
     print(f"wrote {d.id} ({human_size(d.raw_bytes)}) to {args.output or 'stdout'}", file=sys.stderr)
     return 0
 

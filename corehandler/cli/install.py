@@ -100,6 +100,15 @@ def _store_line(store: dict | None) -> str:
     return store.get("error") or f"{store['count']} dumps, {human_size(store['bytes'])}"
 
 
+def _upload_line(up: dict) -> str:
+    from corehandler.upload import status_line
+
+    where = up["url"] or "off (queue left from an earlier [upload])"
+    if "error" in up:
+        return f"{where}: {up['error']}"
+    return f"{where}: {status_line(up['queue'])}" if up["queue"] is not None else f"{where}: nothing queued yet"
+
+
 def run_status(args: argparse.Namespace) -> int:
     config, paths = load(args)
     st = install.status(config, paths, csplice=args.csplice)
@@ -116,5 +125,7 @@ def run_status(args: argparse.Namespace) -> int:
         f"store:            {_store_line(st['store'])}",
         f"daemon:           {st['daemon']['state']}",
     ]
+    if st["upload"] is not None:
+        lines.append(f"upload:           {_upload_line(st['upload'])}")
     emit(args, st, "\n".join(lines))
     return 0

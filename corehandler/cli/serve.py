@@ -13,6 +13,7 @@ from corehandler.daemon import Daemon, Settings, replay_rows, settings_from_conf
 from corehandler.journal import JournalObserver
 from corehandler.metrics import MetricsObserver
 from corehandler.store import Store
+from corehandler.upload import UploadCollector, Uploader
 
 log = logging.getLogger("corehandler.serve")
 
@@ -65,6 +66,15 @@ def run_serve(args: argparse.Namespace) -> int:
                     handle_signals=True)
     observers, problems = observers_for(config, paths, lambda: daemon.settings.policy.max_use)
     daemon.observers.extend(observers)
+    if config.upload.url:
+        # Its own thread (started by on_start, once the daemon holds the state dir) and index connection:
+        # ingest never waits on the network. [upload] changes apply
+        # at the next start.
+        uploader = Uploader(config.upload, paths.state_dir)
+        daemon.observers.append(uploader)
+        for obs in observers:
+            if isinstance(obs, MetricsObserver):
+                obs.registry.register(UploadCollector(paths.index_path))
     for problem in problems:
         daemon.report_error("config", problem)
     return daemon.run()

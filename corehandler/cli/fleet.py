@@ -1,0 +1,129 @@
+"""fleet: every host's dumps, from the bucket [upload] names: `fleet list [--group]`, `fleet info ID`,
+`fleet get ID -o FILE`. Reads sidecars only; needs no daemon and no database server."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+
+from corehandler import bucket, fleet
+from corehandler.cli.common import emit, load, table, write_output
+from corehandler.errors import NoMatchError, UsageError
+from corehandler.progress import Progress
+from corehandler.units import human_size
+
+
+def register(commands) -> None:
+    p = commands.add("fleet", _usage, help="every host's dumps, read from the bucket of [upload]")
+    sub = p.add_subparsers(dest="fleet_command", metavar="VERB")
+    common = commands.common()
+
+    lst = sub.add_parser("list", parents=[common], help="one row per dump (--group: per signature)")
+    lst.set_defaults(handler=run_list)
+    lst.add_argument("--date", type=_date, default=None, metavar="YYYY-MM-DD",
+                     help="the (last) day to list, UTC (default today)")
+    lst.add_argument("--days", type=int, default=1, metavar="N", help="list N days ending at --date (default 1)")
+    lst.add_argument("--host", action="append", default=[], metavar="HOST", help="only this host (repeatable)")
+    lst.add_argument("--group", action="store_true", help="one row per signature: count, cores, hosts, "
+                     "first and last seen")
+
+    info = sub.add_parser("info", parents=[common], help="a dump's sidecar: record, index row, trace")
+    info.set_defaults(handler=run_info)
+    info.add_argument("id", metavar="ID")
+    info.add_argument("--host", default=None, metavar="HOST", help="the host, when the id is on several")
+
+    get = sub.add_parser("get", parents=[common], help="download a dump's core, verified, decompressed")
+    get.set_defaults(handler=run_get)
+    get.add_argument("id", metavar="ID")
+    get.add_argument("--host", default=None, metavar="HOST", help="the host, when the id is on several")
+    get.add_argument("-o", "--output", type=Path, metavar="FILE", help="write here (default: stdout, if not "
+                     "a terminal)")
+
+
+def _usage(args: argparse.Namespace) -> int:
+    raise UsageError("fleet needs a verb: list, info or get")
+
+
+def _date(text: str) -> dt.date:
+    try:
+        return dt.date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a date (YYYY-MM-DD)") from None
+
+
+def _open(args: argparse.Namespace):
+    config, _ = load(args)
+    target = bucket.target(config.upload)
+    return bucket.client(config.upload, pool=fleet.WORKERS + 4), target
+
+
+def _when(ts: float | None) -> str:
+    return "-" if ts is None else dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def run_list(args: argparse.Namespace) -> int:
+    if args.days < 1:
+        raise UsageError("--days must be at least 1")
+    client, target = _open(args)
+    last = args.date or dt.datetime.now(dt.timezone.utc).date()
+    days = [last - dt.timedelta(days=n) for n in range(args.days - 1, -1, -1)]
+    sidecars = fleet.list_sidecars(client, target, days, args.host)
+    if args.group:
+        groups = fleet.group(sidecars)
+        rows = [("COUNT", "CORES", "HOSTS", "FIRST (UTC)", "LAST (UTC)", "LATEST", "SIGNATURE")]
+        rows += [(str(g["count"]), str(g["cores"]), str(len(g["hosts"])), _when(g["first_seen"]),
+                  _when(g["last_seen"]), g["latest"] or "-", g["signature"] or "-") for g in groups]
+        emit(args, groups, table(rows) if groups else "")
+    else:
+        found = [fleet.row(s) for s in sidecars]
+        rows = [("TIME (UTC)", "HOST", "ID", "CORE", "EXE")]
+        rows += [(_when(r["crashed_at"]), r["host"] or "-", r["id"] or "-",
+                  human_size(r["core_bytes"]) if r["core"] else "sidecar only", r["exe"] or r["comm"] or "-")
+                 for r in found]
+        emit(args, found, table(rows) if found else "")
+    if not sidecars:
+        raise NoMatchError(f"no dumps in s3://{target.bucket}/{target.root()} for "
+                           f"{days[0]}{'' if len(days) == 1 else f'..{days[-1]}'}")
+    return 0
+
+
+def run_info(args: argparse.Namespace) -> int:
+    client, target = _open(args)
+    sc = fleet.find(client, target, args.id, args.host)
+    if args.json:
+        emit(args, sc, "")
+        return 0
+    r = fleet.row(sc)
+    core = sc.get("core")
+    lines = [f"ID:        {r['id']}", f"Host:      {r['host']}", f"Crashed:   {_when(r['crashed_at'])} UTC",
+             f"Exe:       {r['exe'] or '-'}", f"Signal:    {r['signal']}", f"Status:    {r['status']}",
+             f"Signature: {r['signature']} ({sc.get('signature_source')})",
+             "Core:      " + (f"s3://{target.bucket}/{core['key']} ({human_size(core['bytes'])}, "
+                               f"{human_size(core['raw_bytes'] or 0)} decompressed)" if core else
+                               f"none (budget: {sc.get('budget')})"),
+             f"Sidecar:   s3://{target.bucket}/{sc['_key']}"]
+    trace = (sc.get("analysis") or {}).get("trace")
+    if trace:
+        lines.append("Trace:\n" + (trace if isinstance(trace, str) else json.dumps(trace, indent=2)))
+    print("\n".join(lines))
+    return 0
+
+
+def run_get(args: argparse.Namespace) -> int:
+    client, target = _open(args)
+    sc = fleet.find(client, target, args.id, args.host)
+    core = sc.get("core") or {}
+    workdir = args.output.absolute().parent if args.output else None
+
+    def write(out) -> None:
+        # One bar over both steps: the download, then the decompression.
+        with Progress((core.get("bytes") or 0) + (core.get("raw_bytes") or 0), sc["id"]) as progress:
+            fleet.fetch_core(client, target, sc, output=out, progress=progress, workdir=workdir)
+
+    write_output(args.output, write)
+    print(f"wrote {sc['id']} from {sc['host']} ({human_size(core.get('raw_bytes') or 0)}) to "
+          f"{args.output or 'stdout'}", file=sys.stderr)
+    return 0
