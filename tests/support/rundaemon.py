@@ -2,7 +2,8 @@
 
 Observer events are printed to stdout as JSON lines, so a test can see what the daemon reported.
 usage: rundaemon.py STATE_DIR [--no-compression] [--level N] [--threads N] [--sweep SEC] [--retry SEC]
-                    [--max-count N]
+                    [--max-count N] [--upload UPLOAD.json]
+--upload adds the uploader (corehandler.upload.Uploader) with that [upload] section, given as JSON.
 """
 
 from __future__ import annotations
@@ -40,11 +41,17 @@ def main() -> int:
     p.add_argument("--sweep", type=float, default=30.0)
     p.add_argument("--retry", type=float, default=60.0)
     p.add_argument("--max-count", type=int, default=None)
+    p.add_argument("--upload", type=Path, default=None)
     a = p.parse_args()
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(message)s")
     settings = Settings(a.state_dir, compression=not a.no_compression, level=a.level, threads=a.threads,
                         policy=Policy(max_count=a.max_count), sweep_interval=a.sweep, retry_interval=a.retry)
-    return Daemon(settings, observers=[PrintObserver()], handle_signals=True).run()
+    observers = [PrintObserver()]
+    if a.upload:
+        from corehandler.config import UploadConfig
+        from corehandler.upload import Uploader
+        observers.append(Uploader(UploadConfig.model_validate(json.loads(a.upload.read_text())), a.state_dir))
+    return Daemon(settings, observers=observers, handle_signals=True).run()
 
 
 if __name__ == "__main__":
