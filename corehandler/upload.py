@@ -77,9 +77,17 @@ _SCHEMA = (
 # --- the queue (plain functions on an index connection) --------------------------------------------------
 
 def ensure_schema(db: sqlite3.Connection) -> None:
-    with db:
+    """Creates the queue's tables, all in one transaction (a reader sees all of them or none)."""
+    if _has_queue(db):
+        return
+    db.execute("BEGIN IMMEDIATE")
+    try:
         for statement in _SCHEMA:
             db.execute(statement)
+        db.commit()
+    except BaseException:
+        db.rollback()
+        raise
 
 
 def _has_queue(db: sqlite3.Connection) -> bool:
@@ -527,6 +535,8 @@ class Uploader:
     # failures ------------------------------------------------------------------------------------------
 
     def _failed(self, store: Store, dump_id: str, attempts: int, err: BucketError) -> None:
+        # A multipart upload s3transfer could not abort (the server went away) is aborted before the next try.
+        self._aborted_stale = False
         delay = backoff(attempts, self.config.retry_initial, self.config.retry_max)
         with store.db:
             store.db.execute("UPDATE uploads SET state = 'pending', next_attempt = ?, last_error = ?, reason = ? "

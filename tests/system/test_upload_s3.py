@@ -64,13 +64,20 @@ class Host:
     def uploader(self, **over) -> upload.Uploader:
         return upload.Uploader(UploadConfig.model_validate({**self.upload, **over}), self.state)
 
-    def queue(self) -> dict:
+    def queue(self) -> dict | None:
+        """The upload queue's stats; None before the daemon made the index and its queue."""
+        if not (self.state / "index.sqlite").exists():
+            return None
         with Store(self.state, readonly=True) as store:
             return upload.stats(store.db)
 
     def done(self) -> int:
-        st = self.queue() if (self.state / "index.sqlite").exists() else None
+        st = self.queue()
         return st["states"]["done"] if st else 0
+
+    def failures(self) -> int:
+        st = self.queue()
+        return sum(st["failures"].values()) if st else 0
 
     def cli(self, capsys, *args: str) -> tuple[int, str, str]:
         capsys.readouterr()
@@ -124,8 +131,8 @@ def test_a_core_over_64_mib_goes_up_in_parts(tmp_path, s3, feeder, csplice, caps
     record = host.crash(feeder, csplice, size=72 << 20)
     with Running(host.settings, [host.uploader()]):
         wait_for(lambda: host.done() == 1, what="the dump uploaded", timeout=120)
-    (sidecar_key, core_key) = dump_keys(s3, bucket, record["id"])
-    assert core_key.endswith(".core")
+    (core_key, sidecar_key) = dump_keys(s3, bucket, record["id"])
+    assert core_key.endswith(".core") and sidecar_key.endswith(".json")
     head = s3.client().head_object(Bucket=bucket, Key=core_key, ChecksumMode="ENABLED")
     assert head["ContentLength"] == 72 << 20
     assert head["ChecksumSHA256"].endswith("-5") and head["ETag"].endswith('-5"')  # 4 parts of 16M and one of 8M
@@ -148,7 +155,7 @@ def test_server_stopped_mid_multipart_and_restarted(tmp_path, s3_private, feeder
     with Running(host.settings, [uploader]):
         _wait_multipart(s3, bucket)
         s3.stop(signal.SIGKILL)
-        wait_for(lambda: host.queue()["problem"] is not None, what="the failure noticed", timeout=60)
+        wait_for(lambda: (host.queue() or {}).get("problem") is not None, what="the failure noticed", timeout=60)
         assert host.queue()["problem"]["reason"] == "connection"
         s3.start()
         wait_for(lambda: host.done() == 1, what="the dump uploaded after the restart", timeout=120)
@@ -237,7 +244,7 @@ def test_a_misconfigured_bucket_is_one_clear_line_not_a_retry_storm(tmp_path, s3
         host.crash(feeder, csplice, size=1 << 16, pid=500 + i, keep_core=False)
     caplog.set_level(logging.INFO, logger="corehandler.upload")
     with Running(host.settings, [host.uploader()]):
-        wait_for(lambda: sum(host.queue()["failures"].values()) >= 3, what="a few failed attempts", timeout=60)
+        wait_for(lambda: host.failures() >= 3, what="a few failed attempts", timeout=60)
     st = host.queue()
     assert st["problem"]["reason"] == reason
     assert st["states"]["pending"] == 3 and st["states"]["done"] == 0  # nothing lost, nothing given up
