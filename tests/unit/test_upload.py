@@ -1,0 +1,262 @@
+"""The uploader's parts without a real server: backoff, checksums, what leaves the host, the [upload]
+config's safety checks, error classes, and fault injection on moto's S3 (an endpoint down for an hour, a
+server that ignores conditional creates). The real server's tests are tests/system/test_upload_s3.py."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import random
+import time
+from pathlib import Path
+
+import pytest
+import zstandard
+from botocore.exceptions import ClientError, EndpointConnectionError
+
+from corehandler import bucket, upload
+from corehandler.config import Config, UploadConfig
+from corehandler.errors import ConfigError
+from corehandler.store import Store, row_from_record
+
+moto = pytest.importorskip("moto", reason="moto is a test dependency (scripts/pip/test.txt)")
+
+
+def test_backoff_doubles_with_jitter_up_to_the_cap():
+    rand = random.Random(1)
+    for attempts in range(1, 30):
+        delay = upload.backoff(attempts, 2.0, 600.0, rand)
+        full = min(600.0, 2.0 * 2 ** (attempts - 1))
+        assert full / 2 <= delay <= full
+    assert {round(upload.backoff(20, 2.0, 600.0, random.Random(s))) for s in range(20)} != {600}  # jittered
+
+
+@pytest.mark.parametrize("size,part", [(0, 5 << 20), (1000, 5 << 20), (5 << 20, 5 << 20), ((5 << 20) + 1, 5 << 20),
+                                       (12 << 20, 5 << 20)])
+def test_digests_match_the_s3_checksums(tmp_path, size, part):
+    data = random.Random(size).randbytes(size)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    d = upload.digests(path, part)
+    assert d.size == size and d.sha256 == hashlib.sha256(data).hexdigest()
+    assert d.full_b64 == base64.b64encode(hashlib.sha256(data).digest()).decode()
+    parts = [hashlib.sha256(data[i:i + part]).digest() for i in range(0, size, part)]
+    assert d.composite_b64 == base64.b64encode(hashlib.sha256(b"".join(parts)).digest()).decode() + f"-{len(parts)}"
+
+
+def test_check_object_compares_size_and_checksum(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 100)
+    d = upload.digests(path, 5 << 20)
+    assert upload.check_object({"ContentLength": 100, "ChecksumSHA256": d.full_b64}, d, multipart=False) is None
+    assert upload.check_object({"ContentLength": 100, "ChecksumSHA256": d.composite_b64}, d, multipart=True) is None
+    assert "size" in upload.check_object({"ContentLength": 99, "ChecksumSHA256": d.full_b64}, d, multipart=False)
+    assert "checksum" in upload.check_object({"ContentLength": 100, "ChecksumSHA256": "AAAA"}, d, multipart=False)
+    assert upload.check_object({"ContentLength": 100, "Metadata": {"sha256": d.sha256}}, d, multipart=False) is None
+    assert upload.check_object({"ContentLength": 100}, d, multipart=False) is not None
+
+
+def test_what_capture_keeps_locally_stays_unless_upload_says():
+    record = {"id": "x", "proc": {"exe": "/bin/x", "environ": ["SECRET=1"], "maps": "00400000-..."}}
+    assert upload.shareable_record(record, environ=False, maps=False)["proc"] == {"exe": "/bin/x"}
+    assert upload.shareable_record(record, environ=True, maps=False)["proc"]["environ"] == ["SECRET=1"]
+    assert "maps" in upload.shareable_record(record, environ=False, maps=True)["proc"]
+    assert record["proc"]["environ"] == ["SECRET=1"]  # the index's copy is untouched
+
+
+@pytest.mark.parametrize("section,problem", [
+    ({"url": "http://bucket"}, "must be s3://"),
+    ({"url": "s3://B"}, "bucket must be"),
+    ({"url": "s3://fleet/a/../b"}, "'..'"),
+    ({"url": "s3://fleet", "endpoint": "http://10.1.2.3:9000"}, "plain http is allowed only on loopback"),
+    ({"url": "s3://fleet", "endpoint": "ftp://x"}, "http:// or https://"),
+    ({"url": "s3://fleet", "sse_kms_key_id": "k"}, 'needs sse = "aws:kms"'),
+    ({"url": "s3://fleet", "credentials_file": "relative"}, "absolute path"),
+    ({"url": "s3://fleet", "host": "a/b"}, "host name"),
+    ({"url": "s3://fleet", "part_size": "1M"}, "between"),
+])
+def test_upload_config_refuses(section, problem):
+    with pytest.raises(Exception) as err:
+        UploadConfig.model_validate(section)
+    assert problem in str(err.value)
+
+
+def test_upload_config_accepts_loopback_http_and_explicit_http():
+    assert UploadConfig.model_validate({"url": "s3://fleet/p/", "endpoint": "http://127.0.0.1:8333"}).prefix == "p"
+    assert UploadConfig.model_validate({"url": "s3://fleet", "endpoint": "http://[::1]:80"}).bucket == "fleet"
+    UploadConfig.model_validate({"url": "s3://fleet", "endpoint": "http://minio.lan:9000", "allow_http": True})
+    UploadConfig.model_validate({"url": "s3://fleet", "endpoint": "https://minio.lan:9000"})
+
+
+def test_defaults_upload_nothing_and_keep_no_budget():
+    c = Config()
+    assert c.upload.url == "" and c.upload.send == "cores" and c.upload.fleet_budget == 0
+    assert not c.upload.send_environ and not c.upload.send_maps and not c.upload.allow_http
+
+
+def test_a_credentials_file_others_can_read_is_refused(tmp_path):
+    path = tmp_path / "credentials"
+    path.write_text("[default]\naws_access_key_id = AK\naws_secret_access_key = SK\n")
+    path.chmod(0o644)
+    with pytest.raises(bucket.CredentialsFileError, match="readable by others.*0644"):
+        bucket.read_credentials(path, "default")
+    path.chmod(0o600)
+    assert bucket.read_credentials(path, "default") == {"aws_access_key_id": "AK", "aws_secret_access_key": "SK",
+                                                        "aws_session_token": None}
+    with pytest.raises(bucket.CredentialsFileError, match=r"no \[other\] profile"):
+        bucket.read_credentials(path, "other")
+    with pytest.raises(bucket.CredentialsFileError, match="No such file"):
+        bucket.read_credentials(tmp_path / "missing", "default")
+
+
+def _client_error(code: str, status: int = 400) -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}},
+                       "PutObject")
+
+
+@pytest.mark.parametrize("error,reason", [
+    (_client_error("InvalidAccessKeyId", 403), "credentials"),
+    (_client_error("SignatureDoesNotMatch", 403), "credentials"),
+    (_client_error("NoSuchBucket", 404), "bucket"),
+    (_client_error("RequestTimeTooSkewed", 403), "clock_skew"),
+    (_client_error("SlowDown", 503), "throttled"),
+    (_client_error("InternalError", 500), "server"),
+    (EndpointConnectionError(endpoint_url="http://127.0.0.1:1"), "connection"),
+])
+def test_errors_are_classified_into_one_line(error, reason):
+    err = bucket.classify(error)
+    assert err.reason == reason and "\n" not in err.message
+    if reason == "clock_skew":
+        assert "NTP" in err.message
+
+
+def test_target_keys():
+    t = bucket.Target("fleet", "corp/x", "web-1")
+    ts = 1_700_000_000.0  # 2023-11-14 UTC
+    assert t.dump_key(ts, "1700000000000000-abc-1", ".zst") == "corp/x/v1/web-1/2023/11/14/1700000000000000-abc-1.zst"
+    assert t.budget_slot("sig", "2023-11-14", 2) == "corp/x/v1/budget/sig/2023-11-14/2"
+    assert bucket.Target("fleet", "", "h").root() == "v1/"
+    assert str(bucket.id_day("1700000000000000-abc-1")) == "2023-11-14" and bucket.id_day("nope") is None
+
+
+# --- fault injection on moto ----------------------------------------------------------------------------
+
+class Clock:
+    def __init__(self):
+        self.now = time.time()
+
+    def __call__(self):
+        return self.now
+
+
+class Flaky:
+    """A client that behaves as the endpoint being down until `up_at` (by the test's clock)."""
+
+    def __init__(self, client, clock: Clock, up_at: float, drop_if_none_match: bool = False):
+        self.client, self.clock, self.up_at, self.drop = client, clock, up_at, drop_if_none_match
+        self.calls = 0
+
+    def __getattr__(self, name):
+        attr = getattr(self.client, name)
+        if not callable(attr) or name.startswith("get_paginator"):
+            return attr
+
+        def call(*args, **kwargs):
+            self.calls += 1
+            if self.clock() < self.up_at:
+                raise EndpointConnectionError(endpoint_url="http://127.0.0.1:9")
+            if self.drop:
+                kwargs.pop("IfNoneMatch", None)  # a server that ignores the header
+            return attr(*args, **kwargs)
+        return call
+
+
+def _store_with_dump(state: Path, dump_id: str, payload: bytes) -> None:
+    (state / "store").mkdir(parents=True)
+    (state / "store" / f"{dump_id}.zst").write_bytes(zstandard.ZstdCompressor().compress(payload))
+    record = {"id": dump_id, "signal": 6, "timestamp": time.time(), "proc": {"exe": "/usr/bin/x"}, "capture": {}}
+    with Store(state) as store:
+        store.insert(row_from_record(record, status="ok", problem=None, path=f"{dump_id}.zst", raw_bytes=len(payload),
+                                     stored_bytes=0, sha256=hashlib.sha256(payload).hexdigest()))
+        upload.ensure_schema(store.db)
+        upload.enqueue(store.db, dump_id)
+
+
+@pytest.fixture
+def s3mock():
+    import boto3
+
+    with moto.mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket="fleet-test")
+        yield client
+
+
+def _drive(uploader: upload.Uploader, store: Store, clock: Clock, until: float) -> None:
+    """Runs the uploader's steps, jumping the clock over every wait, until it is done or `until`."""
+    while clock.now < until:
+        wait = uploader.step(store)
+        if store.db.execute("SELECT state FROM uploads").fetchone()[0] == "done":
+            return
+        clock.now += max(wait, 0.001)
+
+
+def test_an_endpoint_down_for_an_hour_loses_nothing_and_retries_at_the_backoffs_pace(tmp_path, s3mock):
+    clock = Clock()
+    dump_id = f"{int(clock.now * 1e6)}-0123456789abcdef-7"
+    _store_with_dump(tmp_path, dump_id, b"core " * 1000)
+    flaky = Flaky(s3mock, clock, up_at=clock.now + 3600)
+    cfg = UploadConfig.model_validate({"url": "s3://fleet-test/p", "host": "h1"})
+    uploader = upload.Uploader(cfg, tmp_path, client_factory=lambda: flaky, clock=clock)
+    with Store(tmp_path) as store:
+        _drive(uploader, store, clock, clock.now + 7200)
+        st = upload.stats(store.db, clock.now)
+    assert st["states"]["done"] == 1 and st["problem"] is None
+    # 2 s doubling to the 10 min cap, halved by jitter at worst: some 15 tries in the hour, not thousands.
+    assert 8 <= st["failures"]["connection"] <= 25
+    keys = sorted(o["Key"] for o in s3mock.list_objects_v2(Bucket="fleet-test")["Contents"])
+    assert [k.rsplit(".", 1)[1] for k in keys] == ["json", "zst"]
+
+
+def test_a_server_that_ignores_conditional_creates_gets_every_core(tmp_path, s3mock, caplog):
+    clock = Clock()
+    cfg = UploadConfig.model_validate({"url": "s3://fleet-test/p", "fleet_budget": 1})
+    for n in range(3):
+        state = tmp_path / f"h{n}"
+        dump_id = f"{int(clock.now * 1e6) + n}-0123456789abcdef-7"
+        _store_with_dump(state, dump_id, b"same crash " * 100)
+        uploader = upload.Uploader(cfg.model_copy(update={"host": f"h{n}"}), state,
+                                   client_factory=lambda: Flaky(s3mock, clock, 0, drop_if_none_match=True),
+                                   clock=clock)
+        with Store(state) as store:
+            _drive(uploader, store, clock, clock.now + 60)
+    keys = [o["Key"] for o in s3mock.list_objects_v2(Bucket="fleet-test")["Contents"]]
+    assert len([k for k in keys if k.endswith(".zst")]) == 3  # nothing kept back on a budget it cannot hold
+    sidecars = [json.loads(s3mock.get_object(Bucket="fleet-test", Key=k)["Body"].read()) for k in keys
+                if k.endswith(".json")]
+    assert {s["budget"] for s in sidecars} == {"unenforced"}
+    assert "ignores conditional creates" in caplog.text
+
+
+def test_retention_deleting_a_waiting_dump_counts_it_lost(tmp_path):
+    from corehandler import retention
+
+    dump_id = f"{int(time.time() * 1e6)}-0123456789abcdef-7"
+    _store_with_dump(tmp_path, dump_id, b"x" * 4096)
+    with Store(tmp_path) as store:
+        # max_count cannot take it while it waits; keep_free (the disk floor) can, and it is then lost.
+        assert retention.vacuum(store, retention.Policy(max_count=0 or None, max_use=1)) == []
+        deleted = retention.vacuum(store, retention.Policy(keep_free=1 << 62))
+        assert [d.id for d in deleted] == [dump_id]
+        st = upload.stats(store.db)
+    assert st["states"]["failed"] == 1 and st["failures"] == {"lost": 1}
+
+
+def test_config_error_names_the_upload_key(tmp_path):
+    from corehandler.config import load_config
+    from corehandler.paths import Paths
+
+    (tmp_path / "corehandler.toml").write_text('[upload]\nurl = "s3://fleet"\nendpoint = "http://192.0.2.1"\n')
+    with pytest.raises(ConfigError, match="upload.*plain http"):
+        load_config(Paths(config_dir=tmp_path))
