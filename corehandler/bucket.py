@@ -179,5 +179,5 @@ def client(config, *, pool: int = 16):
         s3={"addressing_style": "path" if config.endpoint else "auto"},
         user_agent_extra="corehandler")
     session = boto3.session.Session()
-    return session.client("s3", endpoint_url=config.endpoint or None, region_name=config.region or "us-east-1",
+    return session.client("s3", endpoint_url=config.endpoint or None, region_name=config.region or None,
                           verify=config.ca_bundle or True, config=boto, **kwargs)
