@@ -23,9 +23,9 @@
 #include <unistd.h>
 
 #include "capture.h"
-#include "crash.h"
 #include "log.h"
 #include "procinfo.h"
+#include "record.h"
 #include "settings.h"
 #include "spool.h"
 #include "util.h"

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "crash.h"
+#include "record.h"
 #include "json.h"
 #include "log.h"
 
