@@ -190,8 +190,9 @@ def main() -> int:
             rows = []
             for mib in map(int, a.sizes.split(",")):
                 r = throughput(server, work, creds, mib * MiB, a.rounds)
-                rows.append([f"{mib} MiB", f"{median(r['raw']) / MiB:.0f} ({spread([x / MiB for x in r['raw']], '{:.0f}')})",
-                             f"{median(r['ours']) / MiB:.0f} ({spread([x / MiB for x in r['ours']], '{:.0f}')})",
+                raw_mib, ours_mib = [x / MiB for x in r["raw"]], [x / MiB for x in r["ours"]]
+                rows.append([f"{mib} MiB", f"{median(raw_mib):.0f} ({spread(raw_mib, '{:.0f}')})",
+                             f"{median(ours_mib):.0f} ({spread(ours_mib, '{:.0f}')})",
                              f"{paired_ratio(r['ours'], r['raw']):.2f}", f"{median(r['cpu']):.2f} ({spread(r['cpu'])})"])
                 print(rows[-1], flush=True)
             c2a = crash_to_available(server, work, creds, a.rounds)

@@ -316,17 +316,25 @@ class Uploader:
         return self
 
     def _run(self) -> None:
-        try:
-            with Store(self.state_dir) as store:
-                ensure_schema(store.db)
-                self._recover(store)
-                while not self._stop.is_set():
-                    wait = self.step(store)
-                    if wait:
-                        self._wake.wait(wait)
-                        self._wake.clear()
-        except Exception:
-            log.exception("The uploader failed; uploads stop until the daemon restarts")
+        store = None
+        while not self._stop.is_set():
+            try:
+                if store is None:
+                    store = Store(self.state_dir)
+                    ensure_schema(store.db)
+                    self._recover(store)
+                wait = self.step(store)
+            except Exception:  # the index itself failing (disk full, locked too long): try again later
+                log.exception("The uploader failed; retrying in %.0fs", self.config.retry_max)
+                if store is not None:
+                    store.close()
+                    store = None
+                wait = self.config.retry_max
+            if wait:
+                self._wake.wait(wait)
+                self._wake.clear()
+        if store is not None:
+            store.close()
 
     def _recover(self, store: Store) -> None:
         with store.db:

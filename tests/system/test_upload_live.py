@@ -31,7 +31,7 @@ def test_a_real_crash_reaches_the_bucket_and_comes_back_identical(live, s3, tmp_
         assert r.returncode == -signal.SIGSEGV
 
         def listed():
-            out = cli("--json", "fleet", "list")
+            out = cli("--json", "fleet", "list", "--days", "2")
             return json.loads(out.stdout) if out.returncode == 0 else []
         wait_for(lambda: listed(), what="the crash in `fleet list`", timeout=60)
     finally:

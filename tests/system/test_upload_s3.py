@@ -112,7 +112,7 @@ def test_a_dump_goes_up_verified_and_comes_back_byte_identical(tmp_path, s3, fee
     head = s3.client().head_object(Bucket=bucket, Key=base + ".zst", ChecksumMode="ENABLED")
     assert head["ContentLength"] == sidecar["core"]["bytes"]
 
-    code, out, _ = host.cli(capsys, "fleet", "list", "--json")
+    code, out, _ = host.cli(capsys, "fleet", "list", "--days", "2", "--json")
     assert code == 0
     assert [(r["id"], r["host"], r["core"]) for r in json.loads(out)] == [(record["id"], "alpha", True)]
     out_file = tmp_path / "back.core"
@@ -276,7 +276,8 @@ def test_fleet_get_detects_a_corrupt_object(tmp_path, s3, feeder, csplice, capsy
 def _crash_both(tmp_path, s3, bucket, feeder, csplice, **upload_over) -> tuple[Host, Host, list[dict]]:
     alpha = Host(tmp_path, s3, bucket, "alpha", **upload_over)
     beta = Host(tmp_path, s3, bucket, "beta", **upload_over)
-    records = [alpha.crash(feeder, csplice, size=1 << 20, pid=1001), beta.crash(feeder, csplice, size=1 << 20, pid=1002)]
+    records = [alpha.crash(feeder, csplice, size=1 << 20, pid=1001),
+               beta.crash(feeder, csplice, size=1 << 20, pid=1002)]
     with Running(alpha.settings, [alpha.uploader()]), Running(beta.settings, [beta.uploader()]):
         wait_for(lambda: alpha.done() == 1 and beta.done() == 1, what="both hosts' uploads")
     return alpha, beta, records
@@ -285,14 +286,14 @@ def _crash_both(tmp_path, s3, bucket, feeder, csplice, **upload_over) -> tuple[H
 def test_two_hosts_are_seen_together_grouped_by_signature(tmp_path, s3, feeder, csplice, capsys):
     bucket = s3.new_bucket()
     alpha, beta, records = _crash_both(tmp_path, s3, bucket, feeder, csplice)
-    code, out, _ = alpha.cli(capsys, "fleet", "list", "--json")
+    code, out, _ = alpha.cli(capsys, "fleet", "list", "--days", "2", "--json")
     assert sorted((r["host"], r["id"]) for r in json.loads(out)) == \
         sorted([("alpha", records[0]["id"]), ("beta", records[1]["id"])])
-    code, out, _ = beta.cli(capsys, "fleet", "list", "--group", "--json")
+    code, out, _ = beta.cli(capsys, "fleet", "list", "--days", "2", "--group", "--json")
     (group,) = json.loads(out)
     assert group["count"] == 2 and group["cores"] == 2 and group["hosts"] == ["alpha", "beta"]
     assert group["first_seen"] <= group["last_seen"]
-    code, out, _ = beta.cli(capsys, "fleet", "list", "--group")
+    code, out, _ = beta.cli(capsys, "fleet", "list", "--days", "2", "--group")
     assert code == 0 and out.splitlines()[0].split()[:3] == ["COUNT", "CORES", "HOSTS"]
 
 
@@ -306,10 +307,11 @@ def test_the_fleet_budget_keeps_one_core_when_both_hosts_crash_the_same_way(tmp_
                      for k in sidecars)
     assert budgets == ["kept_back", "slot 0"]
     assert alpha.queue()["kept_back"] + beta.queue()["kept_back"] == 1
-    code, out, _ = alpha.cli(capsys, "fleet", "list", "--group", "--json")
+    code, out, _ = alpha.cli(capsys, "fleet", "list", "--days", "2", "--group", "--json")
     (group,) = json.loads(out)
     assert group["count"] == 2 and group["cores"] == 1
-    kept_back = next(r for r in json.loads(alpha.cli(capsys, "fleet", "list", "--json")[1]) if not r["core"])
+    listed = json.loads(alpha.cli(capsys, "fleet", "list", "--days", "2", "--json")[1])
+    kept_back = next(r for r in listed if not r["core"])
     code, _, err = alpha.cli(capsys, "fleet", "get", kept_back["id"], "-o", str(tmp_path / "x"))
     assert code != 0 and "no core in the bucket" in err
 

@@ -260,3 +260,46 @@ def test_config_error_names_the_upload_key(tmp_path):
     (tmp_path / "corehandler.toml").write_text('[upload]\nurl = "s3://fleet"\nendpoint = "http://192.0.2.1"\n')
     with pytest.raises(ConfigError, match="upload.*plain http"):
         load_config(Paths(config_dir=tmp_path))
+
+
+def _fleet_cli(tmp_path, capsys, upload_toml: str, *args: str) -> tuple[int, str]:
+    from corehandler.cli import main
+
+    etc = tmp_path / "etc"
+    etc.mkdir(exist_ok=True)
+    (etc / "corehandler.toml").write_text(upload_toml)
+    capsys.readouterr()
+    code = main(["--config-dir", str(etc), "--state-dir", str(tmp_path / "state"), "fleet", *args])
+    return code, capsys.readouterr().err
+
+
+def test_fleet_without_a_bucket_says_how_to_configure_one(tmp_path, capsys):
+    code, err = _fleet_cli(tmp_path, capsys, "", "list")
+    assert code == 3 and err.count("\n") == 1 and 'upload.url = "s3://BUCKET/PREFIX"' in err
+
+
+def test_fleet_refuses_a_credentials_file_others_can_read(tmp_path, capsys):
+    creds = tmp_path / "credentials"
+    creds.write_text("[default]\naws_access_key_id = AK\naws_secret_access_key = SK\n")
+    creds.chmod(0o640)
+    code, err = _fleet_cli(tmp_path, capsys, f'[upload]\nurl = "s3://fleet-x"\ncredentials_file = "{creds}"\n',
+                           "list")
+    assert code == 4 and err.count("\n") == 1 and "readable by others (mode 0640" in err
+
+
+def test_the_uploader_reports_an_unsafe_credentials_file_as_the_queue_problem(tmp_path, caplog):
+    creds = tmp_path / "credentials"
+    creds.write_text("[default]\naws_access_key_id = AK\naws_secret_access_key = SK\n")
+    creds.chmod(0o604)
+    dump_id = f"{int(time.time() * 1e6)}-0123456789abcdef-7"
+    _store_with_dump(tmp_path / "state", dump_id, b"x")
+    cfg = UploadConfig.model_validate({"url": "s3://fleet-x", "credentials_file": str(creds)})
+    clock = Clock()
+    uploader = upload.Uploader(cfg, tmp_path / "state", clock=clock)
+    with Store(tmp_path / "state") as store:
+        for _ in range(5):
+            clock.now += uploader.step(store) + 0.001
+        st = upload.stats(store.db, clock.now)
+    assert st["problem"]["reason"] == "credentials" and "readable by others" in st["problem"]["message"]
+    assert st["states"]["pending"] == 1
+    assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 1
