@@ -1,9 +1,10 @@
 """The fleet view: every host's dumps, read from the bucket's sidecars (no database server of our own).
 
 A sidecar exists only once its core is verified, so everything listed here can be fetched. Listing is one
-prefix listing per host and day plus one GET per sidecar, the GETs in a bounded pool of threads: O(dumps).
-Past ~10^5 dumps a day, per-day summary objects or the storage's inventory service would be the way
-(docs/design.md, "Fleet objects").
+prefix listing per host and day plus one GET per sidecar not yet in the local cache, the GETs in a bounded
+pool of threads: O(dumps) the first time, O(new dumps) after. The cache (SQLite, 0600: sidecars hold
+command lines) keys each sidecar by its key and ETag, so a rewritten one is read again. Past ~10^5 dumps a
+day, per-day summary objects or the storage's inventory service would be the way (docs/design.md, "Fleet").
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import datetime
 import hashlib
 import json
 import os
+import sqlite3
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -51,15 +53,19 @@ def hosts(client, target: Target) -> list[str]:
     return sorted(found)
 
 
-def sidecar_keys(client, target: Target, host: str, day: datetime.date) -> list[str]:
+def sidecar_keys(client, target: Target, host: str, day: datetime.date) -> list[tuple[str, str]]:
+    """(key, ETag) of every sidecar of a host's day."""
     pages = client.get_paginator("list_objects_v2").paginate(Bucket=target.bucket,
                                                              Prefix=target.day_prefix(host, day))
-    return [o["Key"] for page in _call(lambda: list(pages)) for o in page.get("Contents") or []
+    return [(o["Key"], o.get("ETag", "")) for page in _call(lambda: list(pages)) for o in page.get("Contents") or []
             if o["Key"].endswith(bucket.SIDECAR_SUFFIX)]
 
 
 def read_sidecar(client, target: Target, key: str) -> dict:
-    body = _call(client.get_object, Bucket=target.bucket, Key=key)["Body"].read()
+    return _parse(target, key, _call(client.get_object, Bucket=target.bucket, Key=key)["Body"].read())
+
+
+def _parse(target: Target, key: str, body: bytes | str) -> dict:
     try:
         data = json.loads(body)
     except ValueError as e:
@@ -68,14 +74,60 @@ def read_sidecar(client, target: Target, key: str) -> dict:
     return data
 
 
+class SidecarCache:
+    """Sidecars already read, by key and ETag, in a private SQLite file."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        os.close(fd)
+        self.db = sqlite3.connect(self.path, timeout=10)
+        self.db.execute("CREATE TABLE IF NOT EXISTS sidecars (key TEXT PRIMARY KEY, etag TEXT NOT NULL, "
+                        "body TEXT NOT NULL)")
+
+    @staticmethod
+    def default_path(target: Target, endpoint: str) -> Path:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        name = hashlib.sha256(f"{endpoint}\0{target.bucket}\0{target.prefix}".encode()).hexdigest()[:16]
+        return base / "corehandler" / f"fleet-{name}.sqlite"
+
+    def get(self, keys: list[str]) -> dict[str, tuple[str, str]]:
+        found = {}
+        for i in range(0, len(keys), 500):
+            chunk = keys[i:i + 500]
+            marks = ",".join("?" * len(chunk))
+            found.update((k, (e, b)) for k, e, b in
+                         self.db.execute(f"SELECT key, etag, body FROM sidecars WHERE key IN ({marks})", chunk))
+        return found
+
+    def put(self, rows: list[tuple[str, str, str]]) -> None:
+        with self.db:
+            self.db.executemany("INSERT OR REPLACE INTO sidecars (key, etag, body) VALUES (?, ?, ?)", rows)
+
+    def close(self) -> None:
+        self.db.close()
+
+
 def list_sidecars(client, target: Target, days: Iterable[datetime.date], only_hosts: Iterable[str] = (),
-                  workers: int = WORKERS) -> list[dict]:
+                  workers: int = WORKERS, cache: SidecarCache | None = None) -> list[dict]:
     """Every sidecar of those days (and hosts, if given), oldest first."""
     names = list(only_hosts) or hosts(client, target)
     pairs = [(h, d) for h in names for d in days]
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        keys = [k for ks in pool.map(lambda hd: sidecar_keys(client, target, *hd), pairs) for k in ks]
-        sidecars = list(pool.map(lambda k: read_sidecar(client, target, k), keys))
+        listed = [k for ks in pool.map(lambda hd: sidecar_keys(client, target, *hd), pairs) for k in ks]
+        cached = cache.get([k for k, _ in listed]) if cache else {}
+        fresh = [(k, e) for k, e in listed if cached.get(k, ("",))[0] != e or not e]
+
+        def fetch(key_etag):
+            key, etag = key_etag
+            return key, etag, _call(client.get_object, Bucket=target.bucket, Key=key)["Body"].read().decode()
+        got = list(pool.map(fetch, fresh))
+    if cache and got:
+        cache.put(got)
+    bodies = {k: b for k, (_, b) in cached.items()}
+    bodies.update((k, b) for k, _, b in got)
+    sidecars = [_parse(target, k, bodies[k]) for k, _ in listed]
     return sorted(sidecars, key=lambda s: (s.get("crashed_at") or 0, s.get("id") or ""))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -29,6 +30,8 @@ def register(commands) -> None:
     lst.add_argument("--host", action="append", default=[], metavar="HOST", help="only this host (repeatable)")
     lst.add_argument("--group", action="store_true", help="one row per signature: count, cores, hosts, "
                      "first and last seen")
+    lst.add_argument("--no-cache", action="store_true", help="read every sidecar from the bucket, not the "
+                     "local cache of those read before (~/.cache/corehandler)")
 
     info = sub.add_parser("info", parents=[common], help="a dump's sidecar: record, index row, trace")
     info.set_defaults(handler=run_info)
@@ -57,7 +60,7 @@ def _date(text: str) -> dt.date:
 def _open(args: argparse.Namespace):
     config, _ = load(args)
     target = bucket.target(config.upload)
-    return bucket.client(config.upload, pool=fleet.WORKERS + 4), target
+    return bucket.client(config.upload, pool=fleet.WORKERS + 4), target, config.upload
 
 
 def _when(ts: float | None) -> str:
@@ -67,10 +70,15 @@ def _when(ts: float | None) -> str:
 def run_list(args: argparse.Namespace) -> int:
     if args.days < 1:
         raise UsageError("--days must be at least 1")
-    client, target = _open(args)
+    client, target, upload = _open(args)
     last = args.date or dt.datetime.now(dt.timezone.utc).date()
     days = [last - dt.timedelta(days=n) for n in range(args.days - 1, -1, -1)]
-    sidecars = fleet.list_sidecars(client, target, days, args.host)
+    cache = None if args.no_cache else _cache(target, upload.endpoint)
+    try:
+        sidecars = fleet.list_sidecars(client, target, days, args.host, cache=cache)
+    finally:
+        if cache:
+            cache.close()
     if args.group:
         groups = fleet.group(sidecars)
         rows = [("COUNT", "CORES", "HOSTS", "FIRST (UTC)", "LAST (UTC)", "LATEST", "SIGNATURE")]
@@ -90,8 +98,16 @@ def run_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cache(target, endpoint: str) -> "fleet.SidecarCache | None":
+    try:
+        return fleet.SidecarCache(fleet.SidecarCache.default_path(target, endpoint))
+    except (OSError, sqlite3.Error) as e:  # a read-only home: list without one
+        print(f"corehandler: no sidecar cache ({e}); reading every sidecar", file=sys.stderr)
+        return None
+
+
 def run_info(args: argparse.Namespace) -> int:
-    client, target = _open(args)
+    client, target, _ = _open(args)
     sc = fleet.find(client, target, args.id, args.host)
     if args.json:
         emit(args, sc, "")
@@ -113,7 +129,7 @@ def run_info(args: argparse.Namespace) -> int:
 
 
 def run_get(args: argparse.Namespace) -> int:
-    client, target = _open(args)
+    client, target, _ = _open(args)
     sc = fleet.find(client, target, args.id, args.host)
     core = sc.get("core") or {}
     workdir = args.output.absolute().parent if args.output else None

@@ -5,13 +5,14 @@ crash appears in the bucket as a verified core plus sidecar, in `fleet list --js
 from __future__ import annotations
 
 import json
+import os
 import signal
 
 import pytest
 
 from support.crash import build_crasher, crash
 from support.daemon_harness import wait_for
-from test_daemon_live import live, serve, sha_of, stop  # noqa: F401 (live is a fixture)
+from test_daemon_live import live, serve, sha_of, stop  # noqa: F401 (live is a fixture)  # pyflakes: ignore
 
 pytestmark = [pytest.mark.root, pytest.mark.live_kernel, pytest.mark.s3]
 
@@ -31,7 +32,7 @@ def test_a_real_crash_reaches_the_bucket_and_comes_back_identical(live, s3, tmp_
         assert r.returncode == -signal.SIGSEGV
 
         def listed():
-            out = cli("--json", "fleet", "list", "--days", "2")
+            out = cli("--json", "fleet", "list", "--days", "2", env=dict(os.environ, XDG_CACHE_HOME=str(tmp_path)))
             return json.loads(out.stdout) if out.returncode == 0 else []
         wait_for(lambda: listed(), what="the crash in `fleet list`", timeout=60)
     finally:

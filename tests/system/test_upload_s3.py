@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -82,7 +81,15 @@ class Host:
 
     def cli(self, capsys, *args: str) -> tuple[int, str, str]:
         capsys.readouterr()
-        code = main(["--config-dir", str(self.config_dir), "--state-dir", str(self.state), *args])
+        cache = os.environ.get("XDG_CACHE_HOME")
+        os.environ["XDG_CACHE_HOME"] = str(self.root / "cache")  # fleet list's sidecar cache, not root's
+        try:
+            code = main(["--config-dir", str(self.config_dir), "--state-dir", str(self.state), *args])
+        finally:
+            if cache is None:
+                del os.environ["XDG_CACHE_HOME"]
+            else:
+                os.environ["XDG_CACHE_HOME"] = cache
         out, err = capsys.readouterr()
         return code, out, err
 

@@ -53,8 +53,8 @@ def test_check_object_compares_size_and_checksum(tmp_path):
     assert upload.check_object({"ContentLength": 100, "ChecksumSHA256": d.composite_b64}, d, multipart=True) is None
     assert "size" in upload.check_object({"ContentLength": 99, "ChecksumSHA256": d.full_b64}, d, multipart=False)
     assert "checksum" in upload.check_object({"ContentLength": 100, "ChecksumSHA256": "AAAA"}, d, multipart=False)
-    assert upload.check_object({"ContentLength": 100, "Metadata": {"sha256": d.sha256}}, d, multipart=False) is None
-    assert upload.check_object({"ContentLength": 100}, d, multipart=False) is not None
+    assert upload.check_object({"ContentLength": 100}, d, multipart=False) is None  # no checksums kept: size
+    assert upload.check_object({"ContentLength": 1}, d, multipart=False) is not None
 
 
 def test_what_capture_keeps_locally_stays_unless_upload_says():
@@ -303,3 +303,32 @@ def test_the_uploader_reports_an_unsafe_credentials_file_as_the_queue_problem(tm
     assert st["problem"]["reason"] == "credentials" and "readable by others" in st["problem"]["message"]
     assert st["states"]["pending"] == 1
     assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 1
+
+
+def test_fleet_list_reads_each_sidecar_once_and_again_when_it_changes(tmp_path, s3mock):
+    from corehandler import fleet
+
+    target = bucket.Target("fleet-test", "p", "h1")
+    now = time.time()
+    keys = [target.dump_key(now, f"{int(now * 1e6) + i}-0123456789abcdef-{i}", ".json", f"h{i % 2}") for i in range(5)]
+    for i, key in enumerate(keys):
+        s3mock.put_object(Bucket="fleet-test", Key=key, Body=json.dumps({"id": str(i), "crashed_at": now + i}).encode())
+    gets = []
+    real_get = s3mock.get_object
+
+    def counting_get(**kw):
+        gets.append(kw["Key"])
+        return real_get(**kw)
+    s3mock.get_object = counting_get
+    cache = fleet.SidecarCache(tmp_path / "cache" / "fleet.sqlite")
+    day = bucket.crash_day(now)
+    first = fleet.list_sidecars(s3mock, target, [day], cache=cache)
+    assert [s["id"] for s in first] == ["0", "1", "2", "3", "4"] and len(gets) == 5
+    gets.clear()
+    again = fleet.list_sidecars(s3mock, target, [day], cache=cache)
+    assert [s["id"] for s in again] == ["0", "1", "2", "3", "4"] and gets == []
+    s3mock.put_object(Bucket="fleet-test", Key=keys[2], Body=json.dumps({"id": "2b", "crashed_at": now + 2}).encode())
+    third = fleet.list_sidecars(s3mock, target, [day], cache=cache)
+    assert gets == [keys[2]] and [s["id"] for s in third] == ["0", "1", "2b", "3", "4"]
+    assert (tmp_path / "cache" / "fleet.sqlite").stat().st_mode & 0o077 == 0
+    cache.close()
