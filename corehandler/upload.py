@@ -391,8 +391,12 @@ class Uploader:
         try:
             sent, core_key, budget = self._send(store, dump, budget)
         except Exception as e:
-            err = bucket.classify(e)
-            self._failed(store, dump_id, attempts + 1, err)
+            if self._stop.is_set():  # the daemon is stopping: not a failure, the next start does it again
+                with store.db:
+                    store.db.execute("UPDATE uploads SET state = 'pending' WHERE id = ?", (dump_id,))
+                log.info("Upload of %s interrupted by the daemon stopping; it resumes at the next start", dump_id)
+                return False
+            self._failed(store, dump_id, attempts + 1, bucket.classify(e))
             return False
         with store.db:
             store.db.execute("UPDATE uploads SET state = 'done', done_at = ?, bytes = ?, seconds = ?, budget = ?, "
