@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from corehandler import compress, facts, retention
+from corehandler import compress, retention, spool
 from corehandler.cli.common import emit, load
 from corehandler.errors import CorehandlerError, NoMatchError, SystemFailure, UsageError
 from corehandler.store import Dump, Filter, Store
@@ -104,7 +104,7 @@ def parse_signal(text: str) -> int:
 
 def signal_name(number: int | None) -> str:
     """The name as coredumpctl lists it (SEGV for 11); "-" when the record has none."""
-    name = facts.signal_name(number)
+    name = spool.signal_name(number)
     return "-" if name is None else name.removeprefix("SIG")
 
 
