@@ -60,7 +60,7 @@ LABELS = {
     "rw": "csplice rw, 64K chunk, kernel's 64K pipe",
     "rw-256K-1M": "**csplice rw, 256K chunk, 1M pipe (default, stock kernel)**",
     "rw-1M": "csplice rw, 1M chunk, 1M pipe",
-    "splice": "csplice splice (the seed's 16-page loop)",
+    "splice": "csplice splice (the 16-page splice loop)",
     "rw2-1M": "csplice rw2 (2 threads, 4x1M ring), 1M pipe",
     "splice2-256K-1M": "**csplice splice2 (2-stage splice), 1M pipes (default, COREDUMP_USE_PIPE kernel)**",
     "cat": "`cat > file`",
