@@ -17,6 +17,7 @@ from corehandler.cli import main
 from corehandler.daemon import Settings
 from corehandler.errors import EXIT_CONFIG, EXIT_NOMATCH, EXIT_SYSTEM, EXIT_USAGE
 from corehandler.store import Store
+from support import cbuild
 from support.daemon_harness import Running, wait_for
 from support.spoolfeed import feed, write_settings
 
@@ -26,7 +27,7 @@ CLI = [sys.executable, "-P", "-m", "corehandler"]
 @pytest.fixture(scope="module")
 def filled(tmp_path_factory):
     """Four dumps: two of "alpha" (SIGSEGV, then SIGABRT), one "beta", one metadata-only "gamma" (SIGFPE)."""
-    feeder, csplice = paths.feeder_path(), paths.csplice_path()
+    feeder, csplice = cbuild.feeder(), paths.csplice_path()
     tmp = tmp_path_factory.mktemp("cli")
     state, etc = tmp / "state", tmp / "etc"
     (state / "spool").mkdir(parents=True)
