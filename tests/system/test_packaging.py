@@ -126,7 +126,7 @@ def test_install_crash_remove_purge(deb, clean_host, tmp_path_factory):
     # The private environment finds csplice where the build said, without an environment variable.
     where = "import os; os.environ.pop('COREHANDLER_LIBEXEC', None); from corehandler import paths; " \
         "print(paths.csplice_path())"
-    assert run(PYTHON, "-c", where).stdout.strip() == CSPLICE
+    assert run(PYTHON, "-I", "-c", where).stdout.strip() == CSPLICE  # -I: not the source tree in the cwd
     assert int(sysctl("kernel/core_pipe_limit")) >= 16
     conffiles = run("dpkg-query", "-W", "-f=${Conffiles}", "corehandler").stdout
     assert "/etc/corehandler/corehandler.toml" in conffiles and "/etc/logrotate.d/corehandler" in conffiles
