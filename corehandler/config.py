@@ -71,6 +71,14 @@ def _absolute_path(value) -> Path:
     return Path(os.path.normpath(value))
 
 
+def _socket_path(value) -> Path:
+    path = _absolute_path(value)
+    # The kernel's limit (sun_path) and its rule: a normalised absolute path, as core_pattern takes no quoting.
+    if len(str(path).encode()) >= 108 or any(c.isspace() for c in str(path)) or str(path) != value:
+        raise ValueError("must be a normalised absolute path without spaces, shorter than 108 bytes")
+    return path
+
+
 def _optional_absolute_path(value) -> str:
     if value == "":
         return value
@@ -113,6 +121,15 @@ class CaptureConfig(_Section):
     sparse: bool = Field(True, description="skip writing all-zero pages (the file stays sparse)")
     collect_environ: bool = Field(False, description="keep the crashed process's environment (may hold secrets)")
     collect_maps: bool = Field(False, description="keep the crashed process's /proc/PID/maps")
+    mode: Literal["pipe", "socket", "auto"] = Field(
+        "pipe", description="pipe | socket | auto: how the kernel hands csplice a dump (install --mode overrides); "
+        "socket (Linux 6.17+) lets csplice refuse a dump before it is written; auto = socket where the kernel "
+        "has it and the listener answers")
+    socket_path: Annotated[Path, BeforeValidator(_socket_path), _Human(str)] = Field(
+        Path("/run/corehandler/capture/coredump.socket"), description="the coredump socket in socket mode "
+        "(absolute, shorter than 108 bytes; its directory is made root-only)")
+    socket_max_connections: int = Field(16, ge=1, le=4096, description="dumps csplice's listener captures at "
+                                        "once in socket mode; more wait in the socket's backlog")
 
 
 class CompressionConfig(_Section):

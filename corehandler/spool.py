@@ -20,6 +20,8 @@ log = logging.getLogger(__name__)
 RECORD_SCHEMA = 1
 RATE_DIR = ".rate"
 RATE_WINDOW_SEC = 60
+# csplice counts socket peers it refused (not a task being dumped: nothing else is stored for them) here.
+REFUSED_FILE = ".refused"
 # csplice creates .tmp.<id>.core and only then takes its lock: a file this young may not be locked yet.
 ORPHAN_MIN_AGE_SEC = 5.0
 # A .tmp.<id>.json never outlives csplice by more than the time to write it; older ones are leftovers.
@@ -100,6 +102,15 @@ def _old_enough(path: Path, now: float, min_age: float) -> bool:
         return now - path.stat().st_mtime >= min_age
     except FileNotFoundError:
         return False
+
+
+def refused_count(spool_dir: Path) -> int:
+    """Socket peers csplice refused since the spool was made; 0 when none were (or the count is unreadable)."""
+    try:
+        text = (spool_dir / REFUSED_FILE).read_text()
+    except (OSError, UnicodeDecodeError):
+        return 0
+    return int(text) if text.strip().isdigit() else 0
 
 
 def find_orphans(spool_dir: Path, now: float | None = None, min_age: float = ORPHAN_MIN_AGE_SEC) -> list[Orphan]:
