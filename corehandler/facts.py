@@ -46,6 +46,12 @@ def outcome(record: Mapping[str, Any], stored: Mapping[str, Any] | None = None) 
     return UNKNOWN, ""
 
 
+def socket_rejected(record: Mapping[str, Any]) -> bool:
+    """True when csplice refused the dump over the coredump socket, so the kernel never wrote it."""
+    sock = capture(record).get("socket")
+    return isinstance(sock, Mapping) and sock.get("rejected") is True
+
+
 def signal_number(record: Mapping[str, Any]) -> int | None:
     value = record.get("signal")
     return value if isinstance(value, int) and not isinstance(value, bool) else None

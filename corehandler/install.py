@@ -353,6 +353,16 @@ def _settings_summary(config: Config, paths: Paths) -> dict:
     return {"path": str(path), "state": "current" if current else "differs from the config (reinstall or reload)"}
 
 
+def capture_state(config: Config, paths: Paths) -> dict:
+    """The mode the live core_pattern gives (None when it is not ours), whether the socket listener listens,
+    and the socket peers refused: cheap enough for every metrics scrape."""
+    pattern = sysctl.read(sysctl.CORE_PATTERN, _sysctl_root(paths))
+    socket_path = config.capture.socket_path
+    mode = mode_of(pattern) if is_ours(pattern, socket_path) else None
+    return {"mode": mode, "listening": mode == "socket" and listener.listening(socket_path, paths.proc_root),
+            "refused_peers": spool.refused_count(paths.spool_dir)}
+
+
 def _listener_summary(config: Config, paths: Paths, mode: str | None) -> dict | None:
     """In socket mode: whether anything listens on the socket (if not, the kernel drops dumps silently)."""
     if mode != "socket":

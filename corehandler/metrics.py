@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer, generate_latest, start_http_server
 from prometheus_client.process_collector import ProcessCollector
 
@@ -61,7 +61,8 @@ class MetricsObserver:
     def __init__(self, *, exe_label_allowlist: Iterable[str] = (), textfile: str | os.PathLike | None = None,
                  store_dir: str | os.PathLike | None = None,
                  store_limit_bytes: Callable[[], int | None] | None = None,
-                 csplice_version: str | None = None) -> None:
+                 csplice_version: str | None = None, capture_probe: Callable[[], Mapping[str, Any]] | None = None
+                 ) -> None:
         # _created series would restart with every daemon even for seeded counters, which reads as a reset.
         disable_created_metrics()
         self._allow = tuple(name for name in exe_label_allowlist if name)
@@ -118,6 +119,10 @@ class MetricsObserver:
             {"version": __version__, "csplice_version": csplice_version or "",
              "python_version": platform.python_version()})
         r.register(_StoreCollector(store_dir, store_limit_bytes))
+        if capture_probe is not None:
+            r.register(_CaptureCollector(capture_probe))
+        self.socket_rejects = Counter("corehandler_socket_rejects", "Dumps csplice refused over the coredump "
+                                      "socket before the kernel wrote them, by reason", ["reason"], registry=r)
         self._server: ThreadingWSGIServer | None = None
         self._last_timestamp = 0.0
 
@@ -212,6 +217,8 @@ class MetricsObserver:
         signal = facts.signal_name(facts.signal_number(record)) or "unknown"
         exe = self.exe_label(facts.exe(record))
         self.dumps.labels(signal, outcome, reason, exe).inc()
+        if facts.socket_rejected(record):
+            self.socket_rejects.labels(reason).inc()
         cap = facts.capture(record)
         kept = facts.number(cap, "bytes") or 0.0
         self.captured_bytes.labels(exe).inc(kept)
@@ -323,3 +330,34 @@ class _StoreCollector:
             yield GaugeMetricFamily("corehandler_store_filesystem_avail_bytes",
                                     "Bytes available to unprivileged users on the store's filesystem",
                                     value=st.f_bavail * st.f_frsize)
+
+
+class _CaptureCollector:
+    """How the kernel reaches csplice, at scrape time: the mode, whether the socket listener listens (the kernel
+    drops dumps silently when not), and the socket peers csplice refused. probe() returns a mapping with
+    "mode" ("pipe", "socket" or None when corehandler is not the handler), "listening" and "refused_peers"."""
+
+    def __init__(self, probe: Callable[[], Mapping[str, Any]]) -> None:
+        self.probe = probe
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        try:
+            state = self.probe()
+        except Exception as err:
+            log.debug("metrics: capture probe failed: %s", err)
+            return
+        mode = GaugeMetricFamily("corehandler_capture_mode", "1 for the way the kernel hands csplice its dumps "
+                                 "(pipe, socket; none when corehandler is not the core handler)", labels=["mode"])
+        for name in ("pipe", "socket", "none"):
+            mode.add_metric([name], 1.0 if (state.get("mode") or "none") == name else 0.0)
+        yield mode
+        if state.get("mode") == "socket":
+            yield GaugeMetricFamily("corehandler_listener_up", "1 while csplice's coredump socket listener "
+                                    "listens; at 0 the kernel drops every dump silently",
+                                    value=1.0 if state.get("listening") else 0.0)
+        yield CounterMetricFamily("corehandler_socket_refused_peers", "Connections to the coredump socket from "
+                                  "a peer that is not a task being dumped: refused, nothing stored",
+                                  value=float(state.get("refused_peers") or 0))

@@ -1,15 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * `csplice --listen PATH [--max-connections N] [--backlog N]`: the coredump socket's accept loop.
+ * `csplice --listen PATH [--max-connections N] [--backlog N] [--exec]`: the coredump socket's accept loop.
  *
  * One forked csplice per connection, without an exec: the child already is csplice, so it goes straight on
  * to the same per-crash flow a systemd Accept=yes instance runs (the connection on stdin). The parent only
  * accepts and reaps; a child that fails or is killed costs its own dump, never the listener. At the cap the
- * parent stops accepting and the kernel's connections wait in the backlog.
+ * parent stops accepting and the kernel's connections wait in the backlog. --exec makes each child exec a
+ * fresh csplice instead, exactly as systemd's Accept=yes starts one (for tests and bench/capture.py).
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <poll.h>
@@ -113,14 +115,19 @@ static int open_listener(const char *path, unsigned backlog, int *ret_lock) {
         return fd;
 }
 
-static int parse_args(int argc, char *argv[], const char **path, unsigned *max, unsigned *backlog) {
+static int parse_args(int argc, char *argv[], const char **path, unsigned *max, unsigned *backlog,
+                      bool *exec_each) {
         if (argc < 1)
                 return -EINVAL;
         *path = argv[0];
-        for (int i = 1; i < argc; i += 2) {
+        for (int i = 1; i < argc; i++) {
                 unsigned long v;
                 char *end;
 
+                if (strcmp(argv[i], "--exec") == 0) {
+                        *exec_each = true;
+                        continue;
+                }
                 if (i + 1 >= argc)
                         return -EINVAL;
                 v = strtoul(argv[i + 1], &end, 10);
@@ -132,6 +139,7 @@ static int parse_args(int argc, char *argv[], const char **path, unsigned *max, 
                         *backlog = (unsigned) v;
                 else
                         return -EINVAL;
+                i++;
         }
         return 0;
 }
@@ -141,11 +149,13 @@ int listener_run(int argc, char *argv[]) {
         sigset_t block, old;
         const char *path;
         unsigned max = LISTEN_MAX_CONNECTIONS, backlog = LISTEN_BACKLOG, active = 0;
+        bool exec_each = false;
         int fd, lock = -1, r;
 
-        r = parse_args(argc, argv, &path, &max, &backlog);
+        r = parse_args(argc, argv, &path, &max, &backlog, &exec_each);
         if (r < 0)
-                return log_errno(LOG_ERR, r, "Usage: csplice --listen PATH [--max-connections N] [--backlog N]");
+                return log_errno(LOG_ERR, r, "Usage: csplice --listen PATH [--max-connections N] [--backlog N] "
+                                 "[--exec]");
         fd = open_listener(path, backlog, &lock);
         if (fd < 0)
                 return log_errno(LOG_ERR, fd, "Failed to listen on %s: %m", path);
@@ -185,6 +195,11 @@ int listener_run(int argc, char *argv[]) {
                         (void) sigprocmask(SIG_SETMASK, &old, NULL);
                         r = dup2(conn, STDIN_FILENO) < 0 ? -errno : 0;
                         (void) close(conn);
+                        if (r == 0 && exec_each) {
+                                char *const args[] = { (char *) "csplice", NULL };
+                                (void) execv("/proc/self/exe", args);
+                                _exit(127);
+                        }
                         log_forget_errors();
                         return r < 0 ? r : 0;
                 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
 from pathlib import Path
 
 from corehandler import install, supervise
@@ -49,21 +50,29 @@ def _systemd_runs_listener() -> bool:
     return supervise.systemd_is_pid1() and any((d / "corehandler-capture.socket").exists() for d in UNIT_DIRS)
 
 
+CAPTURE_SOCKET_UNIT = "corehandler-capture.socket"
+
+
 def _start_listener(paths, command: list[str]):
+    if _systemd_runs_listener():
+        # The unit's ListenStream is the listener's path; one csplice per connection (Accept=yes).
+        return subprocess.run(["systemctl", "enable", "--now", CAPTURE_SOCKET_UNIT], check=False)
     # Whatever ran before (another socket path, an older csplice) is replaced: the command is the config's now.
     supervise.stop(paths, service=supervise.LISTENER)
     return supervise.start(paths, command=command, service=supervise.LISTENER)
 
 
 def _stop_listener(paths) -> bool:
+    if _systemd_runs_listener():
+        return subprocess.run(["systemctl", "disable", "--now", CAPTURE_SOCKET_UNIT], check=False).returncode == 0
     return supervise.stop(paths, service=supervise.LISTENER)
 
 
 def run_install(args: argparse.Namespace) -> int:
     config, paths = load(args)
     start = (lambda p: supervise.start(p, args.config_dir)) if _manages_daemon(args) else None
-    # Under systemd the listener is corehandler-capture.socket's (Accept=yes); elsewhere the supervisor runs it.
-    own_listener = not (getattr(args, "package", False) or _systemd_runs_listener())
+    # Under systemd the listener is corehandler-capture.socket (Accept=yes); elsewhere the supervisor runs it.
+    own_listener = not getattr(args, "package", False)
     done = install.install(config, paths, csplice=args.csplice, force=args.force or args.package,
                            start_daemon=start, write_sysctl_d=not args.package, mode=args.mode,
                            start_listener=_start_listener if own_listener else None,
@@ -86,10 +95,8 @@ def run_install(args: argparse.Namespace) -> int:
 
 def run_uninstall(args: argparse.Namespace) -> int:
     config, paths = load(args)
-    own_listener = not _systemd_runs_listener()
     done = install.uninstall(paths, stop_daemon=supervise.stop if _manages_daemon(args) else None,
-                             socket_path=config.capture.socket_path,
-                             stop_listener=_stop_listener if own_listener else None)
+                             socket_path=config.capture.socket_path, stop_listener=_stop_listener)
     if done["restored"] is not None:
         restored = done["restored"]
         lines = [f"corehandler uninstalled: core_pattern = {restored['kernel.core_pattern']}, core_pipe_limit = "

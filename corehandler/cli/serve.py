@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 
+from corehandler import install
 from corehandler.cli.common import load
 from corehandler.config import write_csplice_settings
 from corehandler.daemon import Daemon, Settings, replay_rows, settings_from_config
@@ -32,7 +33,8 @@ def observers_for(config, paths, store_limit) -> tuple[list, list[str]]:
         observers.append(JournalObserver())
     if config.metrics.enabled or config.metrics.textfile:
         metrics = MetricsObserver.from_config(config.metrics, store_dir=paths.store_dir,
-                                              store_limit_bytes=store_limit)
+                                              store_limit_bytes=store_limit,
+                                              capture_probe=lambda: install.capture_state(config, paths))
         # Counters continue from what the index holds, tombstones of deleted dumps included, so a restart
         # does not read as a reset.
         if paths.index_path.exists():
