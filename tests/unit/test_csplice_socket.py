@@ -98,11 +98,21 @@ class FakeKernel:
         self.sock.sendall(struct.pack("<I", value))
 
     def stream(self, data: bytes) -> None:
+        """Writes data as the kernel does; cut_short says csplice closed before taking it all (as it does past
+        a limit: closing releases the process at once, where draining would keep it until the end)."""
+        def send():
+            try:
+                self.sock.sendall(data)
+            except (BrokenPipeError, ConnectionResetError):
+                self.cut_short = True
+
         # The kernel writes while csplice reads; a thread keeps a large write from blocking the test.
-        writer = threading.Thread(target=self.sock.sendall, args=(data,))
+        self.cut_short = False
+        writer = threading.Thread(target=send)
         writer.start()
         writer.join(60)
-        self.sock.shutdown(socket.SHUT_WR)
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_WR)
 
     def closed_by_csplice(self) -> bool:
         """With COREDUMP_WAIT the kernel keeps the task until the server closes: csplice must close."""
@@ -127,6 +137,7 @@ def test_takes_the_dump_and_stores_it_byte_for_byte(tmp_path, csplice):
     k.mark()
     data = elf_bytes(3 << 20)
     k.stream(data)
+    assert not k.cut_short
     assert k.closed_by_csplice()
     rc, err, record = k.finish()
     assert rc == 0, err
@@ -241,6 +252,7 @@ def test_rlimit_core_small_truncates_and_zero_refuses(tmp_path, csplice):
         assert record["rlimit_core"] == "65536"
         assert record["capture"]["truncated_reason"] == "rlimit_core" and record["capture"]["bytes"] == 65536
         assert (k.spool / record["core"]).stat().st_size == 65536
+        assert k.cut_short, "csplice drained past RLIMIT_CORE instead of letting the process go"
 
         resource.setrlimit(resource.RLIMIT_CORE, (0, old[1]))
         k = FakeKernel(tmp_path / "zero", csplice)
