@@ -122,9 +122,8 @@ class CaptureConfig(_Section):
     collect_environ: bool = Field(False, description="keep the crashed process's environment (may hold secrets)")
     collect_maps: bool = Field(False, description="keep the crashed process's /proc/PID/maps")
     mode: Literal["pipe", "socket", "auto"] = Field(
-        "pipe", description="pipe | socket | auto: how the kernel hands csplice a dump (install --mode overrides); "
-        "socket (Linux 6.17+) lets csplice refuse a dump before it is written; auto = socket where the kernel "
-        "has it and the listener answers")
+        "pipe", description="pipe | socket | auto: how the kernel hands over a dump (install --mode "
+        "overrides); socket (Linux 6.17+) can refuse one before it is written; auto = socket where possible")
     socket_path: Annotated[Path, BeforeValidator(_socket_path), _Human(str)] = Field(
         Path("/run/corehandler/capture/coredump.socket"), description="the coredump socket in socket mode "
         "(absolute, shorter than 108 bytes; its directory is made root-only)")

@@ -47,10 +47,10 @@ static int check_path(const char *path) {
         for (char *slash = strchr(buf + 1, '/'); slash; slash = strchr(slash + 1, '/')) {
                 *slash = '\0';
                 if (lstat(buf, &st) < 0) {
-                        if (errno != ENOENT || strchr(slash + 1, '/'))
+                        if (errno != ENOENT)
                                 return -errno;
-                        /* The socket's own directory: ours, created root-only. */
-                        if (mkdir(buf, 0700) < 0 && errno != EEXIST)
+                        /* Created as mkdir -p would; the socket's own directory is made 0700 below. */
+                        if (mkdir(buf, 0755) < 0 && errno != EEXIST)
                                 return -errno;
                         if (lstat(buf, &st) < 0)
                                 return -errno;

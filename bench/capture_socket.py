@@ -1,0 +1,322 @@
+"""Socket mode against pipe mode: how long the kernel holds a crashed process, and what a crash storm costs.
+
+Live kernel (root; takes the core_pattern lock, restores everything). Handlers, interleaved per round:
+  none          RLIMIT_CORE 0 and a file core_pattern: the kernel dumps nothing (the no-handler floor)
+  pipe          csplice in pipe mode ("|csplice %P ..."), its default settings
+  socket        csplice's listener ("@@socket"), one forked csplice per crash
+  socket-exec   the listener with --exec: each crash's csplice exec'd fresh, as systemd's Accept=yes does
+  systemd       systemd-coredump in pipe mode, this machine's baseline (its own defaults; no systemd running)
+Workloads: a tiny crash, 256 MiB and 1 GiB dense, a 1 GiB crash that csplice refuses (max_dump_size 64M: socket
+mode REJECTs it before the kernel writes it, pipe mode truncates and drains), and a storm of 200 tiny crashes
+triggered at once (csplice's default limits: 16 a minute per executable keep their core), for which the total
+hold, the CPU the handlers used and the peak number of handler processes are reported.
+
+Clock: crash trigger to the parent reaping the process (os.wait4), the whole time the kernel holds it. Handler
+CPU in the storm: the machine's busy time (/proc/stat) over the storm less the crashers' own (their rusage,
+which includes the kernel's dump writing) and less the same difference in the same round's no-handler storm;
+the machine is shared, so it is an estimate, spread shown.
+
+    python -P bench/capture_socket.py [--rounds 5] [--out bench/results/capture-socket.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+from common import filesystem_of, machine, markdown_table, median  # noqa: E402
+
+from corehandler import listener, paths  # noqa: E402
+from support.crash import build_crasher  # noqa: E402
+from support.host_core import host_core_settings  # noqa: E402
+
+MiB = 1 << 20
+SOCKET = Path("/run/corehandler-bench/capture/coredump.socket")
+SYSTEMD_COREDUMP = "/lib/systemd/systemd-coredump"
+HANDLERS = ("none", "pipe", "socket", "socket-exec", "systemd")
+HANDLER_NAMES = {"csplice", "systemd-coredum"}  # comm of the handler processes (15 characters)
+STORM = 200
+
+
+def settings(spool: Path, **extra) -> str:
+    lines = {"spool_dir": spool, "min_free_percent": 0, "min_free_bytes": 0, **extra}
+    return "".join(f"{k}={v}\n" for k, v in lines.items())
+
+
+class Bench:
+    def __init__(self, work: Path):
+        self.work = work
+        self.spool = work / "spool"
+        self.crasher = build_crasher(work / "bin")
+        self.csplice = paths.csplice_path()
+        self.listener: subprocess.Popen | None = None
+
+    def clean(self) -> None:
+        shutil.rmtree(self.spool, ignore_errors=True)
+        shutil.rmtree("/var/lib/systemd/coredump", ignore_errors=True)
+
+    def start_listener(self, exec_each: bool) -> None:
+        argv = listener.command(self.csplice, SOCKET, 16) + (["--exec"] if exec_each else [])
+        self.listener = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+        if not listener.wait_listening(SOCKET, 10):
+            raise SystemExit("the listener did not come up")
+
+    def stop_listener(self) -> None:
+        if self.listener is not None:
+            self.listener.terminate()
+            self.listener.wait(10)
+            self.listener = None
+
+    def use(self, handler: str, **limits) -> None:
+        """core_pattern and csplice.conf for handler."""
+        self.stop_listener()
+        paths.CSPLICE_SETTINGS.write_text(settings(self.spool, **limits))
+        if handler == "none":
+            pattern = str(self.work / "no-core.%p")
+        elif handler == "pipe":
+            pattern = f"|{self.csplice} %P %i %I %u %g %d %s %t %c %h %e %F"
+        elif handler == "systemd":
+            pattern = f"|{SYSTEMD_COREDUMP} %P %u %g %s %t %c %h"
+        else:
+            self.start_listener(exec_each=handler == "socket-exec")
+            pattern = f"@@{SOCKET}"
+        Path("/proc/sys/kernel/core_pattern").write_text(pattern)
+
+    def spawn(self, handler: str, mib: int) -> subprocess.Popen:
+        rlimit = 0 if handler == "none" else resource.RLIM_INFINITY
+
+        def limit():
+            resource.setrlimit(resource.RLIMIT_CORE, (rlimit, resource.RLIM_INFINITY))
+
+        proc = subprocess.Popen([str(self.crasher), "segv", str(mib), "--wait"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, preexec_fn=limit)
+        proc.stdout.readline()  # memory filled, waiting for the go
+        return proc
+
+    def crash(self, handler: str, mib: int) -> float:
+        proc = self.spawn(handler, mib)
+        t0 = time.perf_counter()
+        proc.stdin.write(b"\n")
+        proc.stdin.flush()
+        _, status, _ = os.wait4(proc.pid, 0)
+        elapsed = time.perf_counter() - t0
+        proc.returncode = -1
+        proc.stdin.close()
+        proc.stdout.close()
+        if not os.WIFSIGNALED(status):
+            raise SystemExit(f"crasher did not die: {status:#x}")
+        return elapsed
+
+    def storm(self, handler: str) -> dict:
+        procs = [self.spawn(handler, 1) for _ in range(STORM)]
+        peak = PeakCounter()
+        busy0, self0 = busy_seconds(), resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        for p in procs:
+            p.stdin.write(b"\n")
+            p.stdin.flush()
+        holds = []
+        for _ in procs:
+            os.wait4(-1, 0)
+            holds.append(time.perf_counter() - t0)
+        total = time.perf_counter() - t0
+        # The handlers outlive the last reap by their record's commit; let them finish before counting CPU.
+        peak.settle()
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        crasher_cpu = (kids.ru_utime + kids.ru_stime) - (self0.ru_utime + self0.ru_stime)
+        for p in procs:
+            p.returncode = -1
+            p.stdin.close()
+            p.stdout.close()
+        return {"total": total, "median_hold": median(holds), "peak": peak.stop(),
+                "cpu": busy_seconds() - busy0 - crasher_cpu}
+
+    def check(self, handler: str) -> int:
+        """Records csplice committed (the benchmark of a failing handler measures nothing)."""
+        return len(list(self.spool.glob("*.json"))) if self.spool.exists() else 0
+
+
+def busy_seconds() -> float:
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class PeakCounter:
+    """The most handler processes alive at once beyond those alive before (a listener), sampled every
+    millisecond in a thread."""
+
+    def __init__(self):
+        self.baseline = self.count()
+        self.peak = self.baseline
+        self.running = True
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def count() -> int:
+        n = 0
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    n += Path(f"/proc/{pid}/comm").read_text().strip() in HANDLER_NAMES
+                except OSError:
+                    pass
+        return n
+
+    def run(self):
+        while self.running:
+            self.peak = max(self.peak, self.count())
+            time.sleep(0.001)
+
+    def settle(self, timeout: float = 60.0):
+        """Waits for the handlers to finish (they commit their record after the process is let go)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.count() > self.baseline:
+            time.sleep(0.01)
+
+    def stop(self) -> int:
+        self.running = False
+        self.thread.join()
+        return self.peak - self.baseline
+
+
+def rotated(items, k: int) -> list:
+    k %= len(items)
+    return list(items[k:]) + list(items[:k])
+
+
+def run(args) -> dict:
+    bench = Bench(args.work)
+    sizes = {"tiny (1 MiB)": 1, "256 MiB dense": 256, "1 GiB dense": 1024}
+    holds = {w: {h: [] for h in HANDLERS} for w in [*sizes, "1 GiB refused (max 64M)"]}
+    storms = {h: [] for h in HANDLERS}
+    with host_core_settings(paths.CSPLICE_SETTINGS):
+        Path("/proc/sys/kernel/core_pipe_limit").write_text("16")
+        try:
+            for r in range(args.rounds):
+                for handler in rotated(HANDLERS, r):
+                    # Limits off for the hold times: every crash here is meant to be captured.
+                    bench.use(handler, max_pending=0, max_per_exe_per_minute=0)
+                    for workload, mib in sizes.items():
+                        if mib > 1 and workload != "tiny (1 MiB)" and args.quick:
+                            continue
+                        holds[workload][handler].append(bench.crash(handler, mib))
+                        bench.clean()
+                    if handler in ("pipe", "socket", "socket-exec"):
+                        bench.use(handler, max_pending=0, max_per_exe_per_minute=0, max_dump_bytes=64 * MiB)
+                        holds["1 GiB refused (max 64M)"][handler].append(bench.crash(handler, 1024))
+                        bench.clean()
+                    # The storm with csplice's default limits (16 a minute per executable keep their core).
+                    bench.use(handler)
+                    storms[handler].append(bench.storm(handler))
+                    if handler in ("pipe", "socket", "socket-exec") and bench.check(handler) != STORM:
+                        raise SystemExit(f"{handler}: {bench.check(handler)} records for {STORM} crashes")
+                    bench.clean()
+                print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+        finally:
+            bench.stop_listener()
+            bench.clean()
+    return {"holds": holds, "storms": storms}
+
+
+def spread(values: list[float], scale: float = 1e3) -> str:
+    return f"{median(values) * scale:.2f} ({min(values) * scale:.2f}–{max(values) * scale:.2f})"
+
+
+def report(results: dict, args) -> str:
+    holds, storms = results["holds"], results["storms"]
+    out = ["# Socket mode against pipe mode: hold time and crash storms\n",
+           f"Generated by `bench/capture_socket.py` on {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC.",
+           f"Machine: {machine()}; spool on {filesystem_of(args.work)}. Loaded by other engineers' builds and "
+           f"tests: load average {args.load_before} at the start, {os.getloadavg()[0]:.2f} at the end.",
+           f"Medians (min–max) of {args.rounds} rounds, handlers interleaved in a different order each round; "
+           "core_pipe_limit 16.\n",
+           "## Hold: crash trigger to reaped, ms\n"]
+    rows = []
+    for workload, by_handler in holds.items():
+        floor = by_handler["none"]
+        row = [workload]
+        for h in HANDLERS:
+            s = by_handler[h]
+            row.append(spread(s) if s else "—")
+        over = [p - f for p, f in zip(by_handler["socket"], floor)] if floor and by_handler["socket"] else []
+        row.append(f"{median(over) * 1e3:.2f}" if over else "—")
+        rows.append(row)
+    out.append(markdown_table(["workload", *HANDLERS, "socket − none, ms"], rows))
+    out.append("## Storm: 200 tiny crashes of one executable, triggered at once\n")
+    none_cpu = [s["cpu"] for s in storms["none"]]
+    rows = []
+    for h in HANDLERS:
+        s = storms[h]
+        cpu = [x["cpu"] - n for x, n in zip(s, none_cpu)]
+        rows.append([h, spread([x["total"] for x in s]), spread([x["median_hold"] for x in s]),
+                     spread(cpu) if h != "none" else "0 (reference)", max(x["peak"] for x in s)])
+    out.append(markdown_table(["handler", "total hold, ms", "median hold, ms", "handler CPU, ms",
+                               "peak handler processes"], rows))
+    out.append(GOALS.format(tiny=rows_goal(holds, "tiny (1 MiB)"), refused=spread(holds["1 GiB refused (max 64M)"]["socket"])))
+    return "\n".join(out)
+
+
+def rows_goal(holds: dict, workload: str) -> str:
+    s, f = holds[workload]["socket"], holds[workload]["none"]
+    return f"{median([a - b for a, b in zip(s, f)]) * 1e3:.2f} ms"
+
+
+GOALS = """
+## Against the goals
+- A tiny crash in socket mode costs {tiny} over the no-handler floor (median of paired rounds; goal ≤ 1 ms).
+- A refused 1 GiB dump holds its process {refused} ms in socket mode (goal ≤ 5 ms): csplice answers REJECT
+  before the kernel writes a byte. Pipe mode can only truncate and drain the rest (its column above).
+
+## Reading the numbers
+- "none" is RLIMIT_CORE 0 with a file core_pattern: the kernel skips the dump, so it is the cost of the crash
+  itself (signal delivery, exit, reaping), which every handler pays too.
+- socket vs socket-exec is the listener's choice: fork only (csplice --listen) against a fresh exec per crash,
+  which is what systemd's Accept=yes costs at least (it also sets up a unit per connection). corehandler's
+  supervisor runs the forking listener; corehandler-capture.socket is for systemd hosts.
+- systemd-coredump runs here without systemd as PID 1 and without journald: it still reads and writes each
+  core (compressed, into /var/lib/systemd/coredump) before it lets the process go; on a systemd host it would
+  also send to the journal.
+- The machine is shared: the CPU column is a difference of machine-wide busy time and can be off by the other
+  users' load; compare within a round, not across tables.
+"""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="tiny crashes and the storm only")
+    parser.add_argument("--work", type=Path, default=Path("/var/tmp/corehandler-bench-socket"))
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "capture-socket.md")
+    args = parser.parse_args()
+    if listener.socket_prefix() != "@@":
+        raise SystemExit("this kernel has no @@ core_pattern (Linux 6.17+)")
+    args.load_before = f"{os.getloadavg()[0]:.2f}"
+    args.work.mkdir(parents=True, exist_ok=True)
+    results = run(args)
+    text = report(results, args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    raw = args.out.parent / "raw" / (args.out.stem + ".json")
+    raw.parent.mkdir(exist_ok=True)
+    raw.write_text(json.dumps({**results, "args": vars(args)}, indent=1, default=str))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
