@@ -52,7 +52,7 @@ STORM = 200
 
 
 def settings(spool: Path, **extra) -> str:
-    lines = {"spool_dir": spool, "min_free_percent": 0, "min_free_bytes": 0, **extra}
+    lines = {"spool_dir": spool, "min_free": 0, **extra}
     return "".join(f"{k}={v}\n" for k, v in lines.items())
 
 
@@ -217,7 +217,7 @@ def run(args) -> dict:
                         holds[workload][handler].append(bench.crash(handler, mib))
                         bench.clean()
                     if handler in ("pipe", "socket", "socket-exec"):
-                        bench.use(handler, max_pending=0, max_per_exe_per_minute=0, max_dump_bytes=64 * MiB)
+                        bench.use(handler, max_pending=0, max_per_exe_per_minute=0, max_dump_size=64 * MiB)
                         holds["1 GiB refused (max 64M)"][handler].append(bench.crash(handler, 1024))
                         bench.clean()
                     # The storm with csplice's default limits (16 a minute per executable keep their core).

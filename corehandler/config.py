@@ -26,7 +26,7 @@ from corehandler import units
 from corehandler.atomicfile import write_atomic
 from corehandler.errors import ConfigError
 from corehandler.paths import DEFAULT_STATE_DIR, Paths
-from corehandler.strategy import choose_strategy
+from corehandler.strategy import STRATEGIES, choose_strategy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,8 +103,11 @@ class _Section(BaseModel):
 
 
 class CaptureConfig(_Section):
-    strategy: Literal["auto", "rw", "splice", "rw2", "splice2"] = Field(
-        "auto", description="auto | rw | splice | rw2 | splice2; auto = what bench/ measured best for this kernel")
+    """csplice's settings: each option reaches csplice.conf under its own name (render_csplice_settings), and
+    csplice's table of keys (`csplice --list-settings`) is checked against these fields by a test."""
+
+    strategy: Literal[("auto", *STRATEGIES)] = Field(
+        "auto", description=" | ".join(("auto", *STRATEGIES)) + "; auto = what bench/ measured best for this kernel")
     chunk_size: Size(4096, 64 << 20) = Field(256 << 10, description="bytes per read/splice call (4K..64M)")
     pipe_size: Size(0, 1 << 30) = Field(1 << 20, description="enlarge the core pipe to this size (F_SETPIPE_SZ); 0 "
                                                        "keeps the kernel's")
@@ -121,14 +124,20 @@ class CaptureConfig(_Section):
     sparse: bool = Field(True, description="skip writing all-zero pages (the file stays sparse)")
     collect_environ: bool = Field(False, description="keep the crashed process's environment (may hold secrets)")
     collect_maps: bool = Field(False, description="keep the crashed process's /proc/PID/maps")
+
+
+class KernelConfig(_Section):
+    """How the kernel hands a dump to csplice (not csplice's per-crash settings: those are [capture])."""
+
     mode: Literal["pipe", "socket", "auto"] = Field(
-        "pipe", description="pipe | socket | auto: how the kernel hands over a dump (install --mode "
-        "overrides); socket (Linux 6.17+) can refuse one before it is written; auto = socket where possible")
+        "pipe", description="pipe | socket | auto (install --mode overrides): the kernel runs csplice per crash, "
+        "or connects to csplice's listener, which can refuse a dump before it is written (Linux 6.17+); auto = "
+        "socket where the kernel has it and the listener answers")
     socket_path: Annotated[Path, BeforeValidator(_socket_path), _Human(str)] = Field(
         Path("/run/corehandler/capture/coredump.socket"), description="the coredump socket in socket mode "
         "(absolute, shorter than 108 bytes; its directory is made root-only)")
-    socket_max_connections: int = Field(16, ge=1, le=4096, description="dumps csplice's listener captures at "
-                                        "once in socket mode; more wait in the socket's backlog")
+    socket_max_connections: int = Field(16, ge=1, le=4096, description="dumps the listener captures at once in "
+                                        "socket mode; more wait in the socket's backlog")
 
 
 class CompressionConfig(_Section):
@@ -166,6 +175,7 @@ class JournalConfig(_Section):
 class Config(_Section):
     state_dir: AbsolutePath = Field(DEFAULT_STATE_DIR, description="spool, store and index live here")
     capture: CaptureConfig = CaptureConfig()
+    kernel: KernelConfig = KernelConfig()
     compression: CompressionConfig = CompressionConfig()
     retention: RetentionConfig = RetentionConfig()
     metrics: MetricsConfig = MetricsConfig()
@@ -248,36 +258,34 @@ def load_config(paths: Paths) -> Config:
 
 # --- csplice's settings file -----------------------------------------------------------------------------
 
-def _yes_no(value: bool) -> str:
-    return "yes" if value else "no"
+def _csplice_value(value) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, units.SizeOrPercent):
+        # csplice counts whole percents; rounding up keeps at least the configured share free.
+        return f"{math.ceil(value.percent)}%" if value.percent is not None else str(value.bytes)
+    if isinstance(value, float):  # a duration: csplice counts whole seconds, rounded up
+        return str(math.ceil(value))
+    return str(value)
+
+
+def csplice_settings(config: Config, paths: Paths) -> dict[str, str]:
+    """csplice.conf's keys and values for this config: every [capture] option under its own name, and the
+    spool. paths is the effective one (config.paths(base), or the CLI's override): its spool_dir is where
+    csplice writes."""
+    capture = config.capture
+    settings = {"spool_dir": str(paths.spool_dir)}
+    settings |= {name: _csplice_value(getattr(capture, name)) for name in type(capture).model_fields}
+    if capture.strategy == "auto":
+        settings["strategy"] = choose_strategy(paths.proc_root)
+    return settings
 
 
 def render_csplice_settings(config: Config, paths: Paths) -> str:
-    """csplice.conf for this config. paths is the effective one (config.paths(base), or the CLI's override):
-    its spool_dir is where csplice writes."""
-    capture = config.capture
-    strategy = choose_strategy(paths.proc_root) if capture.strategy == "auto" else capture.strategy
-    min_free = capture.min_free
-    settings = {
-        "spool_dir": str(paths.spool_dir),
-        "strategy": strategy,
-        "chunk_bytes": capture.chunk_size,
-        "pipe_bytes": capture.pipe_size,
-        "max_dump_bytes": capture.max_dump_size,
-        "min_free_bytes": min_free.bytes or 0,
-        # csplice counts whole percents; rounding up keeps at least the configured share free.
-        "min_free_percent": math.ceil(min_free.percent) if min_free.percent is not None else 0,
-        "max_pending": capture.max_pending,
-        "max_per_exe_per_minute": capture.max_per_exe_per_minute,
-        "timeout_sec": math.ceil(capture.timeout),
-        "fsync": _yes_no(capture.fsync),
-        "sparse": _yes_no(capture.sparse),
-        "collect_environ": _yes_no(capture.collect_environ),
-        "collect_maps": _yes_no(capture.collect_maps),
-    }
+    """csplice.conf for this config (csplice_settings as key=value lines)."""
     lines = ["# Generated by corehandler from its configuration; edit corehandler.toml instead.",
-             f"# capture.strategy = {capture.strategy}"]
-    lines += [f"{key}={value}" for key, value in settings.items()]
+             f"# capture.strategy = {config.capture.strategy}"]
+    lines += [f"{key}={value}" for key, value in csplice_settings(config, paths).items()]
     return "\n".join(lines) + "\n"
 
 

@@ -14,7 +14,7 @@ install, as root:
 uninstall puts the saved values back, exactly, if the live pattern is still ours, and removes the sysctl.d
 file. Dumps in the state directory are left alone.
 
-Modes (install --mode, else [capture] mode): pipe ("|csplice %P ...", the default), socket ("@@" + the
+Modes (install --mode, else [kernel] mode): pipe ("|csplice %P ...", the default), socket ("@@" + the
 listener's socket on Linux 6.17+, "@" on 6.16) and auto (socket where the kernel has the handshake and the
 listener answers, else pipe). In socket mode the listener is started and seen listening before core_pattern
 points at it, since the kernel drops dumps silently when nobody listens. Falling back to pipe mode is decided
@@ -40,7 +40,8 @@ from corehandler.errors import HandlerConflictError, NotRootError, SystemFailure
 from corehandler.paths import Paths
 from corehandler.store import Store, StoreError
 
-# The kernel's %-specifiers csplice takes, in csplice's argv order (docs/design.md, csplice/crash.h).
+# The kernel's %-specifiers csplice takes, in csplice's argv order: the Python side's one copy of csplice's
+# arg_names table (csplice/record.h), which `csplice --list-specifiers` prints and a test compares with these.
 SPECIFIERS = "%P %i %I %u %g %d %s %t %c %h %e"
 # %F, a pidfd of the crashed process, exists from Linux 6.16; older kernels would pass it through literally.
 PIDFD_SPECIFIER = "%F"
@@ -189,8 +190,8 @@ def install(config: Config, paths: Paths, *, csplice: Path | None = None, force:
     program = check_handler_path(csplice or paths_mod.csplice_path())
     version = csplice_version(program)
     root = _sysctl_root(paths)
-    socket_path = config.capture.socket_path
-    mode = mode or config.capture.mode
+    socket_path = config.kernel.socket_path
+    mode = mode or config.kernel.mode
     if mode not in MODES:
         raise SystemFailure(f"unknown mode {mode!r}: one of {', '.join(MODES)}")
     pattern = core_pattern_for(program, sysctl.read("kernel.osrelease", root))
@@ -246,7 +247,7 @@ def _socket_mode(config: Config, paths: Paths, program: Path, mode: str,
                  stop_listener: Callable[[Paths], object] | None) -> tuple[str, bool] | None:
     """The socket pattern once the listener listens; None when mode auto falls back to pipe mode."""
     prefix = listener.socket_prefix(paths.proc_root)
-    socket_path = config.capture.socket_path
+    socket_path = config.kernel.socket_path
     # auto wants the handshake: plain "@" cannot refuse a dump, which is socket mode's point.
     if prefix is None or (mode == "auto" and prefix != "@@"):
         if mode == "auto":
@@ -254,7 +255,7 @@ def _socket_mode(config: Config, paths: Paths, program: Path, mode: str,
         raise SystemFailure(f"this kernel ({sysctl.read('kernel.osrelease', _sysctl_root(paths))}) has no "
                             f"socket core_pattern (Linux 6.16+, with the handshake 6.17+): use --mode pipe")
     if start_listener is not None:
-        start_listener(paths, listener.command(program, socket_path, config.capture.socket_max_connections))
+        start_listener(paths, listener.command(program, socket_path, config.kernel.socket_max_connections))
     if not listener.wait_listening(socket_path, LISTEN_TIMEOUT, paths.proc_root):
         if mode == "auto":
             if stop_listener is not None:
@@ -357,7 +358,7 @@ def capture_state(config: Config, paths: Paths) -> dict:
     """The mode the live core_pattern gives (None when it is not ours), whether the socket listener listens,
     and the socket peers refused: cheap enough for every metrics scrape."""
     pattern = sysctl.read(sysctl.CORE_PATTERN, _sysctl_root(paths))
-    socket_path = config.capture.socket_path
+    socket_path = config.kernel.socket_path
     mode = mode_of(pattern) if is_ours(pattern, socket_path) else None
     return {"mode": mode, "listening": mode == "socket" and listener.listening(socket_path, paths.proc_root),
             "refused_peers": spool.refused_count(paths.spool_dir)}
@@ -368,7 +369,7 @@ def _listener_summary(config: Config, paths: Paths, mode: str | None) -> dict | 
     if mode != "socket":
         return None
     found = supervise.status(paths, supervise.LISTENER)
-    path = config.capture.socket_path
+    path = config.kernel.socket_path
     return {"socket_path": str(path), "listening": listener.listening(path, paths.proc_root),
             "supervised": found.running, "pid": found.daemon_pid, "log_file": found.log_file,
             "refused_peers": spool.refused_count(paths.spool_dir)}
@@ -394,11 +395,11 @@ def status(config: Config, paths: Paths, *, csplice: Path | None = None) -> dict
     except SystemFailure as e:
         previous = {"error": e.message}
     pattern = live[sysctl.CORE_PATTERN]
-    installed = is_ours(pattern, config.capture.socket_path)
+    installed = is_ours(pattern, config.kernel.socket_path)
     mode = mode_of(pattern) if installed else None
     if mode == "socket":
         prefix = listener.socket_prefix(paths.proc_root)
-        expected = prefix and listener.socket_pattern(prefix, config.capture.socket_path)
+        expected = prefix and listener.socket_pattern(prefix, config.kernel.socket_path)
     return {
         "installed": installed,
         "mode": mode,

@@ -13,6 +13,11 @@
  *   64 usage: no arguments, or a socket peer that is not a task being dumped (nothing stored)
  *   73 the spool could not be opened or written: the dump was drained and lost, see the kernel log
  *   74 the record could not be committed
+ *
+ * Run by hand with one option, it prints a table the control plane is checked against and exits:
+ * --version, --list-specifiers (the argv it takes, optional ones in brackets), --list-strategies,
+ * --list-settings (every csplice.conf key with its built-in default, as a settings file).
+ * `csplice --listen PATH ...` is socket mode's accept loop (listen.c).
  */
 #include <fcntl.h>
 #include <signal.h>
@@ -24,10 +29,10 @@
 #include <unistd.h>
 
 #include "capture.h"
-#include "crash.h"
 #include "listen.h"
 #include "log.h"
 #include "procinfo.h"
+#include "record.h"
 #include "settings.h"
 #include "spool.h"
 #include "util.h"
@@ -99,8 +104,8 @@ static const char *admit(Crash *c, int spool_fd) {
         if (crash_arg_number(c, ARG_RLIMIT) == 0)
                 return "rlimit_core";
         /* Only the socket can refuse a dump before it is written; a pipe truncates it at the limit instead. */
-        if (s->max_dump_bytes > 0 && estimate > s->max_dump_bytes)
-                return "max_dump_bytes";
+        if (s->max_dump_size > 0 && estimate > s->max_dump_size)
+                return "max_dump_size";
 
         if (s->max_pending > 0) {
                 r = spool_count_pending(spool_fd, s->max_pending);
@@ -157,22 +162,57 @@ static int commit_record(Crash *c, int spool_fd, SpoolRecord *rec) {
         return r;
 }
 
-/* A smaller RLIMIT_CORE than max_dump_bytes cuts the capture there, like the kernel's own core files. Returns
+/* "%P %i ... %e [%F]": the argv after the program name, as arg_names has it. */
+static void format_specifiers(char *buf, size_t size) {
+        size_t n = 0;
+
+        buf[0] = '\0';
+        for (unsigned a = 0; a < _ARG_MAX && n < size; a++)
+                n += (size_t) snprintf(buf + n, size - n, a < _ARG_REQUIRED ? "%s%%%s" : "%s[%%%s]",
+                                       a > 0 ? " " : "", arg_names[a]);
+}
+
+/* The tables behind --list-*; returns whether opt was one of them. */
+static bool list_table(const char *opt) {
+        char buf[PATH_MAX];
+
+        if (strcmp(opt, "--version") == 0)
+                (void) puts(CSPLICE_VERSION);
+        else if (strcmp(opt, "--list-specifiers") == 0) {
+                format_specifiers(buf, sizeof buf);
+                (void) puts(buf);
+        } else if (strcmp(opt, "--list-strategies") == 0)
+                for (Strategy st = 0; st < _STRATEGY_MAX; st++)
+                        (void) puts(strategy_to_string(st));
+        else if (strcmp(opt, "--list-settings") == 0) {
+                Settings s;
+
+                settings_defaults(&s);
+                for (size_t i = 0; i < setting_table_len; i++) {
+                        setting_format(&s, &setting_table[i], buf, sizeof buf);
+                        (void) printf("%s=%s\n", setting_table[i].key, buf);
+                }
+        } else
+                return false;
+        return true;
+}
+
+/* A smaller RLIMIT_CORE than max_dump_size cuts the capture there, like the kernel's own core files. Returns
  * the configured limit, for restore_limit(). */
 static uint64_t apply_rlimit(Crash *c) {
         long long rlimit = crash_arg_number(c, ARG_RLIMIT); /* -1 for RLIM_INFINITY, past LLONG_MAX */
-        uint64_t configured = c->settings.max_dump_bytes;
+        uint64_t configured = c->settings.max_dump_size;
 
         if (rlimit > 0 && (configured == 0 || (uint64_t) rlimit < configured))
-                c->settings.max_dump_bytes = (uint64_t) rlimit;
+                c->settings.max_dump_size = (uint64_t) rlimit;
         return configured;
 }
 
 static void restore_limit(Crash *c, uint64_t configured) {
-        if (c->settings.max_dump_bytes != configured && c->capture.truncated &&
-            strcmp(c->capture.truncated, "max_dump_bytes") == 0)
+        if (c->settings.max_dump_size != configured && c->capture.truncated &&
+            strcmp(c->capture.truncated, "max_dump_size") == 0)
                 c->capture.truncated = "rlimit_core";
-        c->settings.max_dump_bytes = configured;
+        c->settings.max_dump_size = configured;
 }
 
 int main(int argc, char *argv[]) {
@@ -182,10 +222,9 @@ int main(int argc, char *argv[]) {
         uint64_t configured_limit;
         int in_fd, spool_fd, core_fd = -1, r;
 
-        if (argc == 2 && strcmp(argv[1], "--version") == 0) {
-                (void) puts(CSPLICE_VERSION);
-                return 0;
-        }
+        /* The kernel's first argument is %P, a number: an option only ever comes from a person or a test. */
+        if (argc == 2 && list_table(argv[1]))
+                return fflush(stdout) == 0 ? 0 : EXIT_IOERR;
 
         /* First, log to a safe place, since we don't know what crashed and it might be the journal. */
         log_open();
@@ -200,7 +239,10 @@ int main(int argc, char *argv[]) {
         in_fd = make_safe();
         c.socket_mode = socket_is_connection(in_fd);
         if (argc < 2 && !c.socket_mode) {
-                log_full(LOG_ERR, "Usage: csplice %%P %%i %%I %%u %%g %%d %%s %%t %%c %%h %%e [%%F]");
+                char usage[128];
+
+                format_specifiers(usage, sizeof usage);
+                log_full(LOG_ERR, "Usage: csplice %s", usage);
                 return EXIT_USAGE;
         }
         for (int i = 1; i < argc && i - 1 < _ARG_MAX; i++)
@@ -215,10 +257,10 @@ int main(int argc, char *argv[]) {
         if (settings_load(&c.settings, settings_path) < 0)
                 log_full(LOG_WARNING, "%s", c.settings.error);
 
-        if (c.settings.timeout_sec > 0) {
+        if (c.settings.timeout > 0) {
                 struct sigaction sa = { .sa_handler = on_alarm }; /* no SA_RESTART: blocked reads must end */
                 (void) sigaction(SIGALRM, &sa, NULL);
-                (void) alarm((unsigned) MIN(c.settings.timeout_sec, 86400ULL));
+                (void) alarm((unsigned) MIN(c.settings.timeout, 86400ULL));
         }
 
         /* Only the kernel feeds us: a socket peer must be a task being dumped. Nothing is stored for others. */

@@ -20,7 +20,7 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
-#include "crash.h"
+#include "record.h"
 #include "log.h"
 #include "socket.h"
 #include "util.h"

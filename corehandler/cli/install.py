@@ -22,7 +22,7 @@ def register(commands) -> None:
     parser.add_argument("--mode", choices=install.MODES, default=None,
                         help="pipe: the kernel runs csplice per crash (the default); socket: the kernel connects to "
                         "csplice's listener, which can refuse a dump before it is written (Linux 6.17+); auto: "
-                        "socket where the kernel has it and the listener answers, else pipe (default: [capture] mode)")
+                        "socket where the kernel has it and the listener answers, else pipe (default: [kernel] mode)")
     parser.add_argument("--package", action="store_true",
                         help="for the Debian package's scripts: replace another handler (as --force), leave the "
                         "sysctl.d file and the daemon to the package")
@@ -96,7 +96,7 @@ def run_install(args: argparse.Namespace) -> int:
 def run_uninstall(args: argparse.Namespace) -> int:
     config, paths = load(args)
     done = install.uninstall(paths, stop_daemon=supervise.stop if _manages_daemon(args) else None,
-                             socket_path=config.capture.socket_path, stop_listener=_stop_listener)
+                             socket_path=config.kernel.socket_path, stop_listener=_stop_listener)
     if done["restored"] is not None:
         restored = done["restored"]
         lines = [f"corehandler uninstalled: core_pattern = {restored['kernel.core_pattern']}, core_pipe_limit = "

@@ -40,8 +40,8 @@ def socket_mode(host_core_settings, sysctl_d_file, tmp_path):
     """corehandler installed in socket mode on SOCKET (no daemon: the records are checked in the spool)."""
     etc = tmp_path / "etc"
     etc.mkdir()
-    (etc / "corehandler.toml").write_text(f'[capture]\nmin_free = "64M"\nsocket_path = "{SOCKET}"\n'
-                                          "max_per_exe_per_minute = 16\n")
+    (etc / "corehandler.toml").write_text(f'[capture]\nmin_free = "64M"\nmax_per_exe_per_minute = 16\n'
+                                          f'[kernel]\nsocket_path = "{SOCKET}"\n')
     options = ["--config-dir", str(etc), "--state-dir", str(tmp_path / "state")]
     result = cli(*options, "install", "--force", "--no-daemon", "--mode", "socket")
     print(result.stdout, result.stderr)

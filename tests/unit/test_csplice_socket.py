@@ -175,7 +175,7 @@ def test_a_longer_request_with_unknown_mask_bits(tmp_path, csplice):
 
 def test_refuses_before_the_kernel_writes_when_admission_says_no(tmp_path, csplice):
     """The size limit against the dump's estimate (this process's VmRSS): REJECT, nothing streamed."""
-    k = FakeKernel(tmp_path, csplice, max_dump_bytes=4096)
+    k = FakeKernel(tmp_path, csplice, max_dump_size=4096)
     k.request()
     assert k.ack() == (16, REJECT | WAIT)
     k.mark()
@@ -183,7 +183,7 @@ def test_refuses_before_the_kernel_writes_when_admission_says_no(tmp_path, cspli
     rc, err, record = k.finish()
     assert rc == 0, err
     cap = record["capture"]
-    assert record["core"] is None and cap["dropped"] and cap["dropped_reason"] == "max_dump_bytes"
+    assert record["core"] is None and cap["dropped"] and cap["dropped_reason"] == "max_dump_size"
     assert cap["socket"]["rejected"] is True and cap["bytes"] == cap["drained_bytes"] == 0
     assert list(k.spool.glob("*.core")) == []
 
