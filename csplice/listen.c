@@ -17,6 +17,7 @@
 #include <poll.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -156,6 +157,8 @@ int listener_run(int argc, char *argv[]) {
         if (r < 0)
                 return log_errno(LOG_ERR, r, "Usage: csplice --listen PATH [--max-connections N] [--backlog N] "
                                  "[--exec]");
+        /* As csplice per crash: our own crash must not come back to the socket we serve. */
+        (void) prctl(PR_SET_DUMPABLE, 0);
         fd = open_listener(path, backlog, &lock);
         if (fd < 0)
                 return log_errno(LOG_ERR, fd, "Failed to listen on %s: %m", path);
