@@ -37,7 +37,7 @@ static void on_signal(int sig) {
 /* The kernel's rules for the path (fs/coredump.c): absolute, no "." or ".." components, shorter than
  * sun_path. Ours on top: no symlink on the way and every existing directory root's, since a connection to
  * whatever the path resolves to is a dump handed to it. */
-static int check_path(const char *path) {
+static int check_path(const char *path, bool *created_dir) {
         char buf[sizeof ((struct sockaddr_un *) 0)->sun_path];
         struct stat st;
 
@@ -53,6 +53,7 @@ static int check_path(const char *path) {
                         /* Created as mkdir -p would; the socket's own directory is made 0700 below. */
                         if (mkdir(buf, 0755) < 0 && errno != EEXIST)
                                 return -errno;
+                        *created_dir = !strchr(slash + 1, '/');
                         if (lstat(buf, &st) < 0)
                                 return -errno;
                 }
@@ -68,21 +69,27 @@ static int check_path(const char *path) {
 static int open_listener(const char *path, unsigned backlog, int *ret_lock) {
         struct sockaddr_un sa = { .sun_family = AF_UNIX };
         char lock_path[sizeof sa.sun_path + 8], *dir_end;
+        bool created_dir = false;
+        struct stat st;
         mode_t old_umask;
         int fd, lock, r;
 
-        r = check_path(path);
+        r = check_path(path, &created_dir);
         if (r < 0)
                 return r;
-        /* The socket's directory is root's alone: connecting needs write permission on the socket, and the
-         * directory keeps even its name from others. */
+        /* The socket's directory is root's alone (connecting needs write permission on the socket, and the
+         * directory keeps even its name from others): made so if we created it, else required. */
         (void) snprintf(lock_path, sizeof lock_path, "%s", path);
         dir_end = strrchr(lock_path, '/');
-        if (dir_end != lock_path) {
-                *dir_end = '\0';
-                if (chmod(lock_path, 0700) < 0)
-                        return -errno;
-        }
+        *dir_end = '\0';
+        if (created_dir && chmod(lock_path, 0700) < 0)
+                return -errno;
+        if (stat(dir_end == lock_path ? "/" : lock_path, &st) < 0)
+                return -errno;
+        if (st.st_mode & 0077)
+                return log_errno(LOG_ERR, EPERM, "The socket's directory %s is open to others (mode %04o): it must be "
+                                 "root's alone (0700)", dir_end == lock_path ? "/" : lock_path,
+                                 (unsigned) (st.st_mode & 07777));
         /* One listener per path: the lock says the socket file we are about to replace is stale. */
         (void) snprintf(lock_path, sizeof lock_path, "%s.lock", path);
         lock = open(lock_path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);

@@ -37,10 +37,11 @@ RLIM_INF = resource.RLIM_INFINITY
 
 @pytest.fixture
 def socket_mode(host_core_settings, sysctl_d_file, tmp_path):
-    """corehandler installed in socket mode on SOCKET (no daemon: the records are checked in the spool)."""
+    """corehandler installed in socket mode on SOCKET (no daemon: the records are checked in the spool, so
+    they stay pending and max_pending is off; the storm's limit is the per-executable one)."""
     etc = tmp_path / "etc"
     etc.mkdir()
-    (etc / "corehandler.toml").write_text(f'[capture]\nmin_free = "64M"\nmax_per_exe_per_minute = 16\n'
+    (etc / "corehandler.toml").write_text(f'[capture]\nmin_free = "64M"\nmax_per_exe_per_minute = 16\nmax_pending = 0\n'
                                           f'[kernel]\nsocket_path = "{SOCKET}"\n')
     options = ["--config-dir", str(etc), "--state-dir", str(tmp_path / "state")]
     result = cli(*options, "install", "--force", "--no-daemon", "--mode", "socket")
