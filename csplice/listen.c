@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -157,13 +158,19 @@ int listener_run(int argc, char *argv[]) {
         sigset_t block, old;
         const char *path;
         unsigned max = LISTEN_MAX_CONNECTIONS, backlog = LISTEN_BACKLOG, active = 0;
+        char self[PATH_MAX] = "";
         bool exec_each = false;
+        ssize_t n;
         int fd, lock = -1, r;
 
         r = parse_args(argc, argv, &path, &max, &backlog, &exec_each);
         if (r < 0)
                 return log_errno(LOG_ERR, r, "Usage: csplice --listen PATH [--max-connections N] [--backlog N] "
                                  "[--exec]");
+        /* Our own path, not /proc/self/exe, for --exec: the new process is named after what it execs. */
+        n = readlink("/proc/self/exe", self, sizeof self - 1);
+        if (n > 0)
+                self[n] = '\0';
         /* As csplice per crash: our own crash must not come back to the socket we serve. */
         (void) prctl(PR_SET_DUMPABLE, 0);
         fd = open_listener(path, backlog, &lock);
@@ -207,7 +214,7 @@ int listener_run(int argc, char *argv[]) {
                         (void) close(conn);
                         if (r == 0 && exec_each) {
                                 char *const args[] = { (char *) "csplice", NULL };
-                                (void) execv("/proc/self/exe", args);
+                                (void) execv(self[0] ? self : "/proc/self/exe", args);
                                 _exit(127);
                         }
                         log_forget_errors();
