@@ -249,6 +249,18 @@ def run(args) -> dict:
                     storms[handler].append(result)
                     bench.clean()
                 print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+            # More rounds of what the goals are read from, in the same pairing (each list grows by one per
+            # round, so sample i of one handler and of its floor are still from the same round).
+            for r in range(args.goal_rounds):
+                for handler in rotated(("none", "null", "pipe", "socket"), r):
+                    bench.use(handler, max_pending=0, max_per_exe_per_minute=0, max_dump_size=64 * MiB)
+                    holds["tiny (1 MiB)"][handler].append(bench.crash(handler, 1))
+                    bench.clean()
+                    if handler == "none":
+                        holds["1 GiB dense"][handler].append(bench.crash(handler, 1024))
+                    elif handler in CSPLICE_HANDLERS:
+                        holds["1 GiB refused (max 64M)"][handler].append(bench.crash(handler, 1024))
+                    bench.clean()
         finally:
             bench.stop_listener()
             bench.clean()
@@ -266,6 +278,7 @@ def report(results: dict, args) -> str:
            f"Machine: {machine()}; spool on {filesystem_of(args.work)}. Loaded by other engineers' builds and "
            f"tests: load average {args.load_before} at the start, {os.getloadavg()[0]:.2f} at the end.",
            f"Medians (min–max) of {args.rounds} rounds, handlers interleaved in a different order each round; "
+           f"the tiny and refused crashes and their floors (none, null, pipe, socket) {args.goal_rounds} rounds more. "
            "core_pipe_limit 16.\n",
            "## Hold: crash trigger to reaped, ms\n"]
     rows = []
@@ -393,6 +406,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="tiny crashes and the storm only")
+    parser.add_argument("--goal-rounds", type=int, default=8, help="extra rounds of the tiny and refused crashes "
+                        "and their floors, the goals' figures")
     parser.add_argument("--work", type=Path, default=Path("/var/tmp/corehandler-bench-socket"))
     parser.add_argument("--out", type=Path, default=HERE / "results" / "capture-socket.md")
     parser.add_argument("--feed", action="store_true", help="only the strategies on a socketpair (no root, no "
