@@ -71,6 +71,14 @@ def _absolute_path(value) -> Path:
     return Path(os.path.normpath(value))
 
 
+def _socket_path(value) -> Path:
+    path = _absolute_path(value)
+    # The kernel's limit (sun_path) and its rule: a normalised absolute path, as core_pattern takes no quoting.
+    if len(str(path).encode()) >= 108 or any(c.isspace() for c in str(path)) or str(path) != value:
+        raise ValueError("must be a normalised absolute path without spaces, shorter than 108 bytes")
+    return path
+
+
 def _optional_absolute_path(value) -> str:
     if value == "":
         return value
@@ -118,6 +126,20 @@ class CaptureConfig(_Section):
     collect_maps: bool = Field(False, description="keep the crashed process's /proc/PID/maps")
 
 
+class KernelConfig(_Section):
+    """How the kernel hands a dump to csplice (not csplice's per-crash settings: those are [capture])."""
+
+    mode: Literal["pipe", "socket", "auto"] = Field(
+        "pipe", description="pipe | socket | auto (install --mode overrides): the kernel runs csplice per crash, "
+        "or connects to csplice's listener, which can refuse a dump before it is written (Linux 6.17+); auto = "
+        "socket where the kernel has it and the listener answers")
+    socket_path: Annotated[Path, BeforeValidator(_socket_path), _Human(str)] = Field(
+        Path("/run/corehandler/capture/coredump.socket"), description="the coredump socket in socket mode "
+        "(absolute, shorter than 108 bytes; its directory is made root-only)")
+    socket_max_connections: int = Field(16, ge=1, le=4096, description="dumps the listener captures at once in "
+                                        "socket mode; more wait in the socket's backlog")
+
+
 class CompressionConfig(_Section):
     enabled: bool = Field(True, description="compress dumps with zstd in the store")
     level: int = Field(3, ge=1, le=22, description="zstd level (1..22)")
@@ -153,6 +175,7 @@ class JournalConfig(_Section):
 class Config(_Section):
     state_dir: AbsolutePath = Field(DEFAULT_STATE_DIR, description="spool, store and index live here")
     capture: CaptureConfig = CaptureConfig()
+    kernel: KernelConfig = KernelConfig()
     compression: CompressionConfig = CompressionConfig()
     retention: RetentionConfig = RetentionConfig()
     metrics: MetricsConfig = MetricsConfig()
