@@ -135,6 +135,9 @@ def parse_stack(f: BinaryIO, limits: Limits) -> dict:
                      "build_id": None, "offset": None, "file": None, "line": None}
             frame_text = m.group(3) or ""
             _frame_fields(frame, frame_text or None, limits.line_chars)
+            if cut:  # the module after the name is lost with the rest of the line
+                frame["function"] = f"{frame['function'] or frame['module'] or ''}...[cut]"
+                frame["module"] = None
             frames.append(frame)
             continue
         if frame is None:
@@ -335,12 +338,10 @@ def start(core: Path, record: dict, limits: Limits = Limits()) -> Running:
         run.problems.append("eu-stack not found (install elfutils)")
         return run
     core_arg = f"--core={run.core}"
+    # No -e EXE: libdwfl then finds every file, the executable too, by the core's file names and rejects one
+    # whose build-id differs, so a binary replaced since the crash shows unsymbolised frames, not wrong ones
+    # (with -e it would take the file as given).
     argv = [stack, core_arg, "-b", "-m", "-s", "-n", str(limits.frames)]
-    exe = facts.proc(record).get("exe")
-    # -e only for the exe as it was: libdwfl finds the rest by the core's file names and rejects a file whose
-    # build-id differs, so a replaced binary shows unsymbolised frames rather than wrong ones.
-    if isinstance(exe, str) and exe.startswith("/") and not exe.endswith(" (deleted)") and os.path.isfile(exe):
-        argv[2:2] = ["-e", exe]
     try:
         run.stack = _spawn(argv, limits)
         if unstrip:
