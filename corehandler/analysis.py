@@ -3,8 +3,8 @@ against the file on disk, its package note, and the grouping keys (docs/analysis
 
 The unwinder is elfutils' `eu-stack`, and `eu-unstrip -n` lists the modules; both run as children of the
 daemon, never in its process, each behind `prlimit` (address space, CPU time, output file size, no core
-dumps of their own), `nice`/`ionice` and, as root, `unshare --net`, with an environment holding no
-DEBUGINFOD_URLS and no proxies: nothing leaves the host. Their output goes to memory files capped by
+dumps of their own), `nice`/`ionice` and `unshare --net` (as far as the host allows: see sandbox()), with
+an environment holding no DEBUGINFOD_URLS and no proxies: nothing leaves the host. Their output goes to memory files capped by
 RLIMIT_FSIZE and is parsed line by line with every line cut at `Limits.line_chars`, so neither a core with
 thousands of threads nor a megabyte C++ symbol makes the daemon hold more than the caps.
 
@@ -282,18 +282,47 @@ def _tool(name: str) -> str | None:
     return shutil.which(name, path=_ENV["PATH"])
 
 
+_SANDBOX: list[tuple[str, list[str]]] | None = None
+
+
+def _works(cmd: list[str]) -> bool:
+    try:
+        return subprocess.run(cmd + ["true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, env=_ENV, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def sandbox() -> list[tuple[str, list[str]]]:
+    """The wrappers that work here, probed once per process: under a systemd unit whose seccomp filter denies
+    setrlimit, or without the capability to make a network namespace, a wrapper fails and is left out
+    rather than failing every analysis (the result's `sandbox` says which applied)."""
+    global _SANDBOX
+    if _SANDBOX is None:
+        found = []
+        candidates = [("limits", [_tool("prlimit"), "--core=0", "--"]), ("nice", [_tool("nice"), "-n", "19"]),
+                      ("ionice", [_tool("ionice"), "-c", "2", "-n", "7"])]
+        for name, cmd in candidates:
+            if cmd[0] and _works(cmd):
+                found.append((name, cmd))
+        unshare = _tool("unshare")
+        for cmd in ([unshare, "--net", "--"], [unshare, "--user", "--map-root-user", "--net", "--"]):
+            if unshare and _works(cmd):
+                found.append(("no-network", cmd))
+                break
+        _SANDBOX = found
+    return _SANDBOX
+
+
 def _command(argv: list[str], limits: Limits) -> list[str]:
-    """argv behind the resource limits, low priority and (as root) no network."""
+    """argv behind the resource limits, low priority and no network, as far as this host allows."""
     cmd = []
-    if _tool("prlimit"):
-        cmd += [_tool("prlimit"), f"--as={limits.memory_bytes}", "--core=0", f"--cpu={limits.cpu_seconds}",
-                f"--fsize={limits.output_bytes}", "--"]
-    if _tool("nice"):
-        cmd += [_tool("nice"), "-n", "19"]
-    if _tool("ionice"):
-        cmd += [_tool("ionice"), "-c", "2", "-n", "7"]
-    if os.geteuid() == 0 and _tool("unshare"):
-        cmd += [_tool("unshare"), "--net", "--"]
+    for name, wrapper in sandbox():
+        if name == "limits":
+            cmd += [wrapper[0], f"--as={limits.memory_bytes}", "--core=0", f"--cpu={limits.cpu_seconds}",
+                    f"--fsize={limits.output_bytes}", "--"]
+        else:
+            cmd += wrapper
     return cmd + argv
 
 
@@ -416,9 +445,10 @@ def finish(run: Running) -> dict:
     cancel(run)
     if timed_out:
         problems.insert(0, f"analyser killed at the {limits.timeout:g} s timeout")
-    return build_result(run.record, stack, modules, modules_cut, problems, timed_out,
-                        available=run.available,
-                        seconds=time.monotonic() - run.started)
+    result = build_result(run.record, stack, modules, modules_cut, problems, timed_out, available=run.available,
+                          seconds=time.monotonic() - run.started)
+    result["sandbox"] = [name for name, _ in sandbox()]
+    return result
 
 
 def analyse(core: Path, record: dict, limits: Limits = Limits()) -> dict:
@@ -473,6 +503,26 @@ def build_result(record: dict, stack: dict, modules: list[dict], modules_cut: bo
             "analyser": "eu-stack", "crashing_tid": crashing["tid"] if crashing else tid,
             "threads": threads, "threads_seen": stack["threads_seen"], "modules": modules, "exe": exe,
             "packages": packages(modules) if modules else {}, "identity": identity.identify(record), **keys}
+
+
+# -- how it reads (info, the journal) --------------------------------------------------------------------
+
+def frame_line(f: dict) -> str:
+    """One frame as coredumpctl shows it: `#0  0x00005555555551af crash_segv (app + 0x11af) [app.c:6]`."""
+    module = (f.get("module") or "").rsplit("/", 1)[-1] or None
+    where = f"{module} + {f['offset']:#x}" if module and f.get("offset") is not None else (module or "n/a")
+    source = f" [{f['file']}:{f['line']}]" if f.get("file") else ""
+    return f"#{f['index']:<2} {f['pc']:#018x} {f.get('function') or 'n/a'} ({where}){source}"
+
+
+def thread_lines(t: dict) -> list[str]:
+    out = [f"Stack trace of thread {t['tid']}" + (" (crashing)" if t.get("crashing") else "") + ":"]
+    out += [frame_line(f) for f in t["frames"]]
+    if t.get("frames_cut"):
+        out.append(f"... (more frames, cut at {len(t['frames'])})")
+    if t.get("error"):
+        out.append(f"(unwinding stopped: {t['error']})")
+    return out
 
 
 def skipped(record: dict, reason: str) -> dict:

@@ -46,7 +46,7 @@ class Settings:
     retention_interval: float = 3600.0
     sweep_interval: float = 30.0    # also picks up what inotify missed
     retry_interval: float = 60.0    # after a failed ingest (disk full, I/O error)
-    analysis: bool = True
+    analysis_enabled: bool = True
     analysis_limits: analysis.Limits = field(default_factory=analysis.Limits)
 
     @property
@@ -63,7 +63,7 @@ def settings_from_config(config, paths, **overrides) -> Settings:
     return Settings(state_dir=state_dir, compression=config.compression.enabled, level=config.compression.level,
                     threads=config.compression.threads,
                     policy=retention.policy_from_config(config.retention, total),
-                    retention_interval=config.retention.interval, analysis=config.analysis.enabled,
+                    retention_interval=config.retention.interval, analysis_enabled=config.analysis.enabled,
                     analysis_limits=analysis.Limits(timeout=config.analysis.timeout,
                                                     memory_bytes=config.analysis.max_memory,
                                                     threads=config.analysis.max_threads,
@@ -282,7 +282,7 @@ class Daemon:
     # -- analysis (corehandler/analysis.py) ---------------------------------------------------------------------
 
     def _start_analysis(self, dump_id: str, record: dict, raw: Path, status: str) -> None:
-        if self.settings.analysis and status in ("ok", "truncated"):
+        if self.settings.analysis_enabled and status in ("ok", "truncated"):
             analysis_index.mark_pending(self.store, dump_id)
             self._analysing = analysis.start(raw, record, self.settings.analysis_limits)
 
@@ -290,7 +290,7 @@ class Daemon:
         running, self._analysing = self._analysing, None
         if running is not None:
             result = analysis.finish(running)
-        elif not self.settings.analysis:
+        elif not self.settings.analysis_enabled:
             result = analysis.skipped(record, "analysis disabled ([analysis] enabled = false)")
         else:
             result = analysis.skipped(record, f"no core to analyse ({status})")
@@ -310,7 +310,7 @@ class Daemon:
         for dump_id, state in analysis_index.unanalysed(self.store):
             raw = spool.core_path(self.settings.spool_dir, dump_id)
             dump = self.store.get(dump_id)
-            if self.settings.analysis and raw.exists() and dump.status in ("ok", "truncated"):
+            if self.settings.analysis_enabled and raw.exists() and dump.status in ("ok", "truncated"):
                 result = analysis.analyse(raw, dump.record, self.settings.analysis_limits)
             else:
                 why = "killed mid-analysis" if state == analysis_index.PENDING else "indexed before analysis existed"

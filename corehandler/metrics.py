@@ -35,6 +35,7 @@ from prometheus_client.exposition import ThreadingWSGIServer, generate_latest, s
 from prometheus_client.process_collector import ProcessCollector
 
 from corehandler import __version__, facts
+from corehandler.analysis_metrics import AnalysisMetrics
 from corehandler.atomicfile import write_atomic
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ DEFAULT_LISTEN = "127.0.0.1"
 DEFAULT_PORT = 9577
 # Label value for executables not on the allow-list: one series for all of them keeps cardinality bounded.
 OTHER_EXE = "other"
-ERROR_KINDS = ("ingest", "compress", "disk_full", "corrupt", "config", "observer")
+ERROR_KINDS = ("ingest", "compress", "disk_full", "corrupt", "config", "observer", "analysis")
 
 # 256 KiB .. 64 GiB in powers of two: a small daemon's core to the largest dump the default limits allow.
 SIZE_BUCKETS = tuple(float(2**k) for k in range(18, 37))
@@ -118,6 +119,7 @@ class MetricsObserver:
             {"version": __version__, "csplice_version": csplice_version or "",
              "python_version": platform.python_version()})
         r.register(_StoreCollector(store_dir, store_limit_bytes))
+        self.analysis = AnalysisMetrics(r, store_dir)
         self._server: ThreadingWSGIServer | None = None
         self._last_timestamp = 0.0
 
@@ -173,6 +175,7 @@ class MetricsObserver:
     def on_ingested(self, record: Mapping[str, Any], stored: Mapping[str, Any]) -> None:
         with self._guard("on_ingested"):
             self._count_dump(record, stored)
+            self.analysis.count(stored)
 
     def on_deleted(self, dump_id: str, exe: str | None, rule: str, freed_bytes: int) -> None:
         with self._guard("on_deleted"):

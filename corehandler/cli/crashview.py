@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 
-from corehandler import analysis_index
+from corehandler import analysis, analysis_index
 from corehandler.store import Dump, Store
 
 TRACE_INDENT = " " * 16
@@ -131,24 +131,11 @@ def group_table(gs: list[dict]) -> str:
 
 # -- info ---------------------------------------------------------------------------------------------------
 
-def _frame_line(f: dict) -> str:
-    module = (f.get("module") or "").rsplit("/", 1)[-1] or None
-    where = f"{module} + {f['offset']:#x}" if module and f.get("offset") is not None else (module or "n/a")
-    source = f" [{f['file']}:{f['line']}]" if f.get("file") else ""
-    return f"#{f['index']:<2} {f['pc']:#018x} {f.get('function') or 'n/a'} ({where}){source}"
-
-
 def trace_lines(result: dict, all_threads: bool) -> list[str]:
     out = []
     threads = result.get("threads") or []
     for t in threads if all_threads else threads[:1]:
-        out.append(f"Stack trace of thread {t['tid']}" + (" (crashing)" if t.get("crashing") else "") + ":")
-        out += [_frame_line(f) for f in t["frames"]]
-        if t.get("frames_cut"):
-            out.append(f"... (more frames, cut at {len(t['frames'])})")
-        if t.get("error"):
-            out.append(f"(unwinding stopped: {t['error']})")
-        out.append("")
+        out += analysis.thread_lines(t) + [""]
     if not all_threads and len(threads) > 1:
         out.append(f"({len(threads) - 1} more threads: --all-threads shows them)")
     modules = result.get("modules") or []
