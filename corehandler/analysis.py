@@ -1,20 +1,21 @@
 """Crash analysis of a raw core: every thread's stack, the build-id of every mapped module, the exe checked
 against the file on disk, its package note, and the grouping keys (docs/analysis.md).
 
-The unwinder is elfutils' `eu-stack`, and `eu-unstrip -n` lists the modules; both run as children of the
-daemon, never in its process, each behind `prlimit` (address space, CPU time, output file size, no core
+The unwinder is elfutils' `eu-stack`. It runs as a child of the daemon, never in its process, behind `prlimit` (address space, CPU time, output file size, no core
 dumps of their own), `nice`/`ionice` and `unshare --net` (as far as the host allows: see sandbox()), with
 an environment holding no DEBUGINFOD_URLS and no proxies: nothing leaves the host. Their output goes to memory files capped by
 RLIMIT_FSIZE and is parsed line by line with every line cut at `Limits.line_chars`, so neither a core with
 thousands of threads nor a megabyte C++ symbol makes the daemon hold more than the caps.
 
-start() launches both children and returns at once, so the daemon compresses the same raw core meanwhile;
-finish() waits for them until the timeout (counted from start), kills what is left, and parses.
+The modules and their build-ids come from the core's own notes and first pages (coremodules.py), in the
+daemon: a few preads.
+
+start() launches the child and returns at once, so the daemon compresses the same raw core meanwhile;
+finish() waits for it until the timeout (counted from start), kills it if it is still running, and parses.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from corehandler import elfcore, facts, identity, signature
+from corehandler import coremodules, elfcore, facts, identity, signature
 
 # Outcomes of an analysis (the `state` of an analysis row).
 OK = "ok"                    # every thread unwound as far as the caps allow
@@ -36,9 +37,6 @@ UNAVAILABLE = "unavailable"  # eu-stack is not installed
 SKIPPED = "skipped"          # no core to analyse (metadata only, invalid, raw core gone)
 STATES = (OK, PARTIAL, FAILED, TIMEOUT, UNAVAILABLE, SKIPPED)
 
-PACKAGE_NOTE_OWNER, PACKAGE_NOTE_TYPE = b"FDO", 0xCAFE1A7E
-MAX_PACKAGE_NOTE = 4096
-MAX_MODULES = 512
 MAX_PROBLEMS = 32
 # No proxies, no debuginfod: the analyser never reaches the network (and as root has none, see _command).
 _ENV = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "LC_ALL": "C"}
@@ -53,6 +51,7 @@ class Limits:
     threads: int = 64                   # threads kept (the crashing one first)
     frames: int = 64                    # frames per thread (eu-stack -n)
     line_chars: int = 512               # a symbol, module or source path longer is cut
+    source_lines: bool = False          # eu-stack -s: file:line per frame (costs 50-300 ms with debug info)
 
 
 def escape(text: str, limit: int) -> str:
@@ -181,57 +180,12 @@ def apply_errors(stack: dict, stderr: BinaryIO, limits: Limits) -> list[str]:
     return problems
 
 
-# -- eu-unstrip -n's output ---------------------------------------------------------------------------------
-
-_MODULE = re.compile(r"^0x([0-9a-f]+)\+0x([0-9a-f]+) (\S+) (\S+) (\S+) (.*)$")
-
-
-def parse_modules(f: BinaryIO, limits: Limits) -> tuple[list[dict], bool]:
-    """eu-unstrip -n --core output -> ([{name, start, size, build_id, file}], cut)."""
-    modules: list[dict] = []
-    cut = False
-    for line, _ in _lines(f, limits.line_chars):
-        m = _MODULE.match(line)
-        if not m:
-            continue
-        if len(modules) == MAX_MODULES:
-            cut = True
-            break
-        build_id = m.group(3).split("@", 1)[0]
-        file = m.group(4)
-        modules.append({"name": escape(m.group(6), limits.line_chars), "start": int(m.group(1), 16),
-                        "size": int(m.group(2), 16),
-                        "build_id": None if build_id == "-" else build_id,
-                        "file": None if file in ("-", ".") else escape(file, limits.line_chars)})
-    return modules, cut
-
-
 # -- the files on disk --------------------------------------------------------------------------------------
-
-def _disk_notes(path: str) -> tuple[str | None, dict | None, str | None]:
-    """(build-id, package metadata, problem) of the file at path now."""
-    try:
-        notes = elfcore.file_notes(path)
-    except OSError as e:
-        return None, None, e.strerror
-    build_id = package = None
-    for owner, ntype, desc in notes:
-        if owner == b"GNU" and ntype == elfcore.NT_GNU_BUILD_ID and desc:
-            build_id = desc.hex()
-        elif owner == PACKAGE_NOTE_OWNER and ntype == PACKAGE_NOTE_TYPE:
-            try:
-                value = json.loads(desc[:MAX_PACKAGE_NOTE].rstrip(b"\0").decode("utf-8"))
-                package = value if isinstance(value, dict) else None
-            except (UnicodeDecodeError, ValueError):
-                package = None
-    return build_id, package, None
-
 
 def check_exe(exe_path: str | None, core_build_id: str | None) -> dict:
     """The exe then (its build-id in the core) against the file at its path now: "same", "replaced" (other
     build-id), "deleted" (gone, or /proc already said so), "unreadable", "unknown" (no build-id to compare)."""
-    out: dict[str, Any] = {"path": exe_path, "build_id": core_build_id, "disk_build_id": None, "state": "unknown",
-                           "package": None}
+    out: dict[str, Any] = {"path": exe_path, "build_id": core_build_id, "disk_build_id": None, "state": "unknown"}
     if not exe_path:
         return out
     deleted = exe_path.endswith(" (deleted)")
@@ -239,41 +193,28 @@ def check_exe(exe_path: str | None, core_build_id: str | None) -> dict:
     if deleted or not os.path.lexists(path):
         out["state"] = "deleted"
         return out
-    disk_id, package, problem = _disk_notes(path)
-    out["disk_build_id"] = disk_id
-    if problem:
-        out["state"] = "unreadable"
-        out["problem"] = problem
-    elif core_build_id and disk_id:
+    try:
+        disk_id = out["disk_build_id"] = elfcore.file_build_id(path)
+    except OSError as e:
+        out["state"], out["problem"] = "unreadable", e.strerror
+        return out
+    if core_build_id and disk_id:
         out["state"] = "same" if disk_id == core_build_id else "replaced"
-    if out["state"] == "same":
-        out["package"] = package
     return out
 
 
 def exe_module(modules: list[dict], exe_path: str | None) -> dict | None:
-    """The module of the executable: the one mapped from its path, else the first eu-unstrip lists (libdwfl
-    reports the main executable first)."""
+    """The module of the executable: the one mapped from its path, else the lowest mapped one."""
     path = (exe_path or "").removesuffix(" (deleted)")
     for m in modules:
-        if path and path in (m["name"], m["file"]):
+        if path and m["name"].removesuffix(" (deleted)") == path:
             return m
     return modules[0] if modules else None
 
 
-def packages(modules: list[dict], limit: int = 64) -> dict[str, dict]:
-    """The package notes of mapped modules whose file on disk still has the core's build-id."""
-    out = {}
-    for m in modules:
-        if len(out) >= limit:
-            break
-        path = m["file"] or m["name"]
-        if not m["build_id"] or not path.startswith("/"):
-            continue
-        build_id, package, _ = _disk_notes(path)
-        if package is not None and build_id == m["build_id"]:
-            out[m["name"]] = package
-    return out
+def packages(modules: list[dict]) -> dict[str, dict]:
+    """The package notes (.note.package) of the mapped modules, by module name, as the core holds them."""
+    return {m["name"]: m["package"] for m in modules if m.get("package")}
 
 
 # -- the children -------------------------------------------------------------------------------------------
@@ -355,13 +296,12 @@ class Running:
     started: float
     available: bool = True
     stack: _Child | None = None
-    unstrip: _Child | None = None
     problems: list[str] = field(default_factory=list)
 
 
 def start(core: Path, record: dict, limits: Limits = Limits()) -> Running:
     run = Running(Path(core), record, limits, time.monotonic())
-    stack, unstrip = _tool("eu-stack"), _tool("eu-unstrip")
+    stack = _tool("eu-stack")
     if stack is None:
         run.available = False
         run.problems.append("eu-stack not found (install elfutils)")
@@ -370,11 +310,9 @@ def start(core: Path, record: dict, limits: Limits = Limits()) -> Running:
     # No -e EXE: libdwfl then finds every file, the executable too, by the core's file names and rejects one
     # whose build-id differs, so a binary replaced since the crash shows unsymbolised frames, not wrong ones
     # (with -e it would take the file as given).
-    argv = [stack, core_arg, "-b", "-m", "-s", "-n", str(limits.frames)]
+    argv = [stack, core_arg, "-b", "-m", "-n", str(limits.frames)] + (["-s"] if limits.source_lines else [])
     try:
         run.stack = _spawn(argv, limits)
-        if unstrip:
-            run.unstrip = _spawn([unstrip, "-n", core_arg], limits)
     except OSError as e:
         run.problems.append(f"cannot start the analyser: {e.strerror}")
         cancel(run)
@@ -398,13 +336,12 @@ def _wait(child: _Child | None, deadline: float) -> bool:
 
 
 def cancel(run: Running) -> None:
-    """Kills and reaps the children (ingest gave up on this dump, or the daemon is stopping)."""
-    for child in (run.stack, run.unstrip):
-        if child is not None:
-            _wait(child, 0)
-            child.stdout.close()
-            child.stderr.close()
-    run.stack = run.unstrip = None
+    """Kills and reaps the child (ingest gave up on this dump, or the daemon is stopping)."""
+    if run.stack is not None:
+        _wait(run.stack, 0)
+        run.stack.stdout.close()
+        run.stack.stderr.close()
+    run.stack = None
 
 
 def _exit_problem(name: str, child: _Child) -> str | None:
@@ -421,9 +358,7 @@ def finish(run: Running) -> dict:
     `result` column of the analysis row (docs/analysis.md)."""
     limits = run.limits
     deadline = run.started + limits.timeout
-    stack_done = _wait(run.stack, deadline)
-    unstrip_done = _wait(run.unstrip, deadline)
-    timed_out = not (stack_done and unstrip_done)
+    timed_out = not _wait(run.stack, deadline)
     problems = list(run.problems)
     stack = {"threads": [], "threads_seen": 0, "threads_cut": False, "lines_cut": 0}
     modules: list[dict] = []
@@ -436,13 +371,11 @@ def finish(run: Running) -> dict:
         p = _exit_problem("eu-stack", run.stack)
         if p:
             problems.append(p)
-    if run.unstrip is not None:
-        run.unstrip.stdout.seek(0)
-        modules, modules_cut = parse_modules(run.unstrip.stdout, limits)
-        p = _exit_problem("eu-unstrip", run.unstrip)
-        if p:
-            problems.append(p)
     cancel(run)
+    try:
+        modules, modules_cut = coremodules.modules(run.core)
+    except OSError as e:
+        problems.append(f"cannot read the modules of {run.core.name}: {e.strerror}")
     if timed_out:
         problems.insert(0, f"analyser killed at the {limits.timeout:g} s timeout")
     result = build_result(run.record, stack, modules, modules_cut, problems, timed_out, available=run.available,
@@ -471,6 +404,7 @@ def build_result(record: dict, stack: dict, modules: list[dict], modules_cut: bo
     exe_path = exe_path if isinstance(exe_path, str) else None
     main = exe_module(modules, exe_path)
     exe = check_exe(exe_path, main["build_id"] if main else None)
+    exe["package"] = main.get("package") if main else None
     cut = []
     if stack["threads_cut"]:
         cut.append(f"threads: {len(threads)} of {stack['threads_seen']} kept")
@@ -502,7 +436,7 @@ def build_result(record: dict, stack: dict, modules: list[dict], modules_cut: bo
     return {"state": state, "problems": problems[:MAX_PROBLEMS], "cut": cut, "seconds": round(seconds, 6),
             "analyser": "eu-stack", "crashing_tid": crashing["tid"] if crashing else tid,
             "threads": threads, "threads_seen": stack["threads_seen"], "modules": modules, "exe": exe,
-            "packages": packages(modules) if modules else {}, "identity": identity.identify(record), **keys}
+            "packages": packages(modules), "identity": identity.identify(record), **keys}
 
 
 # -- how it reads (info, the journal) --------------------------------------------------------------------

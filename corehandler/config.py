@@ -153,6 +153,8 @@ class AnalysisConfig(_Section):
     max_memory: Size(64 << 20, 1 << 40) = Field(2 << 30, description="address-space limit of the analyser")
     max_threads: int = Field(64, ge=1, le=4096, description="threads kept per dump, the crashing one first")
     max_frames: int = Field(64, ge=1, le=4096, description="frames kept per thread")
+    source_lines: bool = Field(False, description="source file:line per frame (eu-stack -s; slow where debug "
+                                                  "info is installed)")
 
 
 class Config(_Section):

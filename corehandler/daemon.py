@@ -67,7 +67,8 @@ def settings_from_config(config, paths, **overrides) -> Settings:
                     analysis_limits=analysis.Limits(timeout=config.analysis.timeout,
                                                     memory_bytes=config.analysis.max_memory,
                                                     threads=config.analysis.max_threads,
-                                                    frames=config.analysis.max_frames), **overrides)
+                                                    frames=config.analysis.max_frames,
+                                                    source_lines=config.analysis.source_lines), **overrides)
 
 
 class Stopping(Exception):
