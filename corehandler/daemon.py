@@ -125,11 +125,14 @@ def replay_rows(store: Store, spool_dir: Path) -> list[dict]:
     on_ingested) and a deletion a kill interrupted (recover finishes it and sends on_deleted). Replaying those
     too would count them twice."""
     pending = set(spool.committed_ids(spool_dir))
+    history = store.history()
+    analysed = analysis_index.summaries(store, [d.id for d in history])
     rows = []
-    for dump in store.history():
+    for dump in history:
         if dump.id in pending:
             continue
-        row = dict(dump.summary(), stored=stored_event(dump, store.file_path(dump)))
+        row = dict(dump.summary(), stored=dict(stored_event(dump, store.file_path(dump)),
+                                               analysis=analysed.get(dump.id)))
         if dump.deleting:
             row["deleted_rule"] = None
         rows.append(row)

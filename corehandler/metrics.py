@@ -165,6 +165,7 @@ class MetricsObserver:
                 if not isinstance(stored, Mapping):
                     stored = row
                 self._count_dump(record, stored)
+                self.analysis.count(stored)
                 if row.get("deleted_rule"):
                     self._count_deletion(str(row["deleted_rule"]), row.get("freed_bytes") or 0)
                 count += 1
