@@ -1,11 +1,12 @@
 """Crash analysis of a raw core: every thread's stack, the build-id of every mapped module, the exe checked
 against the file on disk, its package note, and the grouping keys (docs/analysis.md).
 
-The unwinder is elfutils' `eu-stack`. It runs as a child of the daemon, never in its process, behind `prlimit` (address space, CPU time, output file size, no core
-dumps of their own), `nice`/`ionice` and `unshare --net` (as far as the host allows: see sandbox()), with
-an environment holding no DEBUGINFOD_URLS and no proxies: nothing leaves the host. Their output goes to memory files capped by
-RLIMIT_FSIZE and is parsed line by line with every line cut at `Limits.line_chars`, so neither a core with
-thousands of threads nor a megabyte C++ symbol makes the daemon hold more than the caps.
+The unwinder is elfutils' `eu-stack`. It runs as a child of the daemon, never in its process, behind
+`prlimit` (address space, CPU time, output file size, no core dumps of its own), `nice`/`ionice` and
+`unshare --net` (as far as the host allows: see sandbox()), with an environment holding no DEBUGINFOD_URLS
+and no proxies: nothing leaves the host. Its output goes to memory files capped by RLIMIT_FSIZE and is
+parsed line by line with every line cut at `Limits.line_chars`, so neither a core with thousands of threads
+nor a megabyte C++ symbol makes the daemon hold more than the caps.
 
 The modules and their build-ids come from the core's own notes and first pages (coremodules.py), in the
 daemon: a few preads.

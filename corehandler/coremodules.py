@@ -72,21 +72,9 @@ def _open(fd: int) -> _Core | None:
     return core
 
 
-def _notes(data: bytes, end: str):
-    pos = 0
-    while pos + 12 <= len(data):
-        namesz, descsz, ntype = struct.unpack_from(end + "III", data, pos)
-        name_at = pos + 12
-        desc_at = name_at + ((namesz + 3) & ~3)
-        if desc_at + descsz > len(data):
-            return
-        yield data[name_at:name_at + namesz].rstrip(b"\0"), ntype, data[desc_at:desc_at + descsz]
-        pos = desc_at + ((descsz + 3) & ~3)
-
-
 def _nt_file(core: _Core, data: bytes) -> None:
     word = core.layout.word
-    for owner, ntype, desc in _notes(data, core.end):
+    for owner, ntype, desc in elfcore.iter_notes(data, core.end):
         if owner != b"CORE" or ntype != elfcore.NT_FILE or len(desc) > MAX_NT_FILE:
             continue
         size = struct.calcsize(word)
@@ -125,7 +113,8 @@ def _module_notes(core: _Core, start: int) -> tuple[str | None, dict | None]:
     for p in phdrs:
         if p["type"] != elfcore.PT_NOTE:
             continue
-        for owner, ntype, desc in _notes(core.read(bias + p["vaddr"], min(p["filesz"], MAX_NOTE_BYTES)), end):
+        data = core.read(bias + p["vaddr"], min(p["filesz"], MAX_NOTE_BYTES))
+        for owner, ntype, desc in elfcore.iter_notes(data, end):
             if owner == b"GNU" and ntype == NT_GNU_BUILD_ID and desc and build_id is None:
                 build_id = desc[:64].hex()
             elif owner == PACKAGE_NOTE_OWNER and ntype == PACKAGE_NOTE_TYPE and package is None:

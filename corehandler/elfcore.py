@@ -228,6 +228,19 @@ NT_GNU_BUILD_ID = 3
 MAX_FILE_NOTES_BYTES = 1 << 20
 
 
+def iter_notes(data: bytes, end: str):
+    """(owner, type, desc) of each note in a note segment's bytes, up to the first one that does not fit."""
+    pos = 0
+    while pos + 12 <= len(data):
+        namesz, descsz, ntype = struct.unpack_from(end + "III", data, pos)
+        name_at = pos + 12
+        desc_at = name_at + ((namesz + 3) & ~3)
+        if desc_at + descsz > len(data):
+            return
+        yield data[name_at:name_at + namesz].rstrip(b"\0"), ntype, data[desc_at:desc_at + descsz]
+        pos = desc_at + ((descsz + 3) & ~3)
+
+
 def file_notes(path: Path | str) -> list[tuple[bytes, int, bytes]]:
     """(owner, type, desc) of every note in an ELF file's PT_NOTE segments (an executable or library, not a
     core), at most MAX_FILE_NOTES_BYTES of them; [] for a file that is not ELF. Raises OSError when the
@@ -260,15 +273,7 @@ def file_notes(path: Path | str) -> list[tuple[bytes, int, bytes]]:
                 continue
             data = _read_at(fd, p["offset"], min(p["filesz"], budget))
             budget -= len(data)
-            pos = 0
-            while pos + 12 <= len(data):
-                namesz, descsz, ntype = struct.unpack_from(end + "III", data, pos)
-                name_at = pos + 12
-                desc_at = name_at + ((namesz + 3) & ~3)
-                if desc_at + descsz > len(data):
-                    break
-                notes.append((data[name_at:name_at + namesz].rstrip(b"\0"), ntype, data[desc_at:desc_at + descsz]))
-                pos = desc_at + ((descsz + 3) & ~3)
+            notes += iter_notes(data, end)
         return notes
     finally:
         os.close(fd)

@@ -168,6 +168,14 @@ def test_output_over_the_cap_keeps_what_came_first(tmp_path, binary):
     assert top(r)["function"] == "worker_crash"
 
 
+def test_package_note(tmp_path, cache):
+    meta = '{"type":"deb","name":"analysed","version":"1.2-3","architecture":"amd64"}'
+    b = realcore.build(cache, "-Xlinker", f"--package-metadata={meta}", name="analysed-packaged")
+    _, r = analyse(tmp_path, b, "segv")
+    assert r["exe"]["package"] == {"type": "deb", "name": "analysed", "version": "1.2-3", "architecture": "amd64"}
+    assert r["packages"][str(b)]["version"] == "1.2-3"
+
+
 def test_python_interpreter_crash(tmp_path):
     core = tmp_path / "core"
     c = realcore.crash(Path(sys.executable).resolve(), core, "-c", "import os, signal; os.kill(os.getpid(), 11)")
@@ -210,6 +218,7 @@ def test_crashing_analyser(tmp_path, binary, fake_stack):
 
 def test_missing_analyser(tmp_path, monkeypatch):
     monkeypatch.setattr(analysis, "_tool", lambda name: None)
+    monkeypatch.setattr(analysis, "_SANDBOX", None)  # probed again without tools, restored afterwards
     r = analysis.analyse(tmp_path / "nothing", {"tid": 1})
     assert r["state"] == analysis.UNAVAILABLE and "elfutils" in r["problems"][0]
 
@@ -220,10 +229,11 @@ def test_the_child_has_no_core_no_network_no_proxies_and_low_priority(tmp_path, 
     monkeypatch.setenv("DEBUGINFOD_URLS", "http://debuginfod.invalid")
     fake_stack('echo "TID 1:"\n'
                'echo "#0  0x0000000000000001 core=$(ulimit -c),as=$(ulimit -v),nice=$(nice),'
-               'net=$(awk -F: "NR>2 {gsub(/ /, \\"\\", \\$1); printf \\"%s+\\", \\$1}" /proc/self/net/dev),env=$(env | grep -ci -e proxy -e debuginfod) - x"\n')
+               'net=$(awk -F: "NR>2 {gsub(/ /, \\"\\", \\$1); printf \\"%s+\\", \\$1}" /proc/self/net/dev),'
+               'env=$(env | grep -ci -e proxy -e debuginfod) - x"\n')
     r = analysis.analyse(c.core, realcore.record_for(c, "id"), analysis.Limits(memory_bytes=1 << 30))
     facts = dict(kv.split("=", 1) for kv in top(r)["function"].split(","))
     assert facts["core"] == "0" and facts["as"] == str((1 << 30) // 1024) and facts["nice"] == "19"
-    assert facts["env"] == "0"
+    assert facts["env"] == "0" and {"limits", "nice", "ionice"} <= set(r["sandbox"])
     if os.geteuid() == 0:
         assert facts["net"] == "lo+"  # a network namespace of its own: loopback only
