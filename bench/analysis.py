@@ -94,32 +94,39 @@ def main() -> int:
         samples: dict[str, dict[str, list[float]]] = {name: {k: [] for k in ("analysis", "gdb", "compress", "ingest")}
                                                       for name, _ in cores}
         results: dict[str, dict] = {}
-        for _ in range(args.rounds):
+        for round_ in range(args.rounds):
             for name, c in cores:
                 record = realcore.record_for(c, "bench")
                 s = samples[name]
                 s["analysis"].append(timed(lambda: results.__setitem__(name, analysis.analyse(c.core, record))))
                 s["gdb"].append(timed(lambda: gdb_bt(c)))
-                s["compress"].append(timed(lambda: ingest(c.core, store, None)))
-                s["ingest"].append(timed(lambda: ingest(c.core, store, record)))
+                # without/with alternate who goes first, so neither always meets the other's page cache
+                order = ("compress", "ingest") if round_ % 2 == 0 else ("ingest", "compress")
+                for kind in order:
+                    s[kind].append(timed(lambda: ingest(c.core, store, record if kind == "ingest" else None)))
         after = state()
         rows = []
         for name, c in cores:
             s, r = samples[name], results[name]
             added = [i / p - 1 for i, p in zip(s["ingest"], s["compress"])]
+            share = [a / p for a, p in zip(s["analysis"], s["compress"])]
             rows.append([name, f"{c.core.stat().st_size / 2**20:.0f}", r["state"], str(r["threads_seen"]),
                          spread(s["analysis"]), spread(s["gdb"]), f"{median(s['gdb']) / median(s['analysis']):.1f}x",
-                         spread(s["compress"]), spread(s["ingest"]),
+                         spread(s["compress"]), f"{median(share) * 100:.0f}%", spread(s["ingest"]),
                          f"{median(added) * 100:+.0f}% ({min(added) * 100:+.0f}..{max(added) * 100:+.0f}%)"])
     table = markdown_table(["core", "MiB", "analysis state", "threads", "analysis ms", "gdb bt ms",
-                            "gdb / eu-stack", "ingest without ms", "ingest with ms", "added by analysis"], rows)
+                            "gdb / eu-stack", "ingest without ms", "analysis / ingest", "ingest with ms",
+                            "added by analysis"], rows)
     text = (f"# Crash analysis: cost per core and share of ingest\n\n"
             f"`python -P bench/analysis.py --rounds {args.rounds} --big-mib {args.big_mib}`, "
             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC.\n\n"
             f"Machine: {machine()}. Shared with other jobs during the run: before {before}; after {after}.\n"
             f"Cores by gdb's gcore, in page cache. Times: median (min-max) of {args.rounds} interleaved rounds.\n"
             f"\"ingest\" = zstd level 3 + verify (what the daemon does between validation and the index row), "
-            f"without and with the analysis running beside it; \"added\" = with / without - 1, per round.\n\n"
+            f"without and with the analysis running beside it (alternating which runs first); \"analysis / ingest\" "
+            f"= what it would add if run before compression instead of beside it; \"added\" = with / without - 1, "
+            f"per round: what it does add. Single-round spreads this wide are the other jobs' disk and CPU use "
+            f"(ingest fsyncs).\n\n"
             + table + "\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
