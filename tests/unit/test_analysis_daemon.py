@@ -12,7 +12,8 @@ import pytest
 
 from corehandler import analysis, analysis_index, journal
 from corehandler.cli import main
-from corehandler.daemon import Daemon, Settings
+from corehandler.daemon import Settings
+from corehandler.metrics import MetricsObserver
 from corehandler.store import Store, row_from_record
 from support import realcore
 from support.daemon_harness import Recorder, Running, wait_for
@@ -41,14 +42,21 @@ def test_ingest_analyses_reports_and_shows(tmp_path, crashes, capsys):
     ids["c"] = realcore.spool(crashes["other"], state / "spool", cgroup="0::/system.slice/other.service\n")
     ids["t"] = realcore.spool(crashes["thread"], state / "spool")
     rec = Recorder()
-    ingest_all(state, [rec])
+    metrics = MetricsObserver(store_dir=state / "store")
+    ingest_all(state, [rec, metrics])
     assert rec.of("error") == []
     events = {e[1]: e[2] for e in rec.of("ingested")}
+    exposition = metrics.exposition().decode()
+    assert 'corehandler_analyses_total{outcome="ok"} 4.0' in exposition
+    assert "corehandler_analysis_duration_seconds_count 4.0" in exposition
+    assert "corehandler_signatures 3.0" in exposition
     a = events[ids["a"]]["analysis"]
     assert a["state"] == analysis.OK and a["threads"][0]["frames"][0]["function"] == "crash_segv"
     assert a["signature"] == events[ids["b"]]["analysis"]["signature"]
     assert a["exact_key"] == events[ids["b"]]["analysis"]["exact_key"]
     assert events[ids["c"]]["analysis"]["signature_id"] != a["signature_id"]
+    assert f'corehandler_signature_dumps{{signature="{a["signature"]}",signature_id="{a["signature_id"]}"}} 2.0' \
+        in exposition
     with Store(state, readonly=True) as store:
         assert analysis_index.analysis_for(store, ids["t"])["crashing_tid"] == crashes["thread"].tid
         assert analysis_index.analysis_for(store.db, ids["a"])["signature_id"] == a["signature_id"]
