@@ -22,6 +22,7 @@ import re
 import shutil
 import signal as signals
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -273,6 +274,12 @@ class _Child:
     proc: subprocess.Popen
     stdout: BinaryIO
     stderr: BinaryIO
+    ended: float | None = None          # when it exited, noted by the waiter thread
+    waiter: threading.Thread | None = None
+
+    def _wait(self) -> None:
+        self.proc.wait()
+        self.ended = time.monotonic()
 
 
 def _spawn(argv: list[str], limits: Limits) -> _Child:
@@ -285,7 +292,12 @@ def _spawn(argv: list[str], limits: Limits) -> _Child:
         out.close()
         err.close()
         raise
-    return _Child(proc, out, err)
+    child = _Child(proc, out, err)
+    # A thread notes the exit as it happens: finish() runs only after compression, and the analysis's time
+    # is the child's, not the compression's.
+    child.waiter = threading.Thread(target=child._wait, name="analysis-wait", daemon=True)
+    child.waiter.start()
+    return child
 
 
 @dataclass
@@ -324,16 +336,15 @@ def _wait(child: _Child | None, deadline: float) -> bool:
     """True if the child exited by the deadline; else it is killed (its whole session)."""
     if child is None:
         return True
-    try:
-        child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    child.waiter.join(max(0.0, deadline - time.monotonic()))
+    if not child.waiter.is_alive():
         return True
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(child.proc.pid, signals.SIGKILL)
-        except ProcessLookupError:
-            pass
-        child.proc.wait()
-        return False
+    try:
+        os.killpg(child.proc.pid, signals.SIGKILL)
+    except ProcessLookupError:
+        pass
+    child.waiter.join()
+    return False
 
 
 def cancel(run: Running) -> None:
@@ -360,6 +371,8 @@ def finish(run: Running) -> dict:
     limits = run.limits
     deadline = run.started + limits.timeout
     timed_out = not _wait(run.stack, deadline)
+    parse_started = time.monotonic()
+    ended = run.stack.ended if run.stack is not None and run.stack.ended is not None else parse_started
     problems = list(run.problems)
     stack = {"threads": [], "threads_seen": 0, "threads_cut": False, "lines_cut": 0}
     modules: list[dict] = []
@@ -379,8 +392,10 @@ def finish(run: Running) -> dict:
         problems.append(f"cannot read the modules of {run.core.name}: {e.strerror}")
     if timed_out:
         problems.insert(0, f"analyser killed at the {limits.timeout:g} s timeout")
+    # The child's own time plus our parsing: not the compression finish() waited behind.
+    seconds = ended - run.started + time.monotonic() - parse_started
     result = build_result(run.record, stack, modules, modules_cut, problems, timed_out, available=run.available,
-                          seconds=time.monotonic() - run.started)
+                          seconds=seconds)
     result["sandbox"] = [name for name, _ in sandbox()]
     return result
 

@@ -439,6 +439,8 @@ class Daemon:
         lock = self._lock()
         self.store = Store(s.state_dir)
         analysis_index.ensure(self.store.db)
+        if s.analysis_enabled:
+            analysis.sandbox()  # probed now, not in the first dump's analysis time
         watch = Watch(s.spool_dir)
         try:
             log.info("Watching %s (compression %s, level %d)", s.spool_dir,
