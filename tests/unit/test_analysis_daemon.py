@@ -19,6 +19,12 @@ from support import realcore
 from support.daemon_harness import Recorder, Running, wait_for
 
 
+CONTAINER = "3f2a9c0e1b7d4c5a8e6f0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f"
+POD = "7c4d2a1e-93b5-4f0c-8d6e-1a2b3c4d5e6f"
+POD_CGROUP = (f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD.replace('-', '_')}.slice/"
+              f"cri-containerd-{CONTAINER}.scope")
+
+
 @pytest.fixture(scope="module")
 def crashes(tmp_path_factory):
     for tool in ("gdb", "eu-stack", "gcc"):
@@ -41,14 +47,15 @@ def test_ingest_analyses_reports_and_shows(tmp_path, crashes, capsys):
     ids["b"] = realcore.spool(crashes["segv"], state / "spool")
     ids["c"] = realcore.spool(crashes["other"], state / "spool", cgroup="0::/system.slice/other.service\n")
     ids["t"] = realcore.spool(crashes["thread"], state / "spool")
+    ids["k"] = realcore.spool(crashes["thread"], state / "spool", cgroup=f"0::{POD_CGROUP}\n")
     rec = Recorder()
     metrics = MetricsObserver(store_dir=state / "store")
     ingest_all(state, [rec, metrics])
     assert rec.of("error") == []
     events = {e[1]: e[2] for e in rec.of("ingested")}
     exposition = metrics.exposition().decode()
-    assert 'corehandler_analyses_total{outcome="ok"} 4.0' in exposition
-    assert "corehandler_analysis_duration_seconds_count 4.0" in exposition
+    assert 'corehandler_analyses_total{outcome="ok"} 5.0' in exposition
+    assert "corehandler_analysis_duration_seconds_count 5.0" in exposition
     assert "corehandler_signatures 3.0" in exposition
     a = events[ids["a"]]["analysis"]
     assert a["state"] == analysis.OK and a["threads"][0]["frames"][0]["function"] == "crash_segv"
@@ -91,11 +98,18 @@ def test_ingest_analyses_reports_and_shows(tmp_path, crashes, capsys):
     assert {d["id"]: d["signature_id"] for d in listed}[ids["a"]] == a["signature_id"]
 
     groups = json.loads(cli("--json", "list", "--group"))
-    assert [g["count"] for g in groups] == [2, 1, 1]
-    assert groups[0]["signature_id"] == a["signature_id"] and groups[0]["hosts"] == ["testhost"]
-    assert groups[0]["units"] == ["analysed.service"] and groups[0]["exact_keys"] == 1
+    assert [g["count"] for g in groups] == [2, 2, 1]
+    pair = next(g for g in groups if g["signature_id"] == a["signature_id"])
+    assert pair["hosts"] == ["testhost"] and pair["units"] == ["analysed.service"] and pair["exact_keys"] == 1
+    threads = next(g for g in groups if "worker_crash" in g["signature"])
+    assert threads["units"] == sorted(["analysed.service", f"cri-containerd-{CONTAINER}.scope"])
     out = cli("list", "--group")
     assert out.splitlines()[1].split()[0] == "2" and "crash_segv < main" in out
+
+    assert [d["id"] for d in json.loads(cli("--json", "list", "--container", CONTAINER[:12]))] == [ids["k"]]
+    assert [d["id"] for d in json.loads(cli("--json", "list", "--pod", POD))] == [ids["k"]]
+    out = cli("info", f"id={ids['k']}")
+    assert "Runtime: containerd" in out and f"Pod UID: {POD}" in out and f"Container: {CONTAINER}" in out
 
     assert {d["id"] for d in json.loads(cli("--json", "list", "--signature", a["signature_id"][:8]))} == \
         {ids["a"], ids["b"]}
@@ -104,6 +118,8 @@ def test_ingest_analyses_reports_and_shows(tmp_path, crashes, capsys):
     assert [d["id"] for d in json.loads(cli("--json", "list", "--unit", "other.service"))] == [ids["c"]]
     assert [d["id"] for d in json.loads(cli("--json", "list", "--unit", "analysed.service", "-n", "1"))] == \
         [ids["t"]]
+    assert [d["id"] for d in json.loads(cli("--json", "list", "--unit", "analysed.service", "-n", "2"))] == \
+        [ids["b"], ids["t"]]
     assert main(["--config-dir", str(tmp_path / "etc"), "--state-dir", str(state), "list", "--pod", "x"]) == 1
 
 
