@@ -84,6 +84,18 @@ def mark_pending(store_or_db, dump_id: str) -> None:
     put(store_or_db, dump_id, {"state": PENDING})
 
 
+def forget(store_or_db, dump_id: str) -> None:
+    """For a dump retention removed: the result keeps only what the metrics replay and the keys (no trace, no
+    modules, no identity), as the tombstone's record keeps only the counted figures."""
+    db = _db(store_or_db)
+    if not _exists(db):
+        return
+    with db:
+        db.execute("UPDATE analysis SET result = json_object('state', state, 'seconds', seconds, 'signature', "
+                   "signature, 'signature_id', signature_id, 'exact_key', exact_key, 'forgotten', 1) "
+                   "WHERE id = ?", (dump_id,))
+
+
 def analysis_for(store_or_index, dump_id: str) -> dict | None:
     """The analysis result of a dump (docs/analysis.md, "Result"), None when there is none: a Store, or an
     sqlite3 connection to the index. For the fleet sidecar and the CLI."""

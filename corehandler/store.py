@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from corehandler import facts
+from corehandler import analysis_index, facts
 from corehandler.errors import CorehandlerError
 
 SCHEMA_VERSION = 2
@@ -347,6 +347,7 @@ class Store:
             self.db.execute("UPDATE dumps SET deleting = 0, deleted_at = ?, deleted_rule = ?, freed_bytes = ?, "
                             "path = NULL, cmdline = NULL, record = ? WHERE id = ?",
                             (time.time(), dump.deleted_rule or UNKNOWN_RULE, freed or 0, counted, dump_id))
+        analysis_index.forget(self.db, dump_id)
         return self.get(dump_id)
 
     def finish_deletions(self) -> list[Dump]:

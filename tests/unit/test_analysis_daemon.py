@@ -189,3 +189,17 @@ def test_metadata_only_and_disabled_are_skipped(tmp_path, crashes):
     ingest_all(state2, analysis_enabled=False)
     with Store(state2, readonly=True) as store:
         assert "disabled" in analysis_index.analysis_for(store, off)["problems"][0]
+
+
+def test_a_deleted_dump_keeps_only_its_keys(tmp_path, crashes):
+    state = tmp_path / "state"
+    dump_id = realcore.spool(crashes["segv"], state / "spool")
+    ingest_all(state)
+    with Store(state) as store:
+        full = analysis_index.analysis_for(store, dump_id)
+        assert full["threads"] and full["identity"]["unit"] == "analysed.service"
+        assert store.delete(store.get(dump_id), "max_count") is not None
+        left = analysis_index.analysis_for(store, dump_id)
+    assert "threads" not in left and "identity" not in left and left["forgotten"] == 1
+    assert (left["state"], left["signature_id"], left["exact_key"]) == \
+        (full["state"], full["signature_id"], full["exact_key"])
