@@ -172,6 +172,16 @@ class JournalConfig(_Section):
     enabled: bool = Field(True, description="log each dump to journald")
 
 
+class AnalysisConfig(_Section):
+    enabled: bool = Field(True, description="unwind every dump's threads (eu-stack) and compute its signature")
+    timeout: Duration(1, 3600) = Field(30.0, description="the analyser is killed after this; the dump is kept")
+    max_memory: Size(64 << 20, 1 << 40) = Field(2 << 30, description="address-space limit of the analyser")
+    max_threads: int = Field(64, ge=1, le=4096, description="threads kept per dump, the crashing one first")
+    max_frames: int = Field(64, ge=1, le=4096, description="frames kept per thread")
+    source_lines: bool = Field(False, description="source file:line per frame (eu-stack -s; slow where debug "
+                                                  "info is installed)")
+
+
 class Config(_Section):
     state_dir: AbsolutePath = Field(DEFAULT_STATE_DIR, description="spool, store and index live here")
     capture: CaptureConfig = CaptureConfig()
@@ -180,6 +190,7 @@ class Config(_Section):
     retention: RetentionConfig = RetentionConfig()
     metrics: MetricsConfig = MetricsConfig()
     journal: JournalConfig = JournalConfig()
+    analysis: AnalysisConfig = AnalysisConfig()
 
     def paths(self, base: Paths) -> Paths:
         """base with this config's state_dir."""

@@ -26,6 +26,7 @@ from prometheus_client.exposition import ThreadingWSGIServer, generate_latest, s
 from prometheus_client.process_collector import ProcessCollector
 
 from corehandler import __version__, spool
+from corehandler.analysis_metrics import AnalysisMetrics
 from corehandler.atomicfile import write_atomic
 from corehandler.store import STATUSES, Store, StoreError
 
@@ -35,7 +36,7 @@ DEFAULT_LISTEN = "127.0.0.1"
 DEFAULT_PORT = 9577
 # Label value for executables not on the allow-list: one series for all of them keeps cardinality bounded.
 OTHER_EXE = "other"
-ERROR_KINDS = ("ingest", "compress", "disk_full", "corrupt", "config", "observer")
+ERROR_KINDS = ("ingest", "compress", "disk_full", "corrupt", "config", "observer", "analysis")
 
 # 256 KiB .. 64 GiB in powers of two: a small daemon's core to the largest dump the default limits allow.
 SIZE_BUCKETS = tuple(float(2**k) for k in range(18, 37))
@@ -107,6 +108,7 @@ class MetricsObserver:
             r.register(_CaptureCollector(capture_probe))
         self.socket_rejects = Counter("corehandler_socket_rejects", "Dumps csplice refused over the coredump "
                                       "socket before the kernel wrote them, by reason", ["reason"], registry=r)
+        self.analysis = AnalysisMetrics(r, state_dir)
         self._server: ThreadingWSGIServer | None = None
 
     @classmethod
@@ -142,6 +144,7 @@ class MetricsObserver:
     def on_ingested(self, record: Mapping[str, Any], stored: Mapping[str, Any]) -> None:
         with self._guard("on_ingested"):
             self._count_dump(record, stored)
+            self.analysis.count(stored)
 
     def on_error(self, kind: str, message: str, dump_id: str | None) -> None:
         with self._guard("on_error"):

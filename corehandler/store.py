@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from corehandler import analysis_index
 from corehandler.errors import CorehandlerError
 
 SCHEMA_VERSION = 3
@@ -362,6 +363,7 @@ class Store:
         with self.db:
             if self.db.execute("DELETE FROM dumps WHERE id = ? AND deleting = 1", (dump_id,)).rowcount:
                 self.db.execute(_COUNT_DELETIONS, (done.deleted_rule, 1, done.freed_bytes))
+            analysis_index.forget(self.db, dump_id)
         return done
 
     def finish_deletions(self) -> list[Dump]:

@@ -136,7 +136,8 @@ static uint64_t record_reserve(const Crash *c) {
         const ProcInfo *p = &c->proc;
 
         return 64 * 1024 + 6 * ((uint64_t) p->cmdline_len + p->environ_len + (p->status ? strlen(p->status) : 0) +
-                                (p->cgroup ? strlen(p->cgroup) : 0) + (p->maps ? strlen(p->maps) : 0));
+                                (p->cgroup ? strlen(p->cgroup) : 0) + (p->maps ? strlen(p->maps) : 0) +
+                                (p->oci_config ? strlen(p->oci_config) : 0) + sizeof p->ns);
 }
 
 static int commit_record(Crash *c, int spool_fd, SpoolRecord *rec) {

@@ -77,6 +77,11 @@ static void write_proc(Json *j, const ProcInfo *p, const Settings *s) {
                 json_null(j, "cmdline");
         json_string(j, "status", p->status);
         json_string(j, "cgroup", p->cgroup);
+        json_begin(j, "ns");
+        for (size_t i = 0; i < PROC_NS_COUNT; i++)
+                json_string(j, proc_ns_names[i], p->ns[i][0] ? p->ns[i] : NULL);
+        json_end(j);
+        json_string(j, "oci_config", p->oci_config);
         if (s->collect_environ) {
                 if (p->environ)
                         json_strv(j, "environ", p->environ, p->environ_len);

@@ -23,6 +23,7 @@ SETTINGS = {
     "collect_environ": bool, "collect_maps": bool,
 }
 
+NAMESPACES = ("cgroup", "ipc", "mnt", "net", "pid", "time", "user", "uts")
 OptStr = (str, type(None))
 OptInt = (int, type(None))
 
@@ -73,6 +74,11 @@ def check_record(rec: dict) -> None:
         _typed(proc, "environ", (list, type(None)), "proc")
     if "maps" in proc:
         _typed(proc, "maps", OptStr, "proc")
+    _typed(proc, "ns", dict, "proc")
+    _check(set(proc["ns"]) == set(NAMESPACES), f"ns keys {sorted(proc['ns'])}")
+    for key in NAMESPACES:
+        _typed(proc["ns"], key, OptStr, "proc.ns")
+    _typed(proc, "oci_config", OptStr, "proc")
     if proc["available"]:
         _typed(proc, "start_ticks", int, "proc")
     _typed(proc, "verified_by", OptStr, "proc")
