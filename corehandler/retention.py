@@ -21,6 +21,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
+from corehandler import spool
+
 log = logging.getLogger(__name__)
 
 RULES = ("max_age", "max_per_exe", "max_count", "max_use", "keep_free")
@@ -174,12 +176,14 @@ def vacuum(store, policy: Policy, *, now: float | None = None, busy: Iterable[st
         return []  # no limits: nothing to read
     from corehandler import upload  # the queue lives in the same index
 
-    busy = set(busy)
+    # A dump whose spool record is still there has not finished ingest (a kill between its index row and the
+    # cleanup): the daemon completes it from that record, so its row must still be there.
+    busy = set(busy) | set(spool.committed_ids(store.state_dir / "spool"))
     unsent = upload.waiting_ids(store.db)
     items = [Item(i, t, exe, size, i in busy, i in unsent) for i, t, exe, size in store.sizes()]
     _, free = filesystem(store.store_dir)
     decisions = plan(items, policy, free_bytes=free, now=time.time() if now is None else now)
-    # The store keeps a tombstone with the rule, so the deletion counters survive a restart.
+    # The store counts each deletion under its rule, for the metrics.
     deleted = apply(decisions, lambda dump_id, rule: store.delete(store.get(dump_id), rule), dry_run=dry_run)
     for d in deleted:
         if d.id in unsent and not dry_run:

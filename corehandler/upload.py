@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from corehandler import bucket
+from corehandler import analysis_index, bucket
 from corehandler.bucket import BucketError, Target
 from corehandler.errors import CorehandlerError
 from corehandler.store import Store
@@ -170,11 +170,6 @@ def backoff(attempts: int, initial: float, cap: float, rand: random.Random = ran
 
 # --- what goes into the bucket -------------------------------------------------------------------------
 
-def analysis_for(state_dir: Path, dump_id: str) -> dict | None:
-    """The dump's analysis (stack trace, signature) once the analysis wing provides it; None until then."""
-    return None
-
-
 def fallback_signature(dump) -> str:
     """A signature for dumps without an analysis: the executable and the signal (coarser than the analysed
     one, which adds the top frames)."""
@@ -272,7 +267,7 @@ class Uploader:
         self.state_dir = Path(state_dir)
         self.target: Target = bucket.target(config)
         self._client_factory = client_factory or (lambda: bucket.client(config, pool=max(16, config.concurrency)))
-        self._analysis = analysis or analysis_for
+        self._analysis = analysis or analysis_index.analysis_for
         self._clock = clock
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -417,7 +412,7 @@ class Uploader:
 
     def _send(self, store: Store, dump, budget: str | None) -> tuple[int, str | None, str | None]:
         cfg = self.config
-        analysis = self._analysis(self.state_dir, dump.id)
+        analysis = self._analysis(store, dump.id)  # docs/analysis.md, "Result"; None before D's wing ran
         signature = (analysis or {}).get("signature") or fallback_signature(dump)
         path = store.file_path(dump)
         send_core = cfg.send == "cores" and path is not None

@@ -506,7 +506,7 @@ void capture_run(Capture *c) {
         };
         int r;
 
-        if (c->settings->pipe_size > 0 &&
+        if (c->settings->pipe_size > 0 && !c->from_socket &&
             fcntl(c->in_fd, F_SETPIPE_SZ, (int) c->settings->pipe_size) < 0)
                 log_full(LOG_NOTICE, "Failed to resize the core pipe to %llu bytes, ignoring: %m",
                          (unsigned long long) c->settings->pipe_size);
@@ -524,10 +524,11 @@ void capture_run(Capture *c) {
         if (ftruncate(c->out_fd, (off_t) c->written) < 0)
                 (void) log_errno(LOG_WARNING, errno, "Failed to set the core file's size, ignoring: %m");
 
-        if (!capture_timed_out)
+        if (!capture_timed_out && !(c->from_socket && c->truncated))
                 c->drained += capture_drain(c->in_fd);
         /* Nothing left after the limit means the dump was exactly the limit; only a drain that ran to EOF
          * can tell, not one the timeout skipped. */
-        if (c->truncated && strcmp(c->truncated, "max_dump_size") == 0 && c->drained == 0 && !capture_timed_out)
+        if (c->truncated && strcmp(c->truncated, "max_dump_size") == 0 && c->drained == 0 && !capture_timed_out &&
+            !c->from_socket)
                 c->truncated = NULL;
 }

@@ -10,6 +10,7 @@ typedef struct Capture {
         int in_fd;
         int out_fd;
         const Settings *settings;
+        bool from_socket;       /* socket mode: no pipe to resize, and after a stop closing releases the process */
 
         uint64_t written;       /* bytes of the dump in out_fd (holes included), always == its size */
         uint64_t drained;       /* bytes read past a stop and thrown away */

@@ -121,9 +121,12 @@ def run_info(args: argparse.Namespace) -> int:
                                f"{human_size(core['raw_bytes'] or 0)} decompressed)" if core else
                                f"none (budget: {sc.get('budget')})"),
              f"Sidecar:   s3://{target.bucket}/{sc['_key']}"]
-    trace = (sc.get("analysis") or {}).get("trace")
-    if trace:
-        lines.append("Trace:\n" + (trace if isinstance(trace, str) else json.dumps(trace, indent=2)))
+    threads = (sc.get("analysis") or {}).get("threads") or []
+    crashing = next((t for t in threads if t.get("crashing")), threads[0] if threads else None)
+    if crashing:
+        lines.append(f"Stack of thread {crashing.get('tid')} (docs/analysis.md):")
+        lines += [f"  #{f.get('index')} {f.get('function') or '??'} ({f.get('module') or '?'}+{f.get('offset')})"
+                  for f in crashing.get("frames") or []]
     print("\n".join(lines))
     return 0
 
