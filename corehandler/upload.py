@@ -107,7 +107,7 @@ def backfill(db: sqlite3.Connection, now: float | None = None) -> int:
     that existed before [upload] was set)."""
     with db:
         cur = db.execute("INSERT OR IGNORE INTO uploads (id, state, queued_at) SELECT id, 'pending', ? FROM dumps "
-                         "WHERE deleted_at IS NULL AND deleting = 0", (time.time() if now is None else now,))
+                         "WHERE deleting = 0", (time.time() if now is None else now,))
     return cur.rowcount
 
 
@@ -379,7 +379,7 @@ class Uploader:
             store.db.execute("UPDATE uploads SET state = 'uploading', attempts = attempts + 1 WHERE id = ?",
                              (dump_id,))
         dump = store.get(dump_id)
-        if dump is None or dump.deleted_at is not None or dump.deleting:
+        if dump is None or dump.deleting:
             mark_lost(store.db, dump_id, "deleted from the store before it was uploaded")
             log.error("Dump %s was deleted before it was uploaded: lost to the fleet", dump_id)
             return False
