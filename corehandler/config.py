@@ -95,11 +95,14 @@ class _Section(BaseModel):
 
 
 class CaptureConfig(_Section):
-    strategy: Literal["auto", "rw", "splice", "rw2", "splice2"] = Field(
-        "auto", description="auto | rw | splice | rw2 | splice2; auto = what bench/ measured best for this kernel")
+    strategy: Literal["auto", "rw", "splice", "rw2", "splice2", "direct"] = Field(
+        "auto", description="auto | rw | splice | rw2 | splice2 | direct; auto = what bench/ measured best for this "
+                            "kernel, and direct for processes of direct_above or more")
     chunk_size: Size(4096, 64 << 20) = Field(256 << 10, description="bytes per read/splice call (4K..64M)")
     pipe_size: Size(0, 1 << 30) = Field(1 << 20, description="enlarge the core pipe to this size (F_SETPIPE_SZ); 0 "
                                                        "keeps the kernel's")
+    direct_above: Size() = Field(512 << 20, description="with strategy auto, a process with this much resident "
+                                 "memory (VmRSS) or more is dumped with O_DIRECT writes; 0 = never")
     max_dump_size: Size() = Field(32 << 30, description="larger dumps are truncated here and flagged; 0 = no "
                                                         "limit")
     min_free: SizeOrPercent = Field(units.SizeOrPercent(percent=15.0), description="stop writing when the spool's"
@@ -248,6 +251,8 @@ def render_csplice_settings(config: Config, paths: Paths) -> str:
         "chunk_bytes": capture.chunk_size,
         "pipe_bytes": capture.pipe_size,
         "max_dump_bytes": capture.max_dump_size,
+        # An explicit strategy is used for every dump; only auto also chooses by the process's size.
+        "direct_above_bytes": capture.direct_above if capture.strategy == "auto" else 0,
         "min_free_bytes": min_free.bytes or 0,
         # csplice counts whole percents; rounding up keeps at least the configured share free.
         "min_free_percent": math.ceil(min_free.percent) if min_free.percent is not None else 0,

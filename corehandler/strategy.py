@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-STRATEGIES = ("rw", "splice", "rw2", "splice2")
+STRATEGIES = ("rw", "splice", "rw2", "splice2", "direct")
 
 # On a patched kernel vmsplice_to_pipe() is exported for the coredump code: a global text symbol. On a stock
 # kernel it is static and inlined into the vmsplice syscall, so it is absent or a local 't'.

@@ -217,7 +217,8 @@ int main(int argc, char *argv[]) {
         if (core_fd >= 0) {
                 char magic[4];
 
-                c.capture = (Capture) { .in_fd = in_fd, .out_fd = core_fd, .settings = &c.settings };
+                c.capture = (Capture) { .in_fd = in_fd, .out_fd = core_fd, .settings = &c.settings,
+                                        .expected_bytes = procinfo_rss_bytes(&c.proc) };
                 capture_run(&c.capture);
                 c.elf_magic = pread(core_fd, magic, sizeof magic, 0) == sizeof magic &&
                               memcmp(magic, "\177ELF", 4) == 0;

@@ -51,6 +51,7 @@ static void write_settings(Json *j, const Settings *s) {
         json_u64(j, "chunk_bytes", s->chunk_bytes);
         json_u64(j, "pipe_bytes", s->pipe_bytes);
         json_u64(j, "max_dump_bytes", s->max_dump_bytes);
+        json_u64(j, "direct_above_bytes", s->direct_above_bytes);
         json_u64(j, "min_free_bytes", s->min_free_bytes);
         json_u64(j, "min_free_percent", s->min_free_percent);
         json_u64(j, "max_pending", s->max_pending);

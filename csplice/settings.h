@@ -17,6 +17,7 @@ typedef enum Strategy {
         STRATEGY_SPLICE,  /* the seed's loop: splice() stdin -> file, chunk_bytes at a time */
         STRATEGY_RW2,     /* read()/write() with a reader and a writer thread over a ring of buffers */
         STRATEGY_SPLICE2, /* splice() stdin -> private pipe, a second thread splices it -> file */
+        STRATEGY_DIRECT,  /* rw2 with 8 MiB slots written O_DIRECT: no page cache behind a big dump */
         _STRATEGY_MAX,
 } Strategy;
 
@@ -26,6 +27,7 @@ typedef struct Settings {
         uint64_t chunk_bytes;      /* per system call */
         uint64_t pipe_bytes;       /* F_SETPIPE_SZ on the core pipe; 0 leaves the kernel's size */
         uint64_t max_dump_bytes;   /* 0: no limit */
+        uint64_t direct_above_bytes; /* dumps of processes with at least this VmRSS use direct; 0: never */
         uint64_t min_free_bytes;   /* free-space floor of the spool's filesystem, absolute ... */
         uint64_t min_free_percent; /* ... and relative; the larger wins */
         uint64_t max_pending;      /* records in the spool not yet ingested; 0: no limit */

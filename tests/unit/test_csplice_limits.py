@@ -15,7 +15,7 @@ from corehandler import paths
 
 from support.csplice_harness import MiB, Handler, core_args, expected_digest, hash_file, make_fake_proc, spool_files
 
-STRATEGIES = ("rw", "splice", "rw2", "splice2")
+STRATEGIES = ("rw", "splice", "rw2", "splice2", "direct")
 
 
 @pytest.fixture
