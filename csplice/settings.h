@@ -17,7 +17,7 @@ typedef enum Strategy {
         STRATEGY_SPLICE,  /* the seed's loop: splice() stdin -> file, chunk_bytes at a time */
         STRATEGY_RW2,     /* read()/write() with a reader and a writer thread over a ring of buffers */
         STRATEGY_SPLICE2, /* splice() stdin -> private pipe, a second thread splices it -> file */
-        STRATEGY_DIRECT,  /* rw2 with 8 MiB slots written O_DIRECT: no page cache behind a big dump */
+        STRATEGY_DIRECT,  /* rw2 with 8 MiB slots written O_DIRECT, through the page cache while the disk lags */
         _STRATEGY_MAX,
 } Strategy;
 
