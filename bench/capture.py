@@ -139,12 +139,19 @@ class Tools:
             shutil.rmtree(d, ignore_errors=True)
         self.out.mkdir()
 
-    def check(self, method: str, size: int) -> str | None:
-        """The handler really captured the dump (a benchmark of a failing handler measures nothing); returns
-        the strategy csplice ran."""
+    def check(self, method: str, size: int, pid: int) -> str | None:
+        """The handler really captured the dump of pid (a benchmark of a failing handler measures nothing; any
+        other process crashing on this shared machine meanwhile lands in the spool too); returns the strategy
+        csplice ran."""
         if method in CSPLICE:
-            records = wait_for(lambda: list(self.spool.glob("*.json")), 30, f"{method}'s record", interval=0.002)
-            cap = json.loads(records[0].read_text())["capture"]
+            def mine():
+                for f in self.spool.glob("*.json"):
+                    record = json.loads(f.read_text())
+                    if record["pid"] == pid:
+                        return record
+                return None
+
+            cap = wait_for(mine, 30, f"{method}'s record", interval=0.002)["capture"]
             if not cap["complete"] or cap["bytes"] < size:
                 raise SystemExit(f"{method}: capture incomplete: {cap}")
             return cap["strategy"]
@@ -182,8 +189,8 @@ def forbid_core():
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def crash_once(tools: Tools, mib: int, half: bool, dump: bool = True) -> float:
-    """Seconds from the crash trigger to the reaping of the crashed process."""
+def crash_once(tools: Tools, mib: int, half: bool, dump: bool = True) -> tuple[float, int]:
+    """Seconds from the crash trigger to the reaping of the crashed process, and its PID."""
     argv = [str(tools.crasher), "segv", str(mib), "--wait"] + (["--untouched-half"] if half else [])
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             preexec_fn=allow_core if dump else forbid_core)
@@ -198,7 +205,7 @@ def crash_once(tools: Tools, mib: int, half: bool, dump: bool = True) -> float:
     proc.stdout.close()
     if not os.WIFSIGNALED(status) or os.WTERMSIG(status) != 11:
         raise SystemExit(f"crasher did not die of SIGSEGV: status {status:#x}")
-    return elapsed
+    return elapsed, proc.pid
 
 
 def odirect_once(tools: Tools, size: int) -> float:
@@ -213,12 +220,12 @@ def measure(tools: Tools, method: str, mib: int, half: bool, sdcd) -> tuple[floa
         return odirect_once(tools, size // 2 if half else size), None
     if method == SDCD:
         Path("/proc/sys/kernel/core_pattern").write_text(sdcd.pattern)
-        hold = crash_once(tools, mib, half)
+        hold = crash_once(tools, mib, half)[0]
         sdcd.wait_stored()
         return hold, None
     if method == NODUMP:
         Path("/proc/sys/kernel/core_pattern").write_text("core")
-        return crash_once(tools, mib, half, dump=False), None
+        return crash_once(tools, mib, half, dump=False)[0], None
     argv = tools.handler_argv(method, str(tools.out / "core.%P"))
     if method in CSPLICE:
         paths.CSPLICE_SETTINGS.write_text(csplice_settings(tools.spool, CSPLICE[method]))
@@ -226,8 +233,8 @@ def measure(tools: Tools, method: str, mib: int, half: bool, sdcd) -> tuple[floa
     pattern = "|" + " ".join(argv)
     assert len(pattern) <= 127, pattern
     Path("/proc/sys/kernel/core_pattern").write_text(pattern)
-    hold = crash_once(tools, mib, half)
-    return hold, tools.check(method, size // 2 if half else size)
+    hold, pid = crash_once(tools, mib, half)
+    return hold, tools.check(method, size // 2 if half else size, pid)
 
 
 def live(tools: Tools, workloads, methods, runs: int, tiny_runs: int, states) -> dict:
@@ -293,7 +300,7 @@ def feeder(tools: Tools, size: int, runs: int, methods) -> dict:
         for run in range(runs):
             for method in rotated(methods, run):
                 samples[method].append(feed_once(tools, method, mode, size, tools.work / "csplice.conf"))
-                tools.check(method, size)
+                tools.check(method, size, os.getpid())
                 tools.clean()
         results[mode] = samples
         print(f"feeder {mode}: " + ", ".join(f"{m} {median(s) * 1e3:.0f} ms" for m, s in samples.items()),
