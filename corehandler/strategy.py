@@ -7,6 +7,10 @@ of kernel matter, because they fill the core pipe differently:
 - stock: the kernel copies every page into the pipe (`__kernel_write_iter()`);
 - COREDUMP_USE_PIPE (the seed's patch): the kernel vmsplices the process's own pages into the pipe, so a
   handler that never copies them again (splice) saves the only copy left.
+
+The per-kernel choice is for ordinary dumps. `direct` (O_DIRECT writes from a reader/writer ring) is chosen per
+crash by csplice itself, from the process's VmRSS against capture.direct_above: big dumps written through the
+page cache wait for page allocation and reclaim (bench/results/capture.md).
 """
 
 from __future__ import annotations
