@@ -43,6 +43,7 @@ from sdcd import systemd_coredump  # noqa: E402
 
 from corehandler import paths  # noqa: E402
 from corehandler.config import Config, render_csplice_settings  # noqa: E402
+from corehandler.install import PIDFD_SPECIFIER, SPECIFIERS  # noqa: E402
 from support.crash import build_crasher  # noqa: E402
 from support.host_core import host_core_settings  # noqa: E402
 from support.waiting import wait_for  # noqa: E402
@@ -61,27 +62,28 @@ RW_LOOP = "loop"
 def default_tuning() -> dict:
     """csplice.conf's capture keys as the default config renders them on this kernel."""
     rendered = render_csplice_settings(Config(), paths.Paths())
-    keys = ("strategy", "chunk_bytes", "pipe_bytes", "direct_above_bytes", "sparse")
+    keys = ("strategy", "chunk_size", "pipe_size", "direct_above", "sparse")
     values = dict(line.split("=", 1) for line in rendered.splitlines() if line and not line.startswith("#"))
     return {k: values[k] for k in keys}
 
 
 DEFAULT_TUNING = default_tuning()
-PIPE_BYTES = int(DEFAULT_TUNING["pipe_bytes"])
+PIPE_BYTES = int(DEFAULT_TUNING["pipe_size"])
 # csplice as it can be configured: strategy, bytes per system call, core pipe size (0 = the kernel's 64 KiB).
 CSPLICE = {
     DEFAULT: DEFAULT_TUNING,
-    "rw-256K-1M": {"strategy": "rw", "chunk_bytes": 256 * 1024, "pipe_bytes": MiB, "direct_above_bytes": 0},
-    "direct": {"strategy": "direct", "chunk_bytes": 256 * 1024, "pipe_bytes": MiB},
-    "rw": {"strategy": "rw", "chunk_bytes": 64 * 1024, "pipe_bytes": 0, "direct_above_bytes": 0},
-    "splice": {"strategy": "splice", "chunk_bytes": 64 * 1024, "pipe_bytes": 0, "direct_above_bytes": 0},
-    "rw2-1M": {"strategy": "rw2", "chunk_bytes": MiB, "pipe_bytes": MiB, "direct_above_bytes": 0},
-    "splice2-256K-1M": {"strategy": "splice2", "chunk_bytes": 256 * 1024, "pipe_bytes": MiB,
-                        "direct_above_bytes": 0},
+    "rw-256K-1M": {"strategy": "rw", "chunk_size": 256 * 1024, "pipe_size": MiB, "direct_above": 0},
+    "direct": {"strategy": "direct", "chunk_size": 256 * 1024, "pipe_size": MiB},
+    "rw": {"strategy": "rw", "chunk_size": 64 * 1024, "pipe_size": 0, "direct_above": 0},
+    "splice": {"strategy": "splice", "chunk_size": 64 * 1024, "pipe_size": 0, "direct_above": 0},
+    "rw2-1M": {"strategy": "rw2", "chunk_size": MiB, "pipe_size": MiB, "direct_above": 0},
+    "splice2-256K-1M": {"strategy": "splice2", "chunk_size": 256 * 1024, "pipe_size": MiB,
+                        "direct_above": 0},
 }
 LABELS = {
-    DEFAULT: "**csplice default** (auto: {strategy}, direct from {above} MiB resident)".format(
-        strategy=DEFAULT_TUNING["strategy"], above=int(DEFAULT_TUNING["direct_above_bytes"]) // MiB),
+    DEFAULT: "**csplice default** (auto: {strategy}, {direct})".format(
+        strategy=DEFAULT_TUNING["strategy"], direct=f"direct from {int(DEFAULT_TUNING['direct_above']) // MiB} MiB "
+        "resident" if int(DEFAULT_TUNING["direct_above"]) else "direct_above off"),
     "rw-256K-1M": "csplice rw, 256K chunk, 1M pipe (v0.1's default)",
     "direct": "csplice direct (O_DIRECT from 8 MiB slots), every size",
     "rw": "csplice rw, 64K chunk, kernel's 64K pipe",
@@ -96,14 +98,14 @@ LABELS = {
 }
 SHORT = {FLOOR: "drain floor", ODIRECT: "O_DIRECT floor", DEFAULT: "**csplice default**",
          "rw-256K-1M": "csplice rw (v0.1)", "direct": "csplice direct", SDCD: "systemd-coredump"}
-LIVE_METHODS = (FLOOR, ODIRECT, DEFAULT, "rw-256K-1M", "direct", SDCD)
+LIVE_METHODS = (FLOOR, ODIRECT, DEFAULT, "direct", SDCD)
 TINY_METHODS = (NODUMP, FLOOR, DEFAULT)
 FEEDER_METHODS = (DEFAULT, "rw-256K-1M", "direct", "rw2-1M", "splice2-256K-1M", RW_LOOP, FLOOR)
 
 
 def csplice_settings(spool: Path, tuning: dict) -> str:
     # Limits off: a benchmark is a crash storm by design; no free-space floor (the busy page cache's files).
-    lines = {"spool_dir": spool, "max_pending": 0, "max_per_exe_per_minute": 0, "min_free_percent": 0,
+    lines = {"spool_dir": spool, "max_pending": 0, "max_per_exe_per_minute": 0, "min_free": 0,
              "sparse": "yes", **tuning}
     return "".join(f"{k}={v}\n" for k, v in lines.items())
 
@@ -229,7 +231,7 @@ def measure(tools: Tools, method: str, mib: int, half: bool, sdcd) -> tuple[floa
     argv = tools.handler_argv(method, str(tools.out / "core.%P"))
     if method in CSPLICE:
         paths.CSPLICE_SETTINGS.write_text(csplice_settings(tools.spool, CSPLICE[method]))
-        argv += "%P %i %I %u %g %d %s %t %c %h %e %F".split()
+        argv += f"{SPECIFIERS} {PIDFD_SPECIFIER}".split()
     pattern = "|" + " ".join(argv)
     assert len(pattern) <= 127, pattern
     Path("/proc/sys/kernel/core_pattern").write_text(pattern)
@@ -260,9 +262,6 @@ def live(tools: Tools, workloads, methods, runs: int, tiny_runs: int, states) ->
                     for label, mib, half in rotated(workloads, run):
                         samples = res["workloads"].setdefault(label, {m: [] for m in methods})
                         for method in rotated(methods, run):
-                            # From 1 GiB on the default is direct already (the table's "default ran" says so).
-                            if method == "direct" and mib >= 1024:
-                                continue
                             hold, strategy = measure(tools, method, mib, half, sdcd)
                             samples[method].append(hold)
                             if strategy:

@@ -26,7 +26,7 @@ from corehandler import units
 from corehandler.atomicfile import write_atomic
 from corehandler.errors import ConfigError
 from corehandler.paths import DEFAULT_STATE_DIR, Paths
-from corehandler.strategy import choose_strategy
+from corehandler.strategy import STRATEGIES, choose_strategy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,16 +95,19 @@ class _Section(BaseModel):
 
 
 class CaptureConfig(_Section):
-    strategy: Literal["auto", "rw", "splice", "rw2", "splice2", "direct"] = Field(
-        "auto", description="auto | rw | splice | rw2 | splice2 | direct; auto = what bench/ measured best for this "
-                            "kernel, and direct for processes of direct_above or more")
+    """csplice's settings: each option reaches csplice.conf under its own name (render_csplice_settings), and
+    csplice's table of keys (`csplice --list-settings`) is checked against these fields by a test."""
+
+    strategy: Literal[("auto", *STRATEGIES)] = Field(
+        "auto", description=" | ".join(("auto", *STRATEGIES)) + "; auto = what bench/ measured best for this kernel "
+                            "(and direct for processes of direct_above or more)")
     chunk_size: Size(4096, 64 << 20) = Field(256 << 10, description="bytes per read/splice call (4K..64M)")
     pipe_size: Size(0, 1 << 30) = Field(1 << 20, description="enlarge the core pipe to this size (F_SETPIPE_SZ); 0 "
                                                        "keeps the kernel's")
-    direct_above: Size() = Field(512 << 20, description="with strategy auto, a process with this much resident "
-                                 "memory (VmRSS) or more is dumped with O_DIRECT writes; 0 = never")
     max_dump_size: Size() = Field(32 << 30, description="larger dumps are truncated here and flagged; 0 = no "
                                                         "limit")
+    direct_above: Size() = Field(0, description="with strategy auto, a process with this much resident memory "
+                                 "(VmRSS) or more is dumped with O_DIRECT writes (strategy direct); 0 = never")
     min_free: SizeOrPercent = Field(units.SizeOrPercent(percent=15.0), description="stop writing when the spool's"
                                     " filesystem has less free: a size or a percentage of it")
     max_pending: Count = Field(64, description="records waiting in the spool beyond which crashes are kept as "
@@ -235,38 +238,37 @@ def load_config(paths: Paths) -> Config:
 
 # --- csplice's settings file -----------------------------------------------------------------------------
 
-def _yes_no(value: bool) -> str:
-    return "yes" if value else "no"
+def _csplice_value(value) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, units.SizeOrPercent):
+        # csplice counts whole percents; rounding up keeps at least the configured share free.
+        return f"{math.ceil(value.percent)}%" if value.percent is not None else str(value.bytes)
+    if isinstance(value, float):  # a duration: csplice counts whole seconds, rounded up
+        return str(math.ceil(value))
+    return str(value)
+
+
+def csplice_settings(config: Config, paths: Paths) -> dict[str, str]:
+    """csplice.conf's keys and values for this config: every [capture] option under its own name, and the
+    spool. paths is the effective one (config.paths(base), or the CLI's override): its spool_dir is where
+    csplice writes."""
+    capture = config.capture
+    settings = {"spool_dir": str(paths.spool_dir)}
+    settings |= {name: _csplice_value(getattr(capture, name)) for name in type(capture).model_fields}
+    if capture.strategy == "auto":
+        settings["strategy"] = choose_strategy(paths.proc_root)
+    else:
+        # An explicit strategy is used for every dump; only auto also chooses by the process's size.
+        settings["direct_above"] = "0"
+    return settings
 
 
 def render_csplice_settings(config: Config, paths: Paths) -> str:
-    """csplice.conf for this config. paths is the effective one (config.paths(base), or the CLI's override):
-    its spool_dir is where csplice writes."""
-    capture = config.capture
-    strategy = choose_strategy(paths.proc_root) if capture.strategy == "auto" else capture.strategy
-    min_free = capture.min_free
-    settings = {
-        "spool_dir": str(paths.spool_dir),
-        "strategy": strategy,
-        "chunk_bytes": capture.chunk_size,
-        "pipe_bytes": capture.pipe_size,
-        "max_dump_bytes": capture.max_dump_size,
-        # An explicit strategy is used for every dump; only auto also chooses by the process's size.
-        "direct_above_bytes": capture.direct_above if capture.strategy == "auto" else 0,
-        "min_free_bytes": min_free.bytes or 0,
-        # csplice counts whole percents; rounding up keeps at least the configured share free.
-        "min_free_percent": math.ceil(min_free.percent) if min_free.percent is not None else 0,
-        "max_pending": capture.max_pending,
-        "max_per_exe_per_minute": capture.max_per_exe_per_minute,
-        "timeout_sec": math.ceil(capture.timeout),
-        "fsync": _yes_no(capture.fsync),
-        "sparse": _yes_no(capture.sparse),
-        "collect_environ": _yes_no(capture.collect_environ),
-        "collect_maps": _yes_no(capture.collect_maps),
-    }
+    """csplice.conf for this config (csplice_settings as key=value lines)."""
     lines = ["# Generated by corehandler from its configuration; edit corehandler.toml instead.",
-             f"# capture.strategy = {capture.strategy}"]
-    lines += [f"{key}={value}" for key, value in settings.items()]
+             f"# capture.strategy = {config.capture.strategy}"]
+    lines += [f"{key}={value}" for key, value in csplice_settings(config, paths).items()]
     return "\n".join(lines) + "\n"
 
 

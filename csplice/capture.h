@@ -27,7 +27,7 @@ extern volatile sig_atomic_t capture_timed_out;
  * kernel releases the process. Nothing to return: every failure is recorded in c, for the record. */
 void capture_run(Capture *c);
 
-/* The strategy for a dump of about expected_bytes: direct from direct_above_bytes on, else the configured one. */
+/* The strategy for a dump of about expected_bytes: direct from direct_above on, else the configured one. */
 Strategy capture_choose(const Settings *s, uint64_t expected_bytes);
 
 /* Reads in_fd to EOF and discards it, the fastest way available; returns the bytes discarded. */

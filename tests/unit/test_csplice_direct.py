@@ -39,17 +39,17 @@ def assert_identical(result, size: int, zero_regions: bool = False) -> None:
 def test_direct_is_chosen_by_the_processes_resident_size(tmp_path, threshold, expected):
     # The "crashed" process is this one: csplice reads its VmRSS from the real /proc/PID/status.
     assert 1 < resident_bytes(os.getpid()) < 1 << 40
-    handler = Handler(tmp_path / "h", settings={"strategy": "splice", "direct_above_bytes": threshold})
+    handler = Handler(tmp_path / "h", settings={"strategy": "splice", "direct_above": threshold})
     result = handler.feed(3 * MiB + 7)
     assert_identical(result, 3 * MiB + 7)
     assert result.capture["strategy"] == expected
-    assert result.record["handler"]["settings"]["direct_above_bytes"] == threshold
+    assert result.record["handler"]["settings"]["direct_above"] == threshold
 
 
 def test_unknown_resident_size_keeps_the_configured_strategy(tmp_path):
     # A status without VmRSS (a kernel thread, a process gone before csplice read it) says nothing of its size.
     proc_root = make_fake_proc(tmp_path / "proc", 4242, b"fake", [b"fake"], b"/usr/bin/fake")
-    handler = Handler(tmp_path / "h", settings={"strategy": "rw", "direct_above_bytes": 1},
+    handler = Handler(tmp_path / "h", settings={"strategy": "rw", "direct_above": 1},
                       env={"CSPLICE_PROC_ROOT": str(proc_root)})
     result = handler.feed(MiB, pid=4242)
     assert_identical(result, MiB)

@@ -50,7 +50,7 @@ def start_stalled(handler: Handler, first: bytes):
 def test_live_capture_is_locked_and_only_the_json_commits(handler, strategy):
     # rw2 and direct hand over whole slots (1 and 8 MiB): feed exactly that much so the partial file shows.
     size = 8 * MiB if strategy == "direct" else MiB
-    handler.configure(strategy=strategy, chunk_bytes=65536)
+    handler.configure(strategy=strategy, chunk_size=65536)
     proc, w, tmp = start_stalled(handler, b"\x7fELF" + b"x" * (size - 4))
     try:
         assert not lockable(tmp), "a live capture's .tmp core must be locked"
