@@ -255,9 +255,11 @@ def run_handler(result: Path, pid: str, pidfd: str | None) -> None:
     result.write_text(json.dumps(out))
 
 
-def probe_crash(sysctl_root: Path = sysctl.SYSCTL_ROOT, timeout: float = 30) -> list[dict]:
-    """Crashes a throw-away process through a temporary core_pattern pointing at run_handler(); restores the
-    pattern on every exit path. Needs root."""
+def probe_crash(sysctl_root: Path = sysctl.SYSCTL_ROOT, timeout: float = 30,
+                lock: Path = sysctl.CORE_PATTERN_LOCK) -> list[dict]:
+    """Crashes a throw-away process through a temporary core_pattern pointing at run_handler(), holding `lock`
+    (the host-wide one; a test that holds it already passes another); restores the pattern on every exit path.
+    Needs root."""
     if os.geteuid() != 0:
         raise NotRootError("doctor --probe needs root: it crashes a process through a temporary core_pattern")
     with tempfile.TemporaryDirectory(prefix="corehandler-probe.", dir="/run") as tmp:
@@ -265,7 +267,7 @@ def probe_crash(sysctl_root: Path = sysctl.SYSCTL_ROOT, timeout: float = 30) -> 
         pattern = f"|{sys.executable} -P -m corehandler.kernelprobe handler {result} %P %F"
         if len(pattern) > 127:
             raise SystemFailure(f"probe core_pattern too long ({len(pattern)} > 127): {pattern}")
-        with sysctl.core_pattern_exclusive(sysctl_root):
+        with sysctl.core_pattern_exclusive(sysctl_root, lock):
             sysctl.write(sysctl.CORE_PATTERN, pattern, sysctl_root)
             child = subprocess.run([sys.executable, "-P", "-c", CHILD], capture_output=True, timeout=timeout,
                                    preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (-1, -1)))

@@ -38,10 +38,16 @@ def test_socket_mode_is_reported_exactly_when_the_kernel_takes_a_socket_pattern(
         assert "socket" in modes
 
 
-def test_probe_finds_pidfd_and_the_kernels_copy_kind_and_restores_the_pattern():
-    before = (PATTERN.read_text(), Path("/proc/sys/kernel/core_pipe_limit").read_text())
-    found = doctor("--probe")
-    assert (PATTERN.read_text(), Path("/proc/sys/kernel/core_pipe_limit").read_text()) == before
+def current() -> tuple[str, str]:
+    return PATTERN.read_text(), Path("/proc/sys/kernel/core_pipe_limit").read_text()
+
+
+def test_probe_finds_pidfd_and_the_kernels_copy_kind_and_restores_the_pattern(host_core_settings, tmp_path):
+    # The fixture holds the host lock (other users' tests change core_pattern too): the probe takes another.
+    PATTERN.write_text("core.doctor-test")
+    before = current()
+    found = {f["name"]: f for f in kernelprobe.probe_crash(lock=tmp_path / "lock")}
+    assert current() == before
     use_pipe = found["coredump_use_pipe"]
     assert use_pipe["how"] == "probed"
     # The probe's behaviour and the kernel's symbol table (strategy.py) agree on which kernel this is.
@@ -54,10 +60,17 @@ def test_probe_finds_pidfd_and_the_kernels_copy_kind_and_restores_the_pattern():
         assert isinstance(found["pidfd_specifier"]["value"], bool)
 
 
-def test_a_failed_probe_restores_the_pattern(monkeypatch):
-    before = PATTERN.read_text()
+def test_a_failed_probe_restores_the_pattern(host_core_settings, tmp_path, monkeypatch):
+    PATTERN.write_text("core.doctor-test")
+    before = current()
     monkeypatch.setattr(kernelprobe, "CHILD", "pass")  # a probe process that does not crash
     with pytest.raises(kernelprobe.SystemFailure, match="did not die of SIGSEGV"):
-        kernelprobe.probe_crash(timeout=5)
-    assert PATTERN.read_text() == before
-    assert sysctl.read(sysctl.CORE_PATTERN) == before.removesuffix("\n")
+        kernelprobe.probe_crash(timeout=5, lock=tmp_path / "lock")
+    assert current() == before
+    assert sysctl.read(sysctl.CORE_PATTERN) == "core.doctor-test"
+
+
+def test_doctor_probe_from_the_command_line_answers_in_json():
+    found = doctor("--probe")
+    assert found["coredump_use_pipe"]["how"] == found["pidfd_specifier"]["how"] == "probed"
+    assert found["coredump_use_pipe"]["value"] is strategy.kernel_vmsplices_cores()
