@@ -108,12 +108,15 @@ class CaptureConfig(_Section):
     csplice's table of keys (`csplice --list-settings`) is checked against these fields by a test."""
 
     strategy: Literal[("auto", *STRATEGIES)] = Field(
-        "auto", description=" | ".join(("auto", *STRATEGIES)) + "; auto = what bench/ measured best for this kernel")
+        "auto", description=" | ".join(("auto", *STRATEGIES)) + "; auto = what bench/ measured best for this kernel "
+                            "(and direct for processes of direct_above or more)")
     chunk_size: Size(4096, 64 << 20) = Field(256 << 10, description="bytes per read/splice call (4K..64M)")
     pipe_size: Size(0, 1 << 30) = Field(1 << 20, description="enlarge the core pipe to this size (F_SETPIPE_SZ); 0 "
                                                        "keeps the kernel's")
     max_dump_size: Size() = Field(32 << 30, description="larger dumps are truncated here and flagged; 0 = no "
                                                         "limit")
+    direct_above: Size() = Field(0, description="with strategy auto, a process with this much resident memory "
+                                 "(VmRSS) or more is dumped with O_DIRECT writes (strategy direct); 0 = never")
     min_free: SizeOrPercent = Field(units.SizeOrPercent(percent=15.0), description="stop writing when the spool's"
                                     " filesystem has less free: a size or a percentage of it")
     max_pending: Count = Field(64, description="records waiting in the spool beyond which crashes are kept as "
@@ -387,6 +390,9 @@ def csplice_settings(config: Config, paths: Paths) -> dict[str, str]:
     settings |= {name: _csplice_value(getattr(capture, name)) for name in type(capture).model_fields}
     if capture.strategy == "auto":
         settings["strategy"] = choose_strategy(paths.proc_root)
+    else:
+        # An explicit strategy is used for every dump; only auto also chooses by the process's size.
+        settings["direct_above"] = "0"
     return settings
 
 

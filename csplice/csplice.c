@@ -319,7 +319,8 @@ int main(int argc, char *argv[]) {
                 char magic[4];
 
                 c.capture = (Capture) { .in_fd = in_fd, .out_fd = core_fd, .settings = &c.settings,
-                                        .from_socket = c.socket_mode };
+                                        .from_socket = c.socket_mode,
+                                        .expected_bytes = procinfo_rss_bytes(&c.proc) };
                 configured_limit = apply_rlimit(&c);
                 capture_run(&c.capture);
                 restore_limit(&c, configured_limit);

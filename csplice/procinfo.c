@@ -201,3 +201,15 @@ int procinfo_collect(ProcInfo *p, const char *proc_root, pid_t pid, int pidfd, t
                          p->verified_by);
         return 0;
 }
+
+uint64_t procinfo_rss_bytes(const ProcInfo *p) {
+        const char *line;
+        unsigned long long kib;
+
+        if (!p->status)
+                return 0;
+        line = strstr(p->status, "\nVmRSS:");
+        if (!line || sscanf(line + strlen("\nVmRSS:"), "%llu kB", &kib) != 1 || kib > UINT64_MAX / 1024)
+                return 0;
+        return (uint64_t) kib * 1024;
+}

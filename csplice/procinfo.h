@@ -32,6 +32,9 @@ typedef struct ProcInfo {
         bool available;     /* /proc/PID could be opened at all */
 } ProcInfo;
 
+/* The process's resident memory (VmRSS of its status, read before the dump) in bytes; 0 if unknown. */
+uint64_t procinfo_rss_bytes(const ProcInfo *p);
+
 /* Reads what the record needs of proc_root/PID, before the dump is touched, while the kernel keeps the
  * crashed process around. Each file that can't be read is logged and left NULL; returns -errno only when
  * the process directory itself is gone. */

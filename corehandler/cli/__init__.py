@@ -34,6 +34,7 @@ COMMAND_MODULES = (
     "corehandler.cli.config",
     "corehandler.cli.dumps",
     "corehandler.cli.serve",
+    "corehandler.cli.doctor",
     "corehandler.cli.fleet",
 )
 DEFAULT_COMMAND = "list"

@@ -18,7 +18,7 @@ SOCKET = {"handshake": bool, "request_size": int, "request_mask": int, "ack_mask
 ID_RE = re.compile(r"^[0-9]+-[0-9a-f]{16}-[0-9]+(\.[0-9]+)?$")
 SETTINGS = {
     "source": str, "from_file": bool, "error": (str, type(None)), "spool_dir": str, "strategy": str,
-    "chunk_size": int, "pipe_size": int, "max_dump_size": int, "min_free": (int, str),
+    "chunk_size": int, "pipe_size": int, "max_dump_size": int, "direct_above": int, "min_free": (int, str),
     "max_pending": int, "max_per_exe_per_minute": int, "timeout": int, "fsync": bool, "sparse": bool,
     "collect_environ": bool, "collect_maps": bool,
 }
