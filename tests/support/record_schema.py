@@ -6,7 +6,9 @@ import re
 
 SPECIFIERS = ("P", "i", "I", "u", "g", "d", "s", "t", "c", "h", "e", "F")
 TRUNCATED_REASONS = (None, "max_dump_bytes", "min_free", "timeout", "read_error", "write_error")
-DROPPED_REASONS = (None, "max_pending", "max_per_exe_per_minute", "min_free", "create_failed")
+# Admission's reasons, then the capture's when it kept not one byte ("empty": none came).
+DROPPED_REASONS = (None, "max_pending", "max_per_exe_per_minute", "min_free", "create_failed",
+                   "timeout", "read_error", "write_error", "empty")
 STRATEGIES = ("rw", "splice", "rw2", "splice2")
 ID_RE = re.compile(r"^[0-9]+-[0-9a-f]{16}-[0-9]+(\.[0-9]+)?$")
 SETTINGS = {
