@@ -52,7 +52,7 @@ def test_stdin_that_is_no_pipe_is_a_usage_error(handler, tmp_path, source):
 
 def test_terminal_on_stdin_is_refused_at_once(handler):
     """A terminal used to block for the whole timeout and leave a .tmp core the daemon adopted as an orphan."""
-    handler.configure(timeout_sec=30)
+    handler.configure(timeout=30)
     controller, terminal = pty.openpty()
     try:
         t0 = time.monotonic()
@@ -160,7 +160,7 @@ def wait_for_lines(kmsg: Kmsg, tag: str) -> list[str]:
 def test_kernel_start_logs_to_the_kernel_log(host_core_settings, tmp_path):
     """The settings come from the fixed path (no environment); the non-ELF warning must reach /dev/kmsg."""
     spool = tmp_path / "spool"
-    paths.CSPLICE_SETTINGS.write_text(render_settings({"spool_dir": str(spool), "min_free_percent": 0,
+    paths.CSPLICE_SETTINGS.write_text(render_settings({"spool_dir": str(spool), "min_free": 0,
                                                        "max_pending": 0, "max_per_exe_per_minute": 0}))
     kmsg = Kmsg()
     try:
