@@ -66,9 +66,17 @@ def _package() -> str:
     return result.stdout.strip() if result.returncode == 0 else "not-installed"
 
 
+def _interpreter(pid: int | None) -> str:
+    try:
+        return os.fsdecode(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0])
+    except (OSError, TypeError):
+        return "interpreter unknown"
+
+
 def _daemon() -> dict[str, str]:
     current = supervise.status(Paths())
-    out = {"supervisor": f"running, pid {current.pid}" if current.running else "not running",
+    # Which installation's supervisor runs, not its pid: the deb test stops the host's and starts it again.
+    out = {"supervisor": f"running, {_interpreter(current.pid)}" if current.running else "not running",
            "supervised daemon": "running" if current.running and current.daemon_pid else "not running"}
     if supervise.systemd_is_pid1():
         result = subprocess.run(["systemctl", "is-active", "corehandler.service"], capture_output=True,
