@@ -32,7 +32,7 @@ from typing import Any, TextIO
 
 from systemd import journal
 
-from corehandler import facts
+from corehandler import analysis, spool
 
 log = logging.getLogger(__name__)
 
@@ -170,26 +170,26 @@ def _mib(value: float | None) -> str:
 
 
 def dump_entry(record: Mapping[str, Any], stored: Mapping[str, Any]) -> Fields:
-    cap = facts.capture(record)
-    outcome, reason = facts.outcome(record, stored)
-    number = facts.signal_number(record)
-    name = facts.signal_name(number)
-    comm, exe = facts.comm(record), facts.exe(record)
-    argv = facts.cmdline(record)
-    seconds = facts.capture_seconds(record)
-    throughput = facts.number(cap, "throughput_bytes_per_second")
-    timestamp = facts.number(record, "timestamp")
+    cap = spool.capture(record)
+    outcome, reason = spool.outcome(record, stored)
+    number = spool.signal_number(record)
+    name = spool.signal_name(number)
+    comm, exe = spool.comm(record), spool.exe(record)
+    argv = spool.cmdline(record)
+    seconds = spool.capture_seconds(record)
+    throughput = spool.number(cap, "throughput_bytes_per_second")
+    timestamp = spool.number(record, "timestamp")
 
     f: Fields = {"MESSAGE_ID": MESSAGE_ID_DUMP, "PRIORITY": str(PRIORITY_CRIT),
                  "SYSLOG_IDENTIFIER": SYSLOG_IDENTIFIER}
     what = f"Process {record.get('pid')} ({comm}) of user {record.get('uid')} "
-    if outcome == facts.DROPPED:
+    if outcome == spool.DROPPED:
         what += f"crashed on {name}; dump dropped ({reason}), metadata kept"
-    elif outcome == facts.TRUNCATED:
-        what += (f"dumped core on {name}; truncated ({reason}) at {_mib(facts.number(cap, 'bytes'))} "
-                 f"of {_mib(facts.dump_bytes(record))}")
+    elif outcome == spool.TRUNCATED:
+        what += (f"dumped core on {name}; truncated ({reason}) at {_mib(spool.number(cap, 'bytes'))} "
+                 f"of {_mib(spool.dump_bytes(record))}")
     else:
-        what += f"dumped core on {name}: {_mib(facts.dump_bytes(record))}"
+        what += f"dumped core on {name}: {_mib(spool.dump_bytes(record))}"
     if seconds and throughput:
         what += f", captured in {seconds:.3f} s ({throughput / 2**20:.0f} MiB/s)"
     if stored.get("path"):
@@ -209,30 +209,74 @@ def dump_entry(record: Mapping[str, Any], stored: Mapping[str, Any]) -> Fields:
     # µs since the Epoch, as systemd-coredump's field of the same name.
     _put(f, "COREDUMP_TIMESTAMP", None if timestamp is None else int(timestamp) * 1_000_000)
     _put(f, "COREDUMP_RLIMIT", record.get("rlimit_core"))
-    _put(f, "COREDUMP_TRUNCATED", outcome == facts.TRUNCATED)
+    _put(f, "COREDUMP_TRUNCATED", outcome == spool.TRUNCATED)
     _put(f, "COREDUMP_FILENAME", stored.get("path"))
     _put(f, "COREHANDLER_ID", stored.get("id") or record.get("id"))
     _put(f, "COREHANDLER_OUTCOME", outcome)
-    _put(f, "COREHANDLER_TRUNCATED_REASON", reason if outcome == facts.TRUNCATED else None)
-    _put(f, "COREHANDLER_DROPPED", outcome == facts.DROPPED)
-    _put(f, "COREHANDLER_DROPPED_REASON", reason if outcome == facts.DROPPED else None)
+    _put(f, "COREHANDLER_TRUNCATED_REASON", reason if outcome == spool.TRUNCATED else None)
+    _put(f, "COREHANDLER_DROPPED", outcome == spool.DROPPED)
+    _put(f, "COREHANDLER_DROPPED_REASON", reason if outcome == spool.DROPPED else None)
     _put(f, "COREHANDLER_STATUS", stored.get("status"))
     _put(f, "COREHANDLER_PROBLEM", stored.get("problem"))
     _put(f, "COREHANDLER_CAPTURE_ERROR", cap.get("error"))
-    _put(f, "COREHANDLER_DUMP_BYTES", facts.dump_bytes(record))
+    _put(f, "COREHANDLER_DUMP_BYTES", spool.dump_bytes(record))
     _put(f, "COREHANDLER_CAPTURED_BYTES", cap.get("bytes"))
     _put(f, "COREHANDLER_DRAINED_BYTES", cap.get("drained_bytes"))
     _put(f, "COREHANDLER_CAPTURE_SECONDS", _seconds(seconds))
     _put(f, "COREHANDLER_THROUGHPUT_BYTES_PER_SECOND", None if throughput is None else round(throughput))
-    _put(f, "COREHANDLER_HOLD_SECONDS", _seconds(facts.hold_seconds(record)))
+    _put(f, "COREHANDLER_HOLD_SECONDS", _seconds(spool.hold_seconds(record)))
     _put(f, "COREHANDLER_STRATEGY", cap.get("strategy"))
     _put(f, "COREHANDLER_RAW_BYTES", stored.get("raw_bytes"))
     _put(f, "COREHANDLER_COMPRESSED_BYTES", stored.get("compressed_bytes"))
-    _put(f, "COREHANDLER_COMPRESS_SECONDS", _seconds(facts.number(stored, "compress_seconds")))
+    _put(f, "COREHANDLER_COMPRESS_SECONDS", _seconds(spool.number(stored, "compress_seconds")))
     errors = record.get("errors")
     if isinstance(errors, list) and errors:
         _put(f, "COREHANDLER_RECORD_ERRORS", "\n".join(str(e) for e in errors))
+    analysis_fields(f, stored.get("analysis"))
     return f
+
+
+# The stack trace appended to MESSAGE is the crashing thread's, at most this many bytes (journald's default
+# field limit is 64 MiB, but an entry that large helps nobody).
+MAX_TRACE_BYTES = 16 << 10
+
+
+def analysis_fields(f: Fields, result: Mapping[str, Any] | None) -> None:
+    """The analysis (corehandler/analysis.py) as systemd-coredump spells it where it has a field (COREDUMP_UNIT,
+    COREDUMP_SLICE, COREDUMP_PACKAGE_*, the trace in MESSAGE), COREHANDLER_* for the rest."""
+    if not result:
+        return
+    ident = result.get("identity") or {}
+    exe = result.get("exe") or {}
+    threads = result.get("threads") or []
+    if threads:
+        trace = "\n".join(analysis.thread_lines(threads[0]))
+        if len(trace) > MAX_TRACE_BYTES:
+            trace = trace[:MAX_TRACE_BYTES] + "\n... (cut)"
+        f["MESSAGE"] += "\n\n" + trace
+        _put(f, "COREHANDLER_STACK_TRACE", trace)
+    _put(f, "COREDUMP_CGROUP", ident.get("cgroup"))
+    _put(f, "COREDUMP_UNIT", ident.get("unit"))
+    _put(f, "COREDUMP_USER_UNIT", ident.get("user_unit"))
+    _put(f, "COREDUMP_SLICE", ident.get("slice"))
+    package = exe.get("package") or {}
+    _put(f, "COREDUMP_PACKAGE_NAME", package.get("name"))
+    _put(f, "COREDUMP_PACKAGE_VERSION", package.get("version"))
+    if package:
+        _put(f, "COREDUMP_PACKAGE_JSON", json.dumps(package, sort_keys=True))
+    _put(f, "COREHANDLER_ANALYSIS", result.get("state"))
+    _put(f, "COREHANDLER_ANALYSIS_SECONDS", _seconds(spool.number(result, "seconds")))
+    if result.get("problems"):
+        _put(f, "COREHANDLER_ANALYSIS_PROBLEMS", "\n".join(result["problems"]))
+    _put(f, "COREHANDLER_SIGNATURE", result.get("signature"))
+    _put(f, "COREHANDLER_SIGNATURE_ID", result.get("signature_id"))
+    _put(f, "COREHANDLER_EXACT_KEY", result.get("exact_key"))
+    _put(f, "COREHANDLER_BUILD_ID", exe.get("build_id"))
+    _put(f, "COREHANDLER_EXE_ON_DISK", exe.get("state"))
+    _put(f, "COREHANDLER_CRASHING_TID", result.get("crashing_tid"))
+    for key in ("runtime", "container_id", "container_name", "image", "pod_uid", "pod_name", "pod_namespace",
+                "machine", "pid_in_namespace"):
+        _put(f, f"COREHANDLER_{key.upper()}", ident.get(key))
 
 
 def deleted_entry(dump_id: str, exe: str | None, rule: str, freed_bytes: int) -> Fields:

@@ -20,7 +20,7 @@ import pytest
 
 from corehandler import paths
 
-from support import host_core, host_state
+from support import cbuild, host_core, host_state
 
 HERE = Path(__file__).resolve().parent
 
@@ -130,7 +130,7 @@ def csplice() -> Path:
 
 @pytest.fixture
 def feeder() -> Path:
-    return _built(paths.feeder_path())
+    return cbuild.feeder()
 
 
 @pytest.fixture

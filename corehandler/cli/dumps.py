@@ -19,7 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from corehandler import compress, facts, retention
+from corehandler import compress, retention, spool
+from corehandler.cli import crashview
 from corehandler.cli.common import emit, load
 from corehandler.errors import CorehandlerError, NoMatchError, SystemFailure, UsageError
 from corehandler.store import Dump, Filter, Store
@@ -31,10 +32,12 @@ def register(commands) -> None:
     _match_options(p)
     p.add_argument("-1", dest="last", action="store_const", const=1, help="only the newest matching dump")
     p.add_argument("-n", dest="last", type=_count, metavar="N", help="only the newest N matching dumps")
+    crashview.add_list_options(p)
 
     p = commands.add("info", run_info, help="everything known about matching dumps")
     _match_options(p)
     p.add_argument("--no-verify", action="store_true", help="skip decompressing the stored file to check it")
+    crashview.add_info_options(p)
 
     p = commands.add("dump", run_dump, help="write the newest matching core, byte-identical to the capture")
     _match_options(p)
@@ -64,6 +67,7 @@ def _match_options(p: argparse.ArgumentParser) -> None:
                    "or -DURATION ago, e.g. -2h)")
     p.add_argument("-U", "--until", metavar="TIME", help="dumps at or before TIME")
     p.add_argument("--signal", metavar="SIG", help="only dumps caused by this signal (number or name)")
+    crashview.add_filter_options(p)
 
 
 # -- selection ------------------------------------------------------------------------------------------------
@@ -104,7 +108,7 @@ def parse_signal(text: str) -> int:
 
 def signal_name(number: int | None) -> str:
     """The name as coredumpctl lists it (SEGV for 11); "-" when the record has none."""
-    name = facts.signal_name(number)
+    name = spool.signal_name(number)
     return "-" if name is None else name.removeprefix("SIG")
 
 
@@ -130,7 +134,7 @@ def build_filter(args: argparse.Namespace) -> Filter:
                   since=parse_time(args.since) if args.since else None,
                   until=parse_time(args.until) if args.until else None,
                   signal=parse_signal(args.signal) if args.signal else None,
-                  last=getattr(args, "last", None))
+                  last=None if crashview.filtering(args) else getattr(args, "last", None))
 
 
 def _open_store(args: argparse.Namespace, readonly: bool = True) -> Store:
@@ -141,7 +145,7 @@ def _open_store(args: argparse.Namespace, readonly: bool = True) -> Store:
 
 
 def select(args: argparse.Namespace, store: Store) -> list[Dump]:
-    dumps = store.query(build_filter(args))
+    dumps = crashview.apply_filters(args, store, store.query(build_filter(args)), getattr(args, "last", None))
     if not dumps:
         raise NoMatchError("no dumps match" + (f" {' '.join(args.match)}" if args.match else ""))
     return dumps
@@ -198,15 +202,21 @@ def run_list(args: argparse.Namespace) -> int:
         for d in dumps:
             state, problem = file_state(store, d, verify=False)
             rows.append((d, state, problem))
-    if args.json:
-        emit(args, [dict(d.summary(), record=None, corefile=state, corefile_problem=problem)
-                    for d, state, problem in rows], "")
+        signatures = crashview.signatures(store, dumps)
+    if args.group:
+        groups = crashview.groups(dumps, signatures)
+        emit(args, groups, crashview.group_table(groups))
         return 0
-    table = [("TIME", "PID", "UID", "SIG", "STATUS", "COREFILE", "SIZE", "EXE")]
+    if args.json:
+        emit(args, [dict(d.summary(), record=None, corefile=state, corefile_problem=problem,
+                         **crashview.list_json(signatures.get(d.id))) for d, state, problem in rows], "")
+        return 0
+    table = [("TIME", "PID", "UID", "SIG", "STATUS", "COREFILE", "SIZE", "SIGNATURE", "EXE")]
     for d, state, _ in rows:
         table.append((_time(d.crashed_at), str(d.pid if d.pid is not None else "-"),
                       str(d.uid if d.uid is not None else "-"), signal_name(d.signal), d.status, state,
-                      human_size(d.raw_bytes) if d.path else "-", d.exe or d.comm or "-"))
+                      human_size(d.raw_bytes) if d.path else "-", crashview.signature_cell(signatures.get(d.id)),
+                      d.exe or d.comm or "-"))
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]) - 1)]
     print("\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in table))
     return 0
@@ -214,7 +224,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 # -- info ------------------------------------------------------------------------------------------------------
 
-def _info_lines(store: Store, d: Dump, state: str, problem: str | None) -> list[str]:
+def _info_lines(store: Store, d: Dump, state: str, problem: str | None, all_threads: bool = False) -> list[str]:
     r = d.record
     proc = r.get("proc") or {}
     capture = r.get("capture") or {}
@@ -243,8 +253,12 @@ def _info_lines(store: Store, d: Dump, state: str, problem: str | None) -> list[
     errors = r.get("errors") or []
     for e in errors:
         fields.append(("Error", e))
+    result = crashview.result(store, d)
+    fields += crashview.info_fields(result)
     width = max(len(k) for k, _ in fields)
-    return [f"{k.rjust(width)}: {v}" for k, v in fields if v is not None]
+    trace = crashview.trace_lines(result, all_threads) if result else []
+    return [f"{k.rjust(width)}: {v}" for k, v in fields if v is not None] + \
+        ([""] + [" " * (width + 2) + line if line else "" for line in trace] if trace else [])
 
 
 def run_info(args: argparse.Namespace) -> int:
@@ -253,9 +267,11 @@ def run_info(args: argparse.Namespace) -> int:
         out = []
         for d in dumps:
             state, problem = file_state(store, d, verify=not args.no_verify)
-            out.append((d, state, problem, _info_lines(store, d, state, problem)))
-    emit(args, [dict(d.summary(), corefile=state, corefile_problem=problem) for d, state, problem, _ in out],
-         "\n\n".join("\n".join(lines) for *_, lines in out))
+            out.append((d, state, problem, _info_lines(store, d, state, problem, args.all_threads),
+                        crashview.info_json(store, d)))
+    emit(args, [dict(d.summary(), corefile=state, corefile_problem=problem, **analysed)
+                for d, state, problem, _, analysed in out],
+         "\n\n".join("\n".join(lines) for *_, lines, _ in out))
     return 0
 
 

@@ -7,12 +7,12 @@ import logging
 import signal
 import sys
 
+from corehandler import install
 from corehandler.cli.common import load
 from corehandler.config import write_csplice_settings
-from corehandler.daemon import Daemon, Settings, replay_rows, settings_from_config
+from corehandler.daemon import Daemon, Settings, settings_from_config
 from corehandler.journal import JournalObserver
 from corehandler.metrics import MetricsObserver
-from corehandler.store import Store
 
 log = logging.getLogger("corehandler.serve")
 
@@ -31,13 +31,9 @@ def observers_for(config, paths, store_limit) -> tuple[list, list[str]]:
     if config.journal.enabled:
         observers.append(JournalObserver())
     if config.metrics.enabled or config.metrics.textfile:
-        metrics = MetricsObserver.from_config(config.metrics, store_dir=paths.store_dir,
-                                              store_limit_bytes=store_limit)
-        # Counters continue from what the index holds, tombstones of deleted dumps included, so a restart
-        # does not read as a reset.
-        if paths.index_path.exists():
-            with Store(paths.state_dir, readonly=True) as store:
-                metrics.seed(replay_rows(store, paths.spool_dir))
+        metrics = MetricsObserver.from_config(config.metrics, state_dir=paths.state_dir,
+                                              store_limit_bytes=store_limit,
+                                              capture_probe=lambda: install.capture_state(config, paths))
         if config.metrics.enabled:
             try:
                 metrics.serve(config.metrics.listen, config.metrics.port)

@@ -17,6 +17,7 @@ from corehandler.cli import main
 from corehandler.daemon import Settings
 from corehandler.errors import EXIT_CONFIG, EXIT_NOMATCH, EXIT_SYSTEM, EXIT_USAGE
 from corehandler.store import Store
+from support import cbuild
 from support.daemon_harness import Running, wait_for
 from support.spoolfeed import feed, write_settings
 
@@ -26,7 +27,7 @@ CLI = [sys.executable, "-P", "-m", "corehandler"]
 @pytest.fixture(scope="module")
 def filled(tmp_path_factory):
     """Four dumps: two of "alpha" (SIGSEGV, then SIGABRT), one "beta", one metadata-only "gamma" (SIGFPE)."""
-    feeder, csplice = paths.feeder_path(), paths.csplice_path()
+    feeder, csplice = cbuild.feeder(), paths.csplice_path()
     tmp = tmp_path_factory.mktemp("cli")
     state, etc = tmp / "state", tmp / "etc"
     (state / "spool").mkdir(parents=True)
@@ -58,7 +59,8 @@ def pids(out: str) -> list[int]:
 def test_list_is_the_default_verb(capsys, filled):
     code, out, _ = run(capsys, filled)
     assert code == 0
-    assert out.splitlines()[0].split() == ["TIME", "PID", "UID", "SIG", "STATUS", "COREFILE", "SIZE", "EXE"]
+    assert out.splitlines()[0].split() == ["TIME", "PID", "UID", "SIG", "STATUS", "COREFILE", "SIZE", "SIGNATURE",
+                                          "EXE"]
     assert pids(out) == [3001, 3002, 3003, 3004]
     assert "metadata_only  none" in out.splitlines()[4]
 
@@ -105,7 +107,7 @@ def test_usage_errors(capsys, filled, argv):
 def test_info_human_and_json(capsys, filled):
     code, out, _ = run(capsys, filled, "info", "beta")
     assert code == 0
-    fields = dict(line.strip().split(": ", 1) for line in out.splitlines())
+    fields = dict(line.strip().split(": ", 1) for line in out.split("\n\n")[0].splitlines())
     assert fields["PID"] == "3003 (beta)" and fields["Signal"] == "11 (SEGV)" and fields["Status"] == "ok"
     assert fields["Core File"] == "present" and "compressed" in fields["Storage"]
     code, out, _ = run(capsys, filled, "--json", "info", "gamma")

@@ -14,7 +14,7 @@ from support.csplice_harness import GiB, MiB, Handler, expected_digest, hash_fil
 
 MODES = ("write", "vmsplice")
 SIZES = (0, 1, 4095, 65537, 100 * MiB)
-# The seed's splice loop moved 16 pages a call; the enlarged pipe is what F_SETPIPE_SZ buys (1 MiB).
+# The 16-page splice loop moved 64 KiB a call; the enlarged pipe is what F_SETPIPE_SZ buys (1 MiB).
 TUNINGS = {
     "chunk16p": {"chunk_size": 16 * 4096, "pipe_size": 0},
     "pipe1m": {"chunk_size": 1 * MiB, "pipe_size": 1 * MiB},
@@ -58,8 +58,9 @@ def test_capture_is_byte_identical(handler, mode, strategy, size, zero_regions, 
 
 
 @pytest.mark.parametrize("sparse", (True, False))
-def test_zero_regions_become_holes_only_when_sparse(handler, sparse):
-    handler.configure(strategy="rw", sparse=sparse)
+@pytest.mark.parametrize("strategy", ("rw", "rw2", "direct"))
+def test_zero_regions_become_holes_only_when_sparse(handler, strategy, sparse):
+    handler.configure(strategy=strategy, sparse=sparse)
     result = handler.feed(32 * MiB, zero_regions=True)
     assert_identical(result, 32 * MiB, True)
     allocated = result.core.stat().st_blocks * 512

@@ -13,6 +13,7 @@ import pytest
 from corehandler import journal, paths
 from corehandler.install import SPECIFIERS
 from corehandler.metrics import MetricsObserver
+from corehandler.store import Store, row_from_record
 from support.crash import build_crasher, crash, python_crash
 from support.journald import PrivateJournald, expected_dump_fields, field_bytes, mismatches
 from support.prometheus import PrometheusServer, free_port
@@ -62,7 +63,12 @@ def test_real_crashes_reach_prometheus_and_the_journal(csplice, tmp_path, host_c
 
     journald = PrivateJournald(tmp_path / "journald")
     journald.start()
-    metrics = MetricsObserver(exe_label_allowlist=[crasher.name])
+    with Store(tmp_path) as index:  # what the daemon indexes; the store series are read from it at scrape time
+        for record, stored in dumps:
+            index.insert(row_from_record(record, status=stored["status"], problem=None, path=None,
+                                         raw_bytes=stored["raw_bytes"], stored_bytes=stored["compressed_bytes"] or 0,
+                                         sha256=None))
+    metrics = MetricsObserver(exe_label_allowlist=[crasher.name], state_dir=tmp_path)
     # The JournalObserver runs where the private journald's socket is /run/systemd/journal/socket.
     client = journald.client()
     port = free_port()
@@ -94,7 +100,7 @@ def test_real_crashes_reach_prometheus_and_the_journal(csplice, tmp_path, host_c
             pytest.approx(sum(throughputs), rel=1e-12)
         sizes = [r["capture"]["bytes"] for r in records]
         assert prometheus.scalar("corehandler_dump_size_bytes_sum") == sum(sizes)
-        assert prometheus.scalar("corehandler_store_dumps") == CRASHES
+        assert prometheus.scalar('corehandler_store_dumps{status="ok"}') == CRASHES
 
         entries = journald.wait_for(f"MESSAGE_ID={journal.MESSAGE_ID_DUMP}", count=CRASHES)
         by_id = {field_bytes(e, "COREHANDLER_ID").decode(): e for e in entries}
