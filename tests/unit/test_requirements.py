@@ -40,7 +40,8 @@ def imports(tree: Path) -> tuple[set[str], set[tuple[str, str]]]:
                 top = node.module.split(".")[0]
                 modules.add(top)
                 names.update((top, alias.name) for alias in node.names)
-    return {m for m in modules if m not in sys.stdlib_module_names and m not in LOCAL}, names
+    ours = LOCAL | {p.stem for p in (REPO / "tests").rglob("*.py")} | {p.stem for p in (REPO / "bench").glob("*.py")}
+    return {m for m in modules if m not in sys.stdlib_module_names and m not in ours}, names
 
 
 def test_runtime_imports_are_dependencies():
