@@ -11,7 +11,6 @@
 #include "util.h"
 
 #define BLOCK 4096
-#define SPACE_CHECK_EVERY (16ULL << 20)
 #define RING_SLOTS 4
 #define RING_SLOT_BYTES (1ULL << 20)
 /* direct: the architecture's measurement (8 MiB aligned buffers, a second thread writing them O_DIRECT). */
@@ -42,15 +41,15 @@ static size_t next_len(const Capture *c, uint64_t done, size_t chunk) {
 }
 
 /* Decides whether to stop before moving the next bytes: size limit, timeout, free space. Returns the reason
- * or NULL. Checks the filesystem only every SPACE_CHECK_EVERY bytes because statvfs costs a system call. */
+ * or NULL. Checks the filesystem only every CAPTURE_SPACE_STEP bytes because statvfs costs a system call. */
 static const char *stop_reason(const Capture *c, uint64_t done, uint64_t *next_space_check, size_t want) {
         if (capture_timed_out)
                 return "timeout";
         if (want == 0)
                 return "max_dump_size";
         if (done >= *next_space_check) {
-                *next_space_check = done + SPACE_CHECK_EVERY;
-                if (capture_space_ok(c->out_fd, c->settings, SPACE_CHECK_EVERY) == 0)
+                *next_space_check = done + CAPTURE_SPACE_STEP;
+                if (capture_space_ok(c->out_fd, c->settings, CAPTURE_SPACE_STEP) == 0)
                         return "min_free";
         }
         return NULL;

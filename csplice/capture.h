@@ -6,6 +6,10 @@
 
 #include "settings.h"
 
+/* Bytes between the capture's free-space checks, and the headroom each asks for above the floor; admission asks
+ * for the same, so a dump it lets in is not stopped before its first byte. */
+#define CAPTURE_SPACE_STEP (16ULL << 20)
+
 typedef struct Capture {
         int in_fd;
         int out_fd;

@@ -10,7 +10,8 @@
  *
  * Exit codes (the kernel ignores them; they are for people running csplice by hand and for tests):
  *   0  a record was committed (complete, truncated or metadata-only)
- *   64 usage: no arguments, or a socket peer that is not a task being dumped (nothing stored)
+ *   64 usage: not started the way the kernel starts us (no arguments, %P not a live PID, stdin not a pipe,
+ *      or a socket peer that is not a task being dumped); nothing was stored
  *   73 the spool could not be opened or written: the dump was drained and lost, see the kernel log
  *   74 the record could not be committed
  *
@@ -24,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -68,6 +70,36 @@ static int make_safe(void) {
         if (chdir("/") < 0)
                 (void) log_errno(LOG_WARNING, errno, "Failed to change to /, ignoring: %m");
         return in_fd;
+}
+
+/* Who may feed us (docs/design.md): in pipe mode the kernel, so stdin is a pipe and %P a process that is there
+ * in proc_root (the kernel holds it while it dumps). Anything else is someone running csplice by hand with a
+ * terminal, /dev/null, a file or garbage: a usage error, before anything is read or stored. Returns NULL, or
+ * why not in buf. */
+static const char *check_caller(const Crash *c, int in_fd, const char *proc_root, char *buf, size_t size) {
+        char path[PATH_MAX];
+        struct stat st;
+        int pid = crash_arg_int(c, ARG_PID);
+
+        if (pid <= 0) {
+                (void) snprintf(buf, size, "%%P must be the PID of the crashed process, not \"%.64s\"",
+                                c->argv[ARG_PID] ?: "");
+                return buf;
+        }
+        (void) snprintf(path, sizeof path, "%s/%d", proc_root, pid);
+        if (stat(path, &st) < 0 || !S_ISDIR(st.st_mode)) {
+                (void) snprintf(buf, size, "PID %d is not a live process (%s): csplice is run by the kernel", pid,
+                                path);
+                return buf;
+        }
+        if (in_fd < 0 || fstat(in_fd, &st) < 0 || !S_ISFIFO(st.st_mode)) {
+                (void) snprintf(buf, size, "stdin must be the kernel's core pipe, not %s",
+                                in_fd < 0 ? "closed" : S_ISCHR(st.st_mode) ? (isatty(in_fd) ? "a terminal" :
+                                "a device") : S_ISREG(st.st_mode) ? "a regular file" : S_ISSOCK(st.st_mode) ?
+                                "a socket" : "something else");
+                return buf;
+        }
+        return NULL;
 }
 
 static void read_boot_id(Crash *c, const char *proc_root) {
@@ -122,7 +154,8 @@ static const char *admit(Crash *c, int spool_fd) {
                 else if ((uint64_t) r > s->max_per_exe_per_minute)
                         return "max_per_exe_per_minute";
         }
-        r = capture_space_ok(spool_fd, s, estimate);
+        /* At least the headroom the capture's first check asks for: a dump let in here must get its first bytes. */
+        r = capture_space_ok(spool_fd, s, MAX(estimate, (uint64_t) CAPTURE_SPACE_STEP));
         if (r < 0)
                 (void) log_errno(LOG_WARNING, r, "Failed to check free space, ignoring: %m");
         else if (r == 0)
@@ -219,7 +252,8 @@ static void restore_limit(Crash *c, uint64_t configured) {
 int main(int argc, char *argv[]) {
         Crash c = {};
         SpoolRecord record = { .fd = -1 };
-        const char *settings_path, *proc_root;
+        const char *settings_path, *proc_root, *refused;
+        char why[PATH_MAX + 128];
         uint64_t configured_limit;
         int in_fd, spool_fd, core_fd = -1, r;
 
@@ -243,18 +277,24 @@ int main(int argc, char *argv[]) {
                 char usage[128];
 
                 format_specifiers(usage, sizeof usage);
-                log_full(LOG_ERR, "Usage: csplice %s", usage);
+                log_usage("Usage: csplice %s, started by the kernel", usage);
                 return EXIT_USAGE;
         }
         for (int i = 1; i < argc && i - 1 < _ARG_MAX; i++)
                 c.argv[i - 1] = argv[i][0] ? argv[i] : NULL;
-        if (argc - 1 < _ARG_REQUIRED && !c.socket_mode)
-                log_full(LOG_WARNING, "Only %d of %d core_pattern arguments given, recording what there is",
-                         argc - 1, _ARG_REQUIRED);
 
         /* The kernel passes no environment, so these only ever come from tests and benchmarks. */
         settings_path = getenv("CSPLICE_SETTINGS") ?: CSPLICE_SETTINGS_PATH;
         proc_root = getenv("CSPLICE_PROC_ROOT") ?: "/proc";
+        /* Pipe mode here; a socket peer is checked below, once the settings are read (socket_identify). */
+        refused = c.socket_mode ? NULL : check_caller(&c, in_fd, proc_root, why, sizeof why);
+        if (refused) {
+                log_usage("%s; nothing stored", refused);
+                return EXIT_USAGE;
+        }
+        if (argc - 1 < _ARG_REQUIRED && !c.socket_mode)
+                log_full(LOG_WARNING, "Only %d of %d core_pattern arguments given, recording what there is",
+                         argc - 1, _ARG_REQUIRED);
         if (settings_load(&c.settings, settings_path) < 0)
                 log_full(LOG_WARNING, "%s", c.settings.error);
 
@@ -327,7 +367,15 @@ int main(int argc, char *argv[]) {
                 c.elf_magic = pread(core_fd, magic, sizeof magic, 0) == sizeof magic &&
                               memcmp(magic, "\177ELF", 4) == 0;
                 c.has_core = true;
-                if (!c.elf_magic)
+                if (c.capture.written == 0) {
+                        /* Nothing kept (the floor or a limit hit before the first byte, or no byte came): a
+                         * metadata-only record says so, an empty core file would look like a dump. */
+                        c.dropped = c.capture.truncated ?: "empty";
+                        c.has_core = false;
+                        r = spool_discard_core(spool_fd, c.id);
+                        if (r < 0)
+                                (void) log_errno(LOG_WARNING, r, "Failed to remove the empty core file, ignoring: %m");
+                } else if (!c.elf_magic)
                         log_full(LOG_WARNING, "Dump of PID %s is not an ELF file (%llu bytes), keeping it as it is",
                                  c.argv[ARG_PID] ?: "?", (unsigned long long) c.capture.written);
         } else if (!c.socket.handshake)
@@ -337,10 +385,10 @@ int main(int argc, char *argv[]) {
         /* The process is released once the pipe is drained; closing it also ends a timed-out dump. */
         (void) close(in_fd);
 
-        if (c.capture.truncated && c.capture.error)
+        if (c.has_core && c.capture.truncated && c.capture.error)
                 (void) log_errno(LOG_WARNING, c.capture.error, "Dump of PID %s truncated at %llu bytes (%s): %m",
                                  c.argv[ARG_PID] ?: "?", (unsigned long long) c.capture.written, c.capture.truncated);
-        else if (c.capture.truncated)
+        else if (c.has_core && c.capture.truncated)
                 log_full(LOG_WARNING, "Dump of PID %s truncated at %llu bytes (%s)", c.argv[ARG_PID] ?: "?",
                          (unsigned long long) c.capture.written, c.capture.truncated);
         if (c.dropped && c.socket.handshake)
@@ -350,7 +398,7 @@ int main(int argc, char *argv[]) {
                 log_full(LOG_WARNING, "Dump of PID %s not kept (%s), %llu bytes discarded, recording metadata only",
                          c.argv[ARG_PID] ?: "?", c.dropped, (unsigned long long) c.capture.drained);
 
-        if (core_fd >= 0) {
+        if (c.has_core) {
                 r = spool_publish_core(spool_fd, c.id, c.settings.fsync, core_fd);
                 if (r < 0) {
                         (void) log_errno(LOG_ERR, r, "Failed to publish core %s: %m", c.id);

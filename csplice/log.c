@@ -14,16 +14,31 @@
 #define LINE_MAX_LEN 512
 
 static int log_fd = -1;
+static int usage_fd = -1; /* the stderr we were started with, if any: where a person reads a usage error */
 static bool log_is_kmsg;
 static char errors[MAX_ERRORS][LINE_MAX_LEN];
 static unsigned n_errors;
 
+/* Moves fd above stdio: the kernel starts us with fds 1 and 2 closed, so a fresh fd lands there, and stdio is
+ * pointed at /dev/null right after, which would replace it. */
+static int above_stdio(int fd) {
+        int moved;
+
+        if (fd < 0 || fd > STDERR_FILENO)
+                return fd;
+        moved = fcntl(fd, F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
+        (void) close(fd);
+        return moved;
+}
+
 void log_open(void) {
+        /* Only an fd 2 we were given counts: fcntl() fails on a closed one. */
+        usage_fd = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
         if (getenv("CSPLICE_LOG_STDERR")) {
-                log_fd = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3);
+                log_fd = usage_fd;
                 return;
         }
-        log_fd = open("/dev/kmsg", O_WRONLY | O_NOCTTY | O_CLOEXEC);
+        log_fd = above_stdio(open("/dev/kmsg", O_WRONLY | O_NOCTTY | O_CLOEXEC));
         log_is_kmsg = log_fd >= 0;
 }
 
@@ -45,6 +60,23 @@ static void log_vline(int prio, const char *fmt, va_list ap) {
                 n = snprintf(line, sizeof line, "csplice[%d]: %s\n", (int) getpid(), msg);
         if (n > 0)
                 (void) write_full(log_fd, line, MIN((size_t) n, sizeof line - 1));
+}
+
+void log_usage(const char *fmt, ...) {
+        char msg[LINE_MAX_LEN];
+        va_list ap;
+        int n;
+
+        va_start(ap, fmt);
+        if (usage_fd < 0 || usage_fd == log_fd) {
+                log_vline(LOG_ERR, fmt, ap);
+                va_end(ap);
+                return;
+        }
+        n = vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        if (n > 0)
+                (void) dprintf(usage_fd, "csplice: %s\n", msg);
 }
 
 void log_full(int prio, const char *fmt, ...) {

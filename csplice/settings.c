@@ -31,7 +31,7 @@ int strategy_from_string(const char *s) {
 }
 
 /* The keys of csplice.conf, one line each: corehandler renders every [capture] option of its config under the
- * same name (tests/unit/test_csplice_contract.py holds the two sides together). */
+ * same name (tests/local/test_csplice_contract.py holds the two sides together). */
 #define SETTING(key, type) { #key, type, offsetof(Settings, key) }
 const SettingDef setting_table[] = {
         SETTING(spool_dir, SETTING_PATH),

@@ -176,6 +176,13 @@ int spool_publish_core(int dirfd, const char *id, bool do_fsync, int fd) {
         return renameat(dirfd, from, dirfd, to) < 0 ? -errno : 0;
 }
 
+int spool_discard_core(int dirfd, const char *id) {
+        char name[SPOOL_ID_MAX + 16];
+
+        (void) snprintf(name, sizeof name, ".tmp.%s.core", id);
+        return unlinkat(dirfd, name, 0) < 0 ? -errno : 0;
+}
+
 int spool_create_record(int dirfd, const char *id, uint64_t reserve, bool named_ok, SpoolRecord *ret) {
         int fd, r;
 

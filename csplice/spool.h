@@ -26,6 +26,9 @@ int spool_create_core(int dirfd, char id[SPOOL_ID_MAX]);
 /* Renames ".tmp.<id>.core" to "<id>.core". */
 int spool_publish_core(int dirfd, const char *id, bool do_fsync, int fd);
 
+/* Removes ".tmp.<id>.core": the capture kept nothing of the dump. The fd stays locked until closed. */
+int spool_discard_core(int dirfd, const char *id);
+
 typedef struct SpoolRecord {
         int fd;
         char tmp_name[SPOOL_ID_MAX + 16]; /* "" when the file is unnamed (O_TMPFILE) until the commit */

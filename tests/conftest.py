@@ -1,33 +1,62 @@
 """Shared fixtures and the tier gates.
 
-Tiers: unit (fakes only, always), system (root, the live kernel, real journald and Prometheus), kernel (qemu).
-Tests that need more than a plain user say so with a marker; the gates below skip them with the reason when
-the machine does not meet it, and the header line says which tiers can run.
+Tiers (directories): unit (pure Python, starts no process), local (builds and runs csplice, the feeder, the
+daemon, the CLI as processes on this machine, nothing of the host's touched), system (root, the live kernel,
+real journald and Prometheus), kernel (qemu). Tests that need more than a plain user say so with a marker
+(pyproject.toml); the gates below skip them with the reason when the machine does not meet every need, and the
+header line says which tiers run. In CI (CI=true, or `--ci`) a skipped test fails the run: there every tier
+runs, so a skip is a tier that vanished.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
 from corehandler import paths
 
-from support import cbuild, host_core, s3server
+from support import cbuild, host_core, host_state, s3server
+
+HERE = Path(__file__).resolve().parent
+
 
 def _is_root() -> bool:
     return os.geteuid() == 0
 
 
+def _kernel_matrix():
+    """tests/kernel/kernel_matrix.py, loaded once under its own name (test_kernels.py imports the same)."""
+    if "kernel_matrix" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("kernel_matrix", HERE / "kernel" / "kernel_matrix.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["kernel_matrix"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["kernel_matrix"]
+
+
+def _missing_tools(*tools: str) -> list[str]:
+    return [tool for tool in tools if not shutil.which(tool)]
+
+
 def _why_not(marker: str) -> str | None:
+    """Why the tests carrying marker cannot run here, or None when every need is met."""
     if marker in ("root", "live_kernel", "deb") and not _is_root():
         return f"{marker} tests need root"
-    if marker == "qemu" and not shutil.which("qemu-system-x86_64"):
-        return "qemu tests need qemu-system-x86_64 (apt-get install qemu-system-x86)"
-    if marker == "prometheus" and not shutil.which("prometheus"):
-        return "prometheus tests need the prometheus server (apt-get install prometheus)"
+    if marker == "qemu":
+        if _missing_tools("qemu-system-x86_64"):
+            return "qemu tests need qemu-system-x86_64 (apt-get install qemu-system-x86)"
+        km = _kernel_matrix()
+        try:
+            km.kernel_images(km.kernel_dir())
+        except km.MatrixError as e:
+            return f"qemu tests need kernel images: {e}"
+    if marker == "prometheus" and (missing := _missing_tools("prometheus", "promtool")):
+        return f"prometheus tests need {' and '.join(missing)} (apt-get install prometheus)"
     if marker == "journald" and not Path("/lib/systemd/systemd-journald").exists():
         return "journald tests need systemd-journald (apt-get install systemd)"
     if marker == "journald" and not _is_root():
@@ -40,22 +69,46 @@ def _why_not(marker: str) -> str | None:
 GATED = ("root", "live_kernel", "qemu", "journald", "prometheus", "deb", "s3")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--ci", action="store_true", default=False,
+                     help="CI mode (also CI=true): every tier must run, a skipped test fails the run")
+
+
+def _ci(config) -> bool:
+    return config.getoption("--ci") or os.environ.get("CI", "").lower() in ("true", "1", "yes")
+
+
+def pytest_configure(config):
+    # Decided once, before any fixture clears COREHANDLER_* from the environment (the kernel gate reads it).
+    config._corehandler_gates = {marker: _why_not(marker) for marker in GATED}
+
+
 def pytest_report_header(config):
-    tiers = []
-    for marker in GATED:
-        why = _why_not(marker)
-        tiers.append(f"{marker}: " + ("runs" if why is None else f"skipped ({why})"))
-    return "corehandler tiers: unit: runs; " + "; ".join(tiers)
+    gates = config._corehandler_gates
+    tiers = [f"{marker}: " + ("runs" if why is None else f"skipped ({why})") for marker, why in gates.items()]
+    mode = "; CI: a skip fails the run" if _ci(config) else ""
+    return "corehandler tiers: unit: runs; local: runs; " + "; ".join(tiers) + mode
 
 
 def pytest_collection_modifyitems(config, items):
+    gates = config._corehandler_gates
     for item in items:
         for marker in GATED:
-            if item.get_closest_marker(marker):
-                why = _why_not(marker)
-                if why:
-                    item.add_marker(pytest.mark.skip(reason=why))
-                    break
+            if item.get_closest_marker(marker) and gates[marker]:
+                item.add_marker(pytest.mark.skip(reason=gates[marker]))
+                break
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """In CI a skip is a failure, with the skip's reason: the header promised every tier runs there."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and _ci(item.config) and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        report.outcome = "failed"
+        report.longrepr = f"skipped in CI, where every tier must run: {reason}"
 
 
 @pytest.fixture(autouse=True)
@@ -111,3 +164,21 @@ def s3_private(tmp_path):
     server = _start_s3(tmp_path / "s3")
     yield server
     server.stop()
+
+
+HOST_MARKERS = ("root", "live_kernel", "deb", "journald")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _host_left_as_found(request):
+    """The run leaves the host as it found it (tests/support/host_state.py says what that covers). Checked in
+    runs with tests that run as root on the host's own files (the full suite, CI); a run of the other tiers
+    alone does not wait for the host lock, which another run's system tests may hold for minutes."""
+    if not any(item.get_closest_marker(m) for item in request.session.items for m in HOST_MARKERS):
+        yield
+        return
+    before = host_state.locked_snapshot()
+    yield
+    changed = host_state.changes(before, host_state.locked_snapshot())
+    if changed:
+        pytest.fail("the test run changed the host:\n  " + "\n  ".join(changed), pytrace=False)

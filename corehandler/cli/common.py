@@ -14,7 +14,7 @@ from typing import BinaryIO, Callable
 
 from corehandler.config import Config, load_config
 from corehandler.errors import SystemFailure, UsageError
-from corehandler.paths import Paths
+from corehandler.paths import DEFAULT_STATE_DIR, Paths
 
 Handler = Callable[[argparse.Namespace], "int | None"]
 
@@ -42,7 +42,9 @@ def global_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config-dir", type=Path, metavar="DIR",
                         help="configuration directory (default /etc/corehandler)")
     parser.add_argument("--state-dir", type=Path, metavar="DIR",
-                        help="state directory, overriding state_dir in the config (default /var/lib/corehandler)")
+                        help="state directory, overriding state_dir in the config (default /var/lib/corehandler); "
+                             "another than the default is another installation, with the supervised daemon's pid "
+                             "files and log in DIR/run and DIR/log, so it never stops or answers for the host's")
     parser.add_argument("--json", action="store_true", help="print results as JSON")
 
 
@@ -52,7 +54,9 @@ def base_paths(args: argparse.Namespace) -> Paths:
     if args.config_dir is not None:
         overrides["config_dir"] = args.config_dir.absolute()
     if args.state_dir is not None:
-        overrides["state_dir"] = args.state_dir.absolute()
+        overrides["state_dir"] = state_dir = args.state_dir.absolute()
+        if state_dir != DEFAULT_STATE_DIR:
+            overrides.update(run_dir=state_dir / "run", log_dir=state_dir / "log")
     return Paths(**overrides)
 
 

@@ -9,8 +9,9 @@ from corehandler.strategy import STRATEGIES
 
 SPECIFIERS = tuple(spec.removeprefix("%") for spec in (*_ARGV.split(), PIDFD_SPECIFIER))
 TRUNCATED_REASONS = (None, "max_dump_size", "min_free", "timeout", "read_error", "write_error", "rlimit_core")
+# Admission's reasons, then the capture's when it kept not one byte ("empty": none came).
 DROPPED_REASONS = (None, "max_pending", "max_per_exe_per_minute", "min_free", "create_failed", "rlimit_core",
-                   "max_dump_size", "socket_error")
+                   "max_dump_size", "socket_error", "timeout", "read_error", "write_error", "empty")
 SOCKET_ERRORS = (None, "peer_gone", "bad_request_size", "bad_ack_size", "kernel_unsupported", "reject_unsupported",
                  "short_ack", "short_mark", "ack_refused", "read_error")
 SOCKET = {"handshake": bool, "request_size": int, "request_mask": int, "ack_mask": int, "rejected": bool,

@@ -26,9 +26,10 @@ def feed(feeder: Path, csplice: Path, settings: Path, *, size: int, pid: int = 4
     spool_dir = Path(next(line.split("=", 1)[1].strip() for line in settings.read_text().splitlines()
                           if line.startswith("spool_dir=")))
     before = set(os.listdir(spool_dir)) if spool_dir.exists() else set()
-    # An empty proc root: csplice must not read an unrelated host process that happens to have this PID.
+    # A proc root where the PID is alive (csplice refuses a dead one) but shows nothing: csplice must not read
+    # an unrelated host process that happens to have this PID.
     proc_root = proc_root or settings.parent / "noproc"
-    proc_root.mkdir(exist_ok=True)
+    (proc_root / str(pid)).mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, CSPLICE_SETTINGS=str(settings), CSPLICE_PROC_ROOT=str(proc_root),
                CSPLICE_LOG_STDERR="1")
     args = [str(feeder), "--size", str(size), "--pid", str(pid)] + (["--zero-regions"] if zero_regions else [])

@@ -9,7 +9,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -54,15 +54,22 @@ def live(tmp_path, host_core_settings):
 
 
 def serve(base):
-    """`corehandler serve`, returned once it watches the spool (its log lines up to then are in .started)."""
+    """`corehandler serve`, returned once it watches the spool. Its log lines arrive in .lines as it writes
+    them (a reader thread), so a test waits for what the daemon says instead of sleeping."""
     proc = subprocess.Popen(base + ["serve", "--sweep-interval", "1"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
-    proc.started = []
-    while not proc.started or "Watching" not in proc.started[-1]:
+    proc.lines = []
+    while not proc.lines or "Watching" not in proc.lines[-1]:
         line = proc.stderr.readline()
-        assert line, f"serve exited: {proc.started}"
-        proc.started.append(line)
+        assert line, f"serve exited: {proc.lines}"
+        proc.lines.append(line)
+    proc.reader = threading.Thread(target=lambda: proc.lines.extend(iter(proc.stderr.readline, "")), daemon=True)
+    proc.reader.start()
     return proc
+
+
+def logged(proc, text: str) -> bool:
+    return any(text in line for line in list(proc.lines))
 
 
 def stop(proc):
@@ -71,7 +78,8 @@ def stop(proc):
         assert proc.wait(30) == 0
     finally:
         proc.kill()
-    return proc.stderr.read()
+    proc.reader.join(30)
+    return "".join(proc.lines)
 
 
 def spool_records(state: Path) -> list[str]:
@@ -86,7 +94,6 @@ def test_crashes_are_ingested_listed_dumped_and_debuggable(live, tmp_path):
     # First crash with no daemon running: csplice spools it; its raw core is the reference.
     proc = serve(base)  # writes csplice.conf for this state dir, then is stopped
     wait_for(lambda: (state / "spool").exists() and paths.CSPLICE_SETTINGS.exists(), what="serve started")
-    time.sleep(0.5)
     stop(proc)
     assert f"spool_dir={state / 'spool'}" in paths.CSPLICE_SETTINGS.read_text()
     r = crash(crasher, "segv", mib=16)
@@ -153,7 +160,7 @@ def test_sighup_reloads_config_and_rewrites_csplice_settings(live, tmp_path):
         good = toml.read_text()
         toml.write_text("[compression]\nlevel = 99\n")
         proc.send_signal(signal.SIGHUP)
-        time.sleep(1)
+        wait_for(lambda: logged(proc, "Reload failed, keeping the running configuration"), what="refused reload")
         assert proc.poll() is None
         assert "max_dump_size=1048576" in paths.CSPLICE_SETTINGS.read_text()  # left as it was
         toml.write_text(good)

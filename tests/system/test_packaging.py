@@ -80,6 +80,12 @@ def clean_host(host_core_settings):
         if os.path.lexists(path):
             aside[path] = path.with_name(f"{path.name}.before-package-test-{os.getpid()}")
             os.rename(path, aside[path])
+    # The host's own supervised daemon (scripts/setup's) shares /run/corehandler with the package's: it is
+    # stopped for the test and started again after, by the interpreter that ran it.
+    host_python = live_supervisor_python()
+    if host_python:
+        subprocess.run([host_python, "-m", "corehandler.supervise", "stop"], check=True, capture_output=True,
+                       timeout=60)
     for name, value in FOREIGN.items():
         Path("/proc/sys", name).write_text(value + "\n")
     try:
@@ -91,6 +97,20 @@ def clean_host(host_core_settings):
             if os.path.lexists(path):
                 shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
             os.rename(moved, path)
+        if host_python:
+            subprocess.run([host_python, "-m", "corehandler.supervise", "start"], check=True, capture_output=True,
+                           timeout=60)
+
+
+def live_supervisor_python() -> str | None:
+    """The interpreter of the host's running supervisor (from its pid file), or None when none runs."""
+    from corehandler import supervise
+    from corehandler.paths import Paths
+
+    current = supervise.status(Paths())
+    if not current.running or current.pid is None:
+        return None
+    return os.fsdecode(Path(f"/proc/{current.pid}/cmdline").read_bytes().split(b"\0")[0])
 
 
 def test_lintian_finds_no_errors(deb):

@@ -1,10 +1,12 @@
-"""corehandler.strategy: telling a COREDUMP_USE_PIPE kernel from a stock one by its kallsyms."""
+"""corehandler.strategy: telling a COREDUMP_USE_PIPE kernel from a stock one by its kallsyms, and what
+`strategy = "auto"` then renders into csplice.conf. (That csplice knows every name: test_csplice_contract.py.)"""
 
 from __future__ import annotations
 
 import pytest
 
-from corehandler import strategy
+from corehandler import config, strategy
+from corehandler.paths import Paths
 
 STOCK = b"""\
 ffffffff81000000 T _stext
@@ -19,6 +21,11 @@ PATCHED_RESTRICTED = b"0000000000000000 T dump_emit\n0000000000000000 T vmsplice
 LOOKALIKES = b"ffffffff81760000 T vmsplice_to_pipe_v2\nffffffff81760000 T __vmsplice_to_pipe\n"
 
 
+def rendered_strategy(proc_root, capture: dict | None = None) -> str:
+    cfg = config.Config.model_validate({"capture": capture or {}})
+    return config.csplice_settings(cfg, Paths(proc_root=proc_root))["strategy"]
+
+
 @pytest.mark.parametrize("kallsyms,patched", [
     (STOCK, False),
     (b"ffffffff8175c1f0 T dump_emit\n", False),  # inlined away: not there at all
@@ -27,24 +34,24 @@ LOOKALIKES = b"ffffffff81760000 T vmsplice_to_pipe_v2\nffffffff81760000 T __vmsp
     (LOOKALIKES, False),
     (b"", False),
 ])
-def test_kernel_kind_from_kallsyms(tmp_path, kallsyms, patched):
+def test_auto_follows_the_kind_of_kernel(tmp_path, kallsyms, patched):
+    """A patched kernel vmsplices the process's own pages into the pipe, so a splicing handler copies them
+    never; on a stock kernel the pipe holds the kernel's copy and read/write measured best."""
     (tmp_path / "kallsyms").write_bytes(kallsyms)
     assert strategy.kernel_vmsplices_cores(tmp_path) is patched
-    expected = strategy.PATCHED_KERNEL_STRATEGY if patched else strategy.STOCK_KERNEL_STRATEGY
-    assert strategy.choose_strategy(tmp_path) == expected
+    chosen = rendered_strategy(tmp_path)
+    assert chosen.startswith("splice") is patched, chosen
+
+
+def test_a_configured_strategy_is_not_second_guessed(tmp_path):
+    (tmp_path / "kallsyms").write_bytes(PATCHED)
+    assert rendered_strategy(tmp_path, {"strategy": "rw2"}) == "rw2"
+    assert rendered_strategy(tmp_path).startswith("splice")
 
 
 def test_unreadable_kallsyms_reads_as_stock(tmp_path):
+    """Unreadable reads as stock: the stock choice is never slow on a patched kernel, the reverse can be."""
     assert strategy.kernel_vmsplices_cores(tmp_path) is False  # no kallsyms at all
     (tmp_path / "kallsyms").mkdir()
-    assert strategy.choose_strategy(tmp_path) == strategy.STOCK_KERNEL_STRATEGY
-
-
-def test_choices_are_strategies_csplice_knows():
-    assert strategy.STOCK_KERNEL_STRATEGY in strategy.STRATEGIES
-    assert strategy.PATCHED_KERNEL_STRATEGY in strategy.STRATEGIES
-
-
-def test_this_kernel(tmp_path):
-    """The host's own kallsyms parses either way (this 6.18 build is a stock one)."""
-    assert strategy.choose_strategy() in strategy.STRATEGIES
+    assert strategy.kernel_vmsplices_cores(tmp_path) is False
+    assert not rendered_strategy(tmp_path).startswith("splice")

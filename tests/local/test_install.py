@@ -1,4 +1,4 @@
-"""install / uninstall / status against a fake host (tests/unit/fakehost.py): no root, nothing of the host's."""
+"""install / uninstall / status against a fake host (tests/local/fakehost.py): no root, nothing of the host's."""
 
 from __future__ import annotations
 

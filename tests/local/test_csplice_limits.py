@@ -117,6 +117,24 @@ def test_stalled_writer_hits_the_timeout(handler, strategy):
     assert cap["bytes"] == 100_004 and cap["elf_magic"]
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_timeout_before_the_first_byte_keeps_metadata_only(handler, strategy):
+    """A capture that kept nothing is a metadata-only record with its reason, not an empty core file."""
+    handler.configure(strategy=strategy, timeout=1)
+    r, w = os.pipe()
+    proc = subprocess.Popen([str(paths.csplice_path()), *core_args(os.getpid())], stdin=r,
+                            env=handler.environment(), stderr=subprocess.PIPE)
+    os.close(r)
+    try:
+        assert proc.wait(timeout=30) == 0
+    finally:
+        os.close(w)
+    (record,) = handler.records().values()
+    cap = record["capture"]
+    assert record["core"] is None and (cap["dropped"], cap["dropped_reason"], cap["bytes"]) == (True, "timeout", 0)
+    assert spool_files(handler.spool) == [f"{record['id']}.json"]
+
+
 def _mount_tmpfs(where, size: str):
     where.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(where)], check=True)
@@ -151,6 +169,19 @@ def test_free_space_floor_already_crossed_keeps_metadata_only(small_fs):
     result = handler.feed(8 * MiB)
     assert result.returncode == 0
     assert result.capture["dropped_reason"] == "min_free" and result.capture["drained_bytes"] == 8 * MiB
+
+
+@pytest.mark.root
+def test_floor_within_one_space_check_keeps_metadata_only(small_fs):
+    """Free space above the floor, but by less than the capture's first check asks for: admission used to let
+    the dump in and the capture then kept none of it, an empty core indexed as "truncated present 0B"."""
+    (small_fs / "filler").write_bytes(b"\1" * (40 * MiB))
+    handler = Handler(small_fs / "h", settings={"min_free": 16 * MiB})
+    result = handler.feed(8 * MiB)
+    assert result.returncode == 0, result.stderr
+    cap = result.capture
+    assert result.record["core"] is None and (cap["dropped_reason"], cap["drained_bytes"]) == ("min_free", 8 * MiB)
+    assert [n for n in spool_files(handler.spool) if n.endswith(".core")] == []
 
 
 @pytest.mark.root

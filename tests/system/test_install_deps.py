@@ -1,0 +1,59 @@
+"""scripts/install-deps leaves the host's crash handler alone: a package's postinst that takes the handler (as
+systemd-coredump's applies its sysctl.d file) is undone live, and its boot-time file is masked. apt-get and
+dpkg-query are stand-ins here that do what the real ones did on a fresh machine; the sysctls are the host's,
+under host_core_settings."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.root, pytest.mark.live_kernel]
+
+ROOT = Path(__file__).resolve().parents[2]
+MASK = Path("/etc/sysctl.d/50-coredump.conf")
+SYSTEMD_PATTERN = "|/lib/systemd/systemd-coredump %P %u %g %s %t 9223372036854775808 %h %d"
+
+
+def stand_ins(bin_dir: Path, installed: Path) -> None:
+    bin_dir.mkdir()
+    (bin_dir / "dpkg-query").write_text(f"""#!/bin/sh
+# -W -f=... NAME: installed only once the fake apt-get ran
+pkg=$(eval echo \\${{$#}})
+if [ -e {installed} ] || [ "$pkg" != systemd-coredump ] && [ "$pkg" != lintian ]; then
+    printf 'install ok installed'
+else
+    exit 1
+fi
+""")
+    (bin_dir / "apt-get").write_text(f"""#!/bin/sh
+[ "$1" = update ] && exit 0
+touch {installed}
+# what systemd-coredump's postinst does: /lib/systemd/systemd-sysctl /usr/lib/sysctl.d/50-coredump.conf
+echo '{SYSTEMD_PATTERN}' > /proc/sys/kernel/core_pattern
+echo 16 > /proc/sys/kernel/core_pipe_limit
+""")
+    for tool in ("dpkg-query", "apt-get"):
+        (bin_dir / tool).chmod(0o755)
+
+
+def test_installing_test_deps_keeps_the_live_handler(host_core_settings, tmp_path):
+    if os.path.lexists(MASK):
+        pytest.fail(f"{MASK} exists already; this test would not see install-deps make it")
+    Path("/proc/sys/kernel/core_pattern").write_text("|/bin/false install-deps-test %p\n")
+    Path("/proc/sys/kernel/core_pipe_limit").write_text("3\n")
+    stand_ins(tmp_path / "bin", tmp_path / "installed")
+    try:
+        result = subprocess.run([str(ROOT / "scripts" / "install-deps"), "test"], capture_output=True, text=True,
+                                env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert (tmp_path / "installed").exists(), "the stand-in apt-get did not run"
+        assert Path("/proc/sys/kernel/core_pattern").read_text() == "|/bin/false install-deps-test %p\n"
+        assert Path("/proc/sys/kernel/core_pipe_limit").read_text() == "3\n"
+        assert os.readlink(MASK) == "/dev/null"
+    finally:
+        if MASK.is_symlink() and os.readlink(MASK) == "/dev/null":
+            MASK.unlink()
