@@ -36,6 +36,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from corehandler import __version__, facts
 from corehandler.atomicfile import write_atomic
+from corehandler.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,9 @@ class MetricsObserver:
     def __init__(self, *, exe_label_allowlist: Iterable[str] = (), textfile: str | os.PathLike | None = None,
                  store_dir: str | os.PathLike | None = None,
                  store_limit_bytes: Callable[[], int | None] | None = None,
-                 csplice_version: str | None = None) -> None:
+                 csplice_version: str | None = None, state_dir: str | os.PathLike | None = None) -> None:
+        """state_dir: where the index is; the store gauges (dumps, bytes, corrupt) are read from it at scrape
+        time, so a `vacuum` from the CLI shows at the next scrape, not at the daemon's next event."""
         # _created series would restart with every daemon even for seeded counters, which reads as a reset.
         disable_created_metrics()
         self._allow = tuple(name for name in exe_label_allowlist if name)
@@ -104,8 +107,6 @@ class MetricsObserver:
                                "Time of the most recent dump (the kernel's %t)", registry=r)
         self.backlog = Gauge("corehandler_ingest_backlog", "Committed spool records waiting to be ingested",
                              registry=r)
-        self.store_bytes = Gauge("corehandler_store_bytes", "Bytes the store's dumps take on disk", registry=r)
-        self.store_dumps = Gauge("corehandler_store_dumps", "Dumps in the store", registry=r)
         self.deletions = Counter("corehandler_retention_deletions", "Dumps removed by retention, by rule",
                                  ["rule"], registry=r)
         self.freed_bytes = Counter("corehandler_retention_freed_bytes", "Bytes freed by retention, by rule",
@@ -117,7 +118,7 @@ class MetricsObserver:
         Info("corehandler_build", "Versions of the running corehandler", registry=r).info(
             {"version": __version__, "csplice_version": csplice_version or "",
              "python_version": platform.python_version()})
-        r.register(_StoreCollector(store_dir, store_limit_bytes))
+        r.register(_StoreCollector(store_dir, store_limit_bytes, state_dir))
         self._server: ThreadingWSGIServer | None = None
         self._last_timestamp = 0.0
 
@@ -184,9 +185,7 @@ class MetricsObserver:
 
     def on_state(self, backlog: int, store_bytes: int, store_count: int) -> None:
         with self._guard("on_state"):
-            self.backlog.set(backlog)
-            self.store_bytes.set(store_bytes)
-            self.store_dumps.set(store_count)
+            self.backlog.set(backlog)  # the store's figures are read at scrape time (_StoreCollector)
             self.write_textfile()
 
     def close(self) -> None:
@@ -293,16 +292,32 @@ class _Forward:
 
 
 class _StoreCollector:
-    """The store's limit and its filesystem's size at scrape time; a failing probe gives no sample, not an error."""
+    """The store at scrape time: its dumps, bytes and corrupt dumps from the index (whoever changed it: the
+    daemon or the CLI), its limit, its filesystem's size. A failing probe gives no sample, not an error."""
 
     def __init__(self, store_dir: str | os.PathLike | None,
-                 limit: Callable[[], int | None] | None) -> None:
-        self.store_dir, self.limit = store_dir, limit
+                 limit: Callable[[], int | None] | None, state_dir: str | os.PathLike | None = None) -> None:
+        self.store_dir, self.limit, self.state_dir = store_dir, limit, state_dir
 
     def describe(self):
         return []
 
+    def _index(self):
+        if self.state_dir is None or not os.path.exists(os.path.join(self.state_dir, "index.sqlite")):
+            return
+        try:
+            with Store(Path(self.state_dir), readonly=True) as store:
+                (size, count), corrupt = store.totals(), len(store.corrupt())
+        except Exception as err:  # a damaged or busy index: no sample this scrape
+            log.debug("metrics: index of %s unreadable: %s", self.state_dir, err)
+            return
+        yield GaugeMetricFamily("corehandler_store_bytes", "Bytes the store's dumps take on disk", value=size)
+        yield GaugeMetricFamily("corehandler_store_dumps", "Dumps in the store", value=count)
+        yield GaugeMetricFamily("corehandler_store_corrupt_dumps", "Dumps in the store whose stored file failed "
+                                "a check (`corehandler list` shows which)", value=corrupt)
+
     def collect(self):
+        yield from self._index()
         if self.limit is not None:
             try:
                 value = self.limit()

@@ -10,8 +10,11 @@ import sys
 from corehandler.cli.common import load
 from corehandler.config import write_csplice_settings
 from corehandler.daemon import Daemon, Settings, replay_rows, settings_from_config
+from corehandler.errors import CorehandlerError
+from corehandler.install import csplice_version
 from corehandler.journal import JournalObserver
 from corehandler.metrics import MetricsObserver
+from corehandler.paths import csplice_path
 from corehandler.store import Store
 
 log = logging.getLogger("corehandler.serve")
@@ -31,8 +34,8 @@ def observers_for(config, paths, store_limit) -> tuple[list, list[str]]:
     if config.journal.enabled:
         observers.append(JournalObserver())
     if config.metrics.enabled or config.metrics.textfile:
-        metrics = MetricsObserver.from_config(config.metrics, store_dir=paths.store_dir,
-                                              store_limit_bytes=store_limit)
+        metrics = MetricsObserver.from_config(config.metrics, store_dir=paths.store_dir, state_dir=paths.state_dir,
+                                              store_limit_bytes=store_limit, csplice_version=_csplice_version())
         # Counters continue from what the index holds, tombstones of deleted dumps included, so a restart
         # does not read as a reset.
         if paths.index_path.exists():
@@ -46,6 +49,15 @@ def observers_for(config, paths, store_limit) -> tuple[list, list[str]]:
                                 f"{e.strerror}; dumps are still ingested")
         observers.append(metrics)
     return observers, problems
+
+
+def _csplice_version() -> str | None:
+    """`csplice --version`, for build_info; None (an empty label) when it cannot be run."""
+    try:
+        return csplice_version(csplice_path())
+    except CorehandlerError as e:
+        log.warning("%s; build_info has no csplice_version", e.message)
+        return None
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -58,7 +58,7 @@ def pids(out: str) -> list[int]:
 def test_list_is_the_default_verb(capsys, filled):
     code, out, _ = run(capsys, filled)
     assert code == 0
-    assert out.splitlines()[0].split() == ["TIME", "PID", "UID", "SIG", "STATUS", "COREFILE", "SIZE", "EXE"]
+    assert out.splitlines()[0].split() == ["TIME", "PID", "UID", "SIG", "STATUS", "COREFILE", "SIZE", "ID", "EXE"]
     assert pids(out) == [3001, 3002, 3003, 3004]
     assert "metadata_only  none" in out.splitlines()[4]
 

@@ -13,6 +13,7 @@ from prometheus_client.utils import floatToGoString
 
 from corehandler import metrics
 from corehandler.metrics import MetricsObserver
+from corehandler.store import Store, row_from_record
 from support.records import RecordMaker
 
 MIB = 1 << 20
@@ -172,14 +173,35 @@ def test_errors_by_kind_start_at_zero(tmp_path):
     assert value(samples(observer.exposition()), "corehandler_errors_total", kind="disk_full") == 1
 
 
+def _index_row(n: int, stored_bytes: int) -> dict:
+    record = {"schema": 1, "id": f"1796000000000{n:03d}-0123456789abcdef-{n}", "pid": n, "uid": 1000,
+              "signal": 11, "timestamp": 1_700_000_000 + n}
+    return row_from_record(record, status="ok", problem=None, path=f"{record['id']}.zst", raw_bytes=100,
+                           stored_bytes=stored_bytes, sha256=None)
+
+
 def test_state_and_store_gauges(tmp_path):
-    observer = MetricsObserver(store_dir=tmp_path, store_limit_bytes=lambda: 5000)
-    observer.on_state(backlog=4, store_bytes=1234, store_count=7)
+    """The store gauges come from the index at scrape time: what another process (`vacuum`, a corruption
+    mark) changed shows at the next scrape, with no daemon event in between."""
+    state = tmp_path / "state"
+    with Store(state) as store:
+        for n, size in ((1, 1000), (2, 234)):
+            store.insert(_index_row(n, size))
+    observer = MetricsObserver(store_dir=tmp_path, store_limit_bytes=lambda: 5000, state_dir=state)
+    observer.on_state(backlog=4, store_bytes=0, store_count=0)  # the event's figures no longer decide
     got = samples(observer.exposition())
     assert value(got, "corehandler_ingest_backlog") == 4
     assert value(got, "corehandler_store_bytes") == 1234
-    assert value(got, "corehandler_store_dumps") == 7
+    assert value(got, "corehandler_store_dumps") == 2
+    assert value(got, "corehandler_store_corrupt_dumps") == 0
     assert value(got, "corehandler_store_limit_bytes") == 5000
+    with Store(state) as store:  # as the CLI would: a deletion and a corruption mark, no event
+        first, second = store.all()
+        store.delete(first, "max_count")
+        store.mark_corrupt(second, "flipped bytes")
+    got = samples(observer.exposition())
+    assert value(got, "corehandler_store_bytes") == 234 and value(got, "corehandler_store_dumps") == 1
+    assert value(got, "corehandler_store_corrupt_dumps") == 1
     st = os.statvfs(tmp_path)
     assert value(got, "corehandler_store_filesystem_size_bytes") == st.f_blocks * st.f_frsize
     # A probe that fails gives no sample, never a failed scrape.
