@@ -275,9 +275,10 @@ def _store_summary(index_path: Path) -> dict | None:
     try:
         with Store(index_path.parent, readonly=True) as store:
             stored, count = store.totals()
+            corrupt = len(store.corrupt())
     except (StoreError, sqlite3.Error) as e:
         return {"path": str(index_path), "error": str(e)}
-    return {"path": str(index_path), "count": count, "bytes": stored}
+    return {"path": str(index_path), "count": count, "bytes": stored, "corrupt": corrupt}
 
 
 def _daemon_summary(paths: Paths) -> dict:
