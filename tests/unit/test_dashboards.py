@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from corehandler.metrics import MetricsObserver
+from corehandler.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "packaging/grafana/corehandler-dashboard.json"
@@ -73,7 +74,8 @@ def rule_exprs() -> list[str]:
 
 def exported_names(tmp_path: Path) -> set[str]:
     """Every sample name the observer exports once each kind of event has happened."""
-    observer = MetricsObserver(store_dir=tmp_path, store_limit_bytes=lambda: 1 << 30)
+    Store(tmp_path / "state").close()  # an index: the store gauges are read from it at scrape time
+    observer = MetricsObserver(store_dir=tmp_path, store_limit_bytes=lambda: 1 << 30, state_dir=tmp_path / "state")
     record = {"signal": 11, "timestamp": 1, "proc": {"exe": "/bin/x"},
               "capture": {"bytes": 10, "drained_bytes": 0, "ns": 1000, "throughput_bytes_per_second": 1e7,
                           "complete": True}, "handler": {"started_realtime_ns": 1}}
