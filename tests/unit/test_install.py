@@ -272,7 +272,7 @@ def test_status_counts_spool_and_store(host):
     st = install.status(Config(), host.paths, csplice=host.csplice)
     assert st["spool"]["pending"] == 3
     assert st["spool"]["bytes"] >= 3 * 8196
-    assert st["store"] == {"path": str(host.paths.index_path), "count": 2, "bytes": 3000}
+    assert st["store"] == {"path": str(host.paths.index_path), "count": 2, "bytes": 3000, "corrupt": 0}
 
 
 def test_status_reports_an_unreadable_index_instead_of_failing(host):
