@@ -35,6 +35,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 from common import filesystem_of, machine, markdown_table, median, paired_ratio  # noqa: E402
 
 from corehandler import paths  # noqa: E402
+from corehandler.install import PIDFD_SPECIFIER, SPECIFIERS  # noqa: E402
 from support.crash import build_crasher  # noqa: E402
 from support.host_core import host_core_settings  # noqa: E402
 from support.waiting import wait_for  # noqa: E402
@@ -47,12 +48,12 @@ RW_LOOP = "loop"
 
 # csplice as it can be configured: strategy, bytes per system call, core pipe size (0 = the kernel's 64 KiB).
 CSPLICE = {
-    "rw": {"strategy": "rw", "chunk_bytes": 64 * 1024, "pipe_bytes": 0},
-    "rw-256K-1M": {"strategy": "rw", "chunk_bytes": 256 * 1024, "pipe_bytes": MiB},
-    "rw-1M": {"strategy": "rw", "chunk_bytes": MiB, "pipe_bytes": MiB},
-    "splice": {"strategy": "splice", "chunk_bytes": 64 * 1024, "pipe_bytes": 0},
-    "rw2-1M": {"strategy": "rw2", "chunk_bytes": MiB, "pipe_bytes": MiB},
-    "splice2-256K-1M": {"strategy": "splice2", "chunk_bytes": 256 * 1024, "pipe_bytes": MiB},
+    "rw": {"strategy": "rw", "chunk_size": 64 * 1024, "pipe_size": 0},
+    "rw-256K-1M": {"strategy": "rw", "chunk_size": 256 * 1024, "pipe_size": MiB},
+    "rw-1M": {"strategy": "rw", "chunk_size": MiB, "pipe_size": MiB},
+    "splice": {"strategy": "splice", "chunk_size": 64 * 1024, "pipe_size": 0},
+    "rw2-1M": {"strategy": "rw2", "chunk_size": MiB, "pipe_size": MiB},
+    "splice2-256K-1M": {"strategy": "splice2", "chunk_size": 256 * 1024, "pipe_size": MiB},
 }
 BASELINES = ("cat", RW_LOOP, FLOOR)
 LABELS = {
@@ -71,7 +72,7 @@ METHODS = tuple(CSPLICE) + BASELINES
 
 def csplice_settings(spool: Path, tuning: dict) -> str:
     # Limits off: a benchmark is a crash storm by design.
-    lines = {"spool_dir": spool, "max_pending": 0, "max_per_exe_per_minute": 0, "min_free_percent": 0,
+    lines = {"spool_dir": spool, "max_pending": 0, "max_per_exe_per_minute": 0, "min_free": 0,
              "sparse": "yes", **tuning}
     return "".join(f"{k}={v}\n" for k, v in lines.items())
 
@@ -165,7 +166,7 @@ def live(tools: Tools, workloads, methods) -> dict:
                     argv = tools.handler_argv(method, str(tools.out / "core.%P"))
                     if method in CSPLICE:
                         conf.write_text(csplice_settings(tools.spool, CSPLICE[method]))
-                        argv += "%P %i %I %u %g %d %s %t %c %h %e %F".split()
+                        argv += f"{SPECIFIERS} {PIDFD_SPECIFIER}".split()
                     pattern = "|" + " ".join(argv)
                     assert len(pattern) <= 127, pattern
                     Path("/proc/sys/kernel/core_pattern").write_text(pattern)

@@ -39,12 +39,12 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 from common import filesystem_of, machine, markdown_table, median, paired_ratio  # noqa: E402
 
 from corehandler import compress, paths  # noqa: E402
+from corehandler.install import SPECIFIERS  # noqa: E402
 from support.crash import build_crasher  # noqa: E402
 from support.host_core import host_core_settings  # noqa: E402
 from support.waiting import wait_for  # noqa: E402
 
 MiB = 1 << 20
-ARGS = "%P %i %I %u %g %d %s %t %c %h %e"
 LEVELS = (1, 3, 6)
 THREADS = (1, 2)
 WORK = Path("/tmp/daemon-bench")
@@ -57,7 +57,7 @@ def _allow_core():
 def csplice_conf(spool: Path) -> str:
     spool.mkdir(mode=0o700, parents=True, exist_ok=True)
     return "".join(f"{k}={v}\n" for k, v in {"spool_dir": spool, "max_pending": 0, "max_per_exe_per_minute": 0,
-                                               "min_free_percent": 0, "strategy": "rw"}.items())
+                                               "min_free": 0, "strategy": "rw"}.items())
 
 
 def set_pattern(pattern: str) -> None:
@@ -97,7 +97,7 @@ def capture_cores(crasher: Path, dense_mib: int) -> dict[str, Path]:
     shutil.rmtree(WORK / "capture", ignore_errors=True)
     cores.mkdir(parents=True, exist_ok=True)
     paths.CSPLICE_SETTINGS.write_text(csplice_conf(spool))
-    set_pattern(f"|{paths.csplice_path()} {ARGS}")
+    set_pattern(f"|{paths.csplice_path()} {SPECIFIERS}")
     kinds = {"dense": [str(crasher), "segv", str(dense_mib)],
              "sparse": [str(crasher), "segv", str(dense_mib * 2), "--untouched-half"],
              "typical (python3)": ["python3", "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"]}
@@ -157,7 +157,7 @@ def bench_crash_to_indexed(crasher: Path, sizes: list[int], runs: int) -> str:
     (etc / "corehandler.toml").write_text(
         "[capture]\nmin_free = \"0\"\nmax_per_exe_per_minute = 0\nstrategy = \"rw\"\n[metrics]\nenabled = false\n"
         "[journal]\nenabled = false\n[retention]\nkeep_free = \"0\"\nmax_use = \"0\"\n")
-    set_pattern(f"|{paths.csplice_path()} {ARGS}")
+    set_pattern(f"|{paths.csplice_path()} {SPECIFIERS}")
     daemon = subprocess.Popen([sys.executable, "-P", "-m", "corehandler", "--config-dir", str(etc),
                                "--state-dir", str(state), "serve"], stderr=subprocess.PIPE, text=True)
     rows = []
@@ -228,7 +228,7 @@ def bench_systemd_coredump(crasher: Path, mib: int, runs: int) -> str:
         ours, theirs = [], []
         argv = [str(crasher), "segv", str(mib)]
         for i in range(runs):
-            set_pattern(f"|{paths.csplice_path()} {ARGS}")
+            set_pattern(f"|{paths.csplice_path()} {SPECIFIERS}")
             ours.append(timed_crash(argv)[1])
             wait_records(spool, i + 1)
             for f in spool.glob("*.core"):

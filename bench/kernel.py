@@ -74,11 +74,11 @@ def investigation_cases(mib: int) -> list[Case]:
     return [
         sink("null-splice", "sink-splice"),
         sink("null-read", "sink-read"),
-        sink("null-splice-1m", "sink-splice", chunk_bytes=MIB, pipe_bytes=MIB),
-        sink("null-splice-batch-1m", "sink-splice+batch", chunk_bytes=MIB, pipe_bytes=MIB),
+        sink("null-splice-1m", "sink-splice", chunk_size=MIB, pipe_size=MIB),
+        sink("null-splice-batch-1m", "sink-splice+batch", chunk_size=MIB, pipe_size=MIB),
         sink("null-splice-pin", "sink-splice+pin"),
         csplice("rw"), csplice("splice"), csplice("rw2"), csplice("splice2"),
-        csplice("splice", chunk_bytes=MIB, pipe_bytes=MIB), csplice("splice2", chunk_bytes=MIB, pipe_bytes=MIB),
+        csplice("splice", chunk_size=MIB, pipe_size=MIB), csplice("splice2", chunk_size=MIB, pipe_size=MIB),
     ]
 
 

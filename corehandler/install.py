@@ -35,7 +35,8 @@ from corehandler.errors import HandlerConflictError, NotRootError, SystemFailure
 from corehandler.paths import Paths
 from corehandler.store import Store, StoreError
 
-# The kernel's %-specifiers csplice takes, in csplice's argv order (docs/design.md, csplice/crash.h).
+# The kernel's %-specifiers csplice takes, in csplice's argv order: the Python side's one copy of csplice's
+# arg_names table (csplice/record.h), which `csplice --list-specifiers` prints and a test compares with these.
 SPECIFIERS = "%P %i %I %u %g %d %s %t %c %h %e"
 # %F, a pidfd of the crashed process, exists from Linux 6.16; older kernels would pass it through literally.
 PIDFD_SPECIFIER = "%F"

@@ -5,8 +5,12 @@ on the live kernel and behind the feeder's two paths, and bench/results/capture.
 of kernel matter, because they fill the core pipe differently:
 
 - stock: the kernel copies every page into the pipe (`__kernel_write_iter()`);
-- COREDUMP_USE_PIPE (the seed's patch): the kernel vmsplices the process's own pages into the pipe, so a
-  handler that never copies them again (splice) saves the only copy left.
+- COREDUMP_USE_PIPE (the out-of-tree patch in ../shared/kernel/, tests/kernel/README.md): the kernel vmsplices
+  the process's own pages into the pipe, so a handler that never copies them again (splice) saves the only
+  copy left.
+
+STRATEGIES is the Python side's one list of the strategy names; csplice's (strategy_table in
+csplice/settings.c, printed by `csplice --list-strategies`) is compared with it by a test.
 """
 
 from __future__ import annotations
@@ -20,17 +24,10 @@ STRATEGIES = ("rw", "splice", "rw2", "splice2")
 # kernel it is static and inlined into the vmsplice syscall, so it is absent or a local 't'.
 _PATCHED_SYMBOL = re.compile(rb"^[0-9a-f]+ T vmsplice_to_pipe$", re.MULTILINE)
 
-# Measured by bench/capture.py on Linux 6.18, 2 CPUs, ext4, with the config's 256K chunk and 1M pipe:
-# - stock kernel (bench/results/capture.md, live crashes of 256 MiB and 1 GiB, dense and half untouched):
-#   read/write held the process 0.71-0.98x as long as a plain read/write loop on a quiet machine (0.68-0.78x
-#   in an earlier run under load); the seed's 16-page splice loop 1.3-2.0x (0.84-1.02x under load); two-stage
-#   splice 0.77-0.98x (0.87-1.15x under load), two-thread read/write 1.2-3.2x (erratic on two cores). Only
-#   read/write stayed at or below the loop in every workload of every run.
-# - COREDUMP_USE_PIPE kernel (the feeder's vmsplice path: the kernel no longer copies the pages): two-stage
-#   splice 0.48-0.50x the loop against read/write's 0.59-0.60x (bench/results/capture-feeder.md, and the
-#   quiet run in capture.md); one run under load had them the other way round (0.92x, 0.80x). Under qemu,
-#   on the real patched 6.1 kernel, two-stage splice with 1 MiB pipes was the fastest csplice configuration
-#   in every run (bench/results/kernel.md). The seed's probes also had it ahead there, by 13%.
+# The choices and the measurements behind them: bench/results/capture.md (live stock 6.18 crashes: only
+# read/write stayed at or below a plain read/write loop in every workload), bench/results/capture-feeder.md
+# (the feeder's vmsplice path, i.e. a COREDUMP_USE_PIPE kernel: two-stage splice ahead) and
+# bench/results/kernel.md (the real patched 6.1 kernel under qemu: two-stage splice fastest).
 STOCK_KERNEL_STRATEGY = "rw"
 PATCHED_KERNEL_STRATEGY = "splice2"
 

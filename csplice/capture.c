@@ -21,18 +21,18 @@ int capture_space_ok(int fd, const Settings *s, uint64_t need) {
         struct statvfs sv;
         uint64_t avail, floor;
 
-        if (s->min_free_bytes == 0 && s->min_free_percent == 0)
+        if (s->min_free.bytes == 0 && s->min_free.percent == 0)
                 return 1;
         if (fstatvfs(fd, &sv) < 0)
                 return -errno;
         avail = (uint64_t) sv.f_bavail * sv.f_frsize;
-        floor = MAX(s->min_free_bytes, (uint64_t) sv.f_blocks * sv.f_frsize / 100 * s->min_free_percent);
+        floor = MAX(s->min_free.bytes, (uint64_t) sv.f_blocks * sv.f_frsize / 100 * s->min_free.percent);
         return avail >= floor && avail - floor >= need;
 }
 
 /* How much the next call may move: a chunk, less near the size limit; 0 once the limit is reached. */
 static size_t next_len(const Capture *c, uint64_t done, size_t chunk) {
-        uint64_t max = c->settings->max_dump_bytes;
+        uint64_t max = c->settings->max_dump_size;
 
         if (max == 0)
                 return chunk;
@@ -45,7 +45,7 @@ static const char *stop_reason(const Capture *c, uint64_t done, uint64_t *next_s
         if (capture_timed_out)
                 return "timeout";
         if (want == 0)
-                return "max_dump_bytes";
+                return "max_dump_size";
         if (done >= *next_space_check) {
                 *next_space_check = done + SPACE_CHECK_EVERY;
                 if (capture_space_ok(c->out_fd, c->settings, SPACE_CHECK_EVERY) == 0)
@@ -116,7 +116,7 @@ static void set_failure(Capture *c, const char *why, int err) {
 /* ---- read()/write(), one thread ---- */
 
 static int capture_rw(Capture *c) {
-        size_t chunk = (size_t) c->settings->chunk_bytes;
+        size_t chunk = (size_t) c->settings->chunk_size;
         uint64_t next_check = 0;
         char *buf;
 
@@ -124,7 +124,7 @@ static int capture_rw(Capture *c) {
         if (!buf)
                 return -ENOMEM;
 
-        c->strategy = "rw";
+        c->strategy = strategy_to_string(STRATEGY_RW);
         for (;;) {
                 size_t want = next_len(c, c->written, chunk);
                 const char *stop = stop_reason(c, c->written, &next_check, want);
@@ -154,13 +154,13 @@ static int capture_rw(Capture *c) {
         return 0;
 }
 
-/* ---- splice() stdin -> file: the seed's loop ---- */
+/* ---- splice() stdin -> file, chunk_size at a time: the 16-page splice loop, with a settable chunk ---- */
 
 static int capture_splice(Capture *c) {
-        size_t chunk = (size_t) c->settings->chunk_bytes;
+        size_t chunk = (size_t) c->settings->chunk_size;
         uint64_t next_check = 0;
 
-        c->strategy = "splice";
+        c->strategy = strategy_to_string(STRATEGY_SPLICE);
         for (;;) {
                 size_t want = next_len(c, c->written, chunk);
                 const char *stop = stop_reason(c, c->written, &next_check, want);
@@ -261,14 +261,14 @@ static void *ring_writer(void *userdata) {
 
 static int capture_rw2(Capture *c) {
         Ring ring = { .c = c, .lock = PTHREAD_MUTEX_INITIALIZER, .changed = PTHREAD_COND_INITIALIZER };
-        size_t chunk = (size_t) c->settings->chunk_bytes;
+        size_t chunk = (size_t) c->settings->chunk_size;
         uint64_t queued = 0;
         pthread_t writer;
         int r = 0;
 
         /* On the kernel's 64 KiB pipe the idle reader thread wakes for about every page the kernel writes, on
          * the other CPU: bench/capture.py measured a 1 GiB crash held 2.6 s there against 0.8 s on 1 MiB. */
-        if (c->settings->pipe_bytes == 0)
+        if (c->settings->pipe_size == 0)
                 (void) fcntl(c->in_fd, F_SETPIPE_SZ, (int) RING_SLOT_BYTES);
 
         for (unsigned i = 0; i < RING_SLOTS; i++) {
@@ -284,7 +284,7 @@ static int capture_rw2(Capture *c) {
                 return r;
         }
 
-        c->strategy = "rw2";
+        c->strategy = strategy_to_string(STRATEGY_RW2);
         for (bool done = false; !done;) {
                 unsigned i;
                 size_t fill = 0;
@@ -304,7 +304,7 @@ static int capture_rw2(Capture *c) {
                         ssize_t n;
 
                         if (want == 0) {
-                                set_failure(c, "max_dump_bytes", 0);
+                                set_failure(c, "max_dump_size", 0);
                                 done = true;
                                 break;
                         }
@@ -359,9 +359,9 @@ typedef struct Relay {
 } Relay;
 
 /* splice() moves page references, not bytes: no buffer to keep in cache, so fewer, larger calls are better
- * (bench/capture.py: 1 MiB calls beat 256 KiB ones on the vmsplice path) whatever chunk_bytes says for rw. */
+ * (bench/capture.py: 1 MiB calls beat 256 KiB ones on the vmsplice path) whatever chunk_size says for rw. */
 static size_t splice2_chunk(const Capture *c) {
-        return (size_t) MAX(c->settings->chunk_bytes, RING_SLOT_BYTES);
+        return (size_t) MAX(c->settings->chunk_size, RING_SLOT_BYTES);
 }
 
 static void *relay_writer(void *userdata) {
@@ -418,7 +418,7 @@ static int capture_splice2(Capture *c) {
                 (void) close(relay.sink);
                 return r;
         }
-        (void) fcntl(p[1], F_SETPIPE_SZ, (int) MAX(c->settings->pipe_bytes, RING_SLOT_BYTES));
+        (void) fcntl(p[1], F_SETPIPE_SZ, (int) MAX(c->settings->pipe_size, RING_SLOT_BYTES));
         relay.pipe_rd = p[0];
 
         r = start_writer(&writer, relay_writer, &relay);
@@ -429,7 +429,7 @@ static int capture_splice2(Capture *c) {
                 return r;
         }
 
-        c->strategy = "splice2";
+        c->strategy = strategy_to_string(STRATEGY_SPLICE2);
         for (;;) {
                 size_t want = next_len(c, queued, chunk);
                 ssize_t n;
@@ -437,7 +437,7 @@ static int capture_splice2(Capture *c) {
                 if (relay.failed)
                         break;
                 if (want == 0) {
-                        set_failure(c, "max_dump_bytes", 0);
+                        set_failure(c, "max_dump_size", 0);
                         break;
                 }
                 if (capture_timed_out) {
@@ -506,10 +506,10 @@ void capture_run(Capture *c) {
         };
         int r;
 
-        if (c->settings->pipe_bytes > 0 &&
-            fcntl(c->in_fd, F_SETPIPE_SZ, (int) c->settings->pipe_bytes) < 0)
+        if (c->settings->pipe_size > 0 &&
+            fcntl(c->in_fd, F_SETPIPE_SZ, (int) c->settings->pipe_size) < 0)
                 log_full(LOG_NOTICE, "Failed to resize the core pipe to %llu bytes, ignoring: %m",
-                         (unsigned long long) c->settings->pipe_bytes);
+                         (unsigned long long) c->settings->pipe_size);
 
         r = table[c->settings->strategy](c);
         if (r < 0 && c->settings->strategy != STRATEGY_RW) {
@@ -528,6 +528,6 @@ void capture_run(Capture *c) {
                 c->drained += capture_drain(c->in_fd);
         /* Nothing left after the limit means the dump was exactly the limit; only a drain that ran to EOF
          * can tell, not one the timeout skipped. */
-        if (c->truncated && strcmp(c->truncated, "max_dump_bytes") == 0 && c->drained == 0 && !capture_timed_out)
+        if (c->truncated && strcmp(c->truncated, "max_dump_size") == 0 && c->drained == 0 && !capture_timed_out)
                 c->truncated = NULL;
 }

@@ -10,6 +10,10 @@
  * Exit codes (the kernel ignores them; they are for people running csplice by hand and for tests):
  *   0  a record was committed (complete, truncated or metadata-only)
  *   64 usage: no arguments
+ *
+ * Run by hand with one option, it prints a table the control plane is checked against and exits:
+ * --version, --list-specifiers (the argv it takes, optional ones in brackets), --list-strategies,
+ * --list-settings (every csplice.conf key with its built-in default, as a settings file).
  *   73 the spool could not be opened or written: the dump was drained and lost, see the kernel log
  *   74 the record could not be committed
  */
@@ -23,9 +27,9 @@
 #include <unistd.h>
 
 #include "capture.h"
-#include "crash.h"
 #include "log.h"
 #include "procinfo.h"
+#include "record.h"
 #include "settings.h"
 #include "spool.h"
 #include "util.h"
@@ -146,23 +150,60 @@ static int commit_record(Crash *c, int spool_fd, SpoolRecord *rec) {
         return r;
 }
 
+/* "%P %i ... %e [%F]": the argv after the program name, as arg_names has it. */
+static void format_specifiers(char *buf, size_t size) {
+        size_t n = 0;
+
+        buf[0] = '\0';
+        for (unsigned a = 0; a < _ARG_MAX && n < size; a++)
+                n += (size_t) snprintf(buf + n, size - n, a < _ARG_REQUIRED ? "%s%%%s" : "%s[%%%s]",
+                                       a > 0 ? " " : "", arg_names[a]);
+}
+
+/* The tables behind --list-*; returns whether opt was one of them. */
+static bool list_table(const char *opt) {
+        char buf[PATH_MAX];
+
+        if (strcmp(opt, "--version") == 0)
+                (void) puts(CSPLICE_VERSION);
+        else if (strcmp(opt, "--list-specifiers") == 0) {
+                format_specifiers(buf, sizeof buf);
+                (void) puts(buf);
+        } else if (strcmp(opt, "--list-strategies") == 0)
+                for (Strategy st = 0; st < _STRATEGY_MAX; st++)
+                        (void) puts(strategy_to_string(st));
+        else if (strcmp(opt, "--list-settings") == 0) {
+                Settings s;
+
+                settings_defaults(&s);
+                for (size_t i = 0; i < setting_table_len; i++) {
+                        setting_format(&s, &setting_table[i], buf, sizeof buf);
+                        (void) printf("%s=%s\n", setting_table[i].key, buf);
+                }
+        } else
+                return false;
+        return true;
+}
+
 int main(int argc, char *argv[]) {
         Crash c = {};
         SpoolRecord record = { .fd = -1 };
         const char *settings_path, *proc_root;
         int in_fd, spool_fd, core_fd = -1, r;
 
-        if (argc == 2 && strcmp(argv[1], "--version") == 0) {
-                (void) puts(CSPLICE_VERSION);
-                return 0;
-        }
+        /* The kernel's first argument is %P, a number: an option only ever comes from a person or a test. */
+        if (argc == 2 && list_table(argv[1]))
+                return fflush(stdout) == 0 ? 0 : EXIT_IOERR;
 
         /* First, log to a safe place, since we don't know what crashed and it might be the journal. */
         log_open();
         c.started_ns = now_ns(CLOCK_REALTIME);
         in_fd = make_safe();
         if (argc < 2) {
-                log_full(LOG_ERR, "Usage: csplice %%P %%i %%I %%u %%g %%d %%s %%t %%c %%h %%e [%%F]");
+                char usage[128];
+
+                format_specifiers(usage, sizeof usage);
+                log_full(LOG_ERR, "Usage: csplice %s", usage);
                 return EXIT_USAGE;
         }
         for (int i = 1; i < argc && i - 1 < _ARG_MAX; i++)
@@ -177,10 +218,10 @@ int main(int argc, char *argv[]) {
         if (settings_load(&c.settings, settings_path) < 0)
                 log_full(LOG_WARNING, "%s", c.settings.error);
 
-        if (c.settings.timeout_sec > 0) {
+        if (c.settings.timeout > 0) {
                 struct sigaction sa = { .sa_handler = on_alarm }; /* no SA_RESTART: blocked reads must end */
                 (void) sigaction(SIGALRM, &sa, NULL);
-                (void) alarm((unsigned) MIN(c.settings.timeout_sec, 86400ULL));
+                (void) alarm((unsigned) MIN(c.settings.timeout, 86400ULL));
         }
 
         /* Metadata before the dump: once the pipe is drained the kernel may reap the process. */

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "crash.h"
+#include "record.h"
 #include "json.h"
 #include "log.h"
 
@@ -46,20 +46,23 @@ static void write_settings(Json *j, const Settings *s) {
         json_string(j, "source", s->source);
         json_bool(j, "from_file", s->from_file);
         json_string(j, "error", s->error[0] ? s->error : NULL);
-        json_string(j, "spool_dir", s->spool_dir);
-        json_string(j, "strategy", strategy_to_string(s->strategy));
-        json_u64(j, "chunk_bytes", s->chunk_bytes);
-        json_u64(j, "pipe_bytes", s->pipe_bytes);
-        json_u64(j, "max_dump_bytes", s->max_dump_bytes);
-        json_u64(j, "min_free_bytes", s->min_free_bytes);
-        json_u64(j, "min_free_percent", s->min_free_percent);
-        json_u64(j, "max_pending", s->max_pending);
-        json_u64(j, "max_per_exe_per_minute", s->max_per_exe_per_minute);
-        json_u64(j, "timeout_sec", s->timeout_sec);
-        json_bool(j, "fsync", s->fsync);
-        json_bool(j, "sparse", s->sparse);
-        json_bool(j, "collect_environ", s->collect_environ);
-        json_bool(j, "collect_maps", s->collect_maps);
+        for (size_t i = 0; i < setting_table_len; i++) {
+                const SettingDef *d = &setting_table[i];
+                const void *p = (const char *) s + d->offset;
+                char text[PATH_MAX];
+
+                /* Numbers and booleans typed; a share of the filesystem as "N%", as `config show --json` has it. */
+                if (d->type == SETTING_U64)
+                        json_u64(j, d->key, *(const uint64_t *) p);
+                else if (d->type == SETTING_BOOL)
+                        json_bool(j, d->key, *(const bool *) p);
+                else if (d->type == SETTING_SIZE_OR_PERCENT && ((const SizeOrPercent *) p)->percent == 0)
+                        json_u64(j, d->key, ((const SizeOrPercent *) p)->bytes);
+                else {
+                        setting_format(s, d, text, sizeof text);
+                        json_string(j, d->key, text);
+                }
+        }
         json_end(j);
 }
 

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +29,26 @@ int strategy_from_string(const char *s) {
         return -EINVAL;
 }
 
+/* The keys of csplice.conf, one line each: corehandler renders every [capture] option of its config under the
+ * same name (tests/unit/test_csplice_contract.py holds the two sides together). */
+#define SETTING(key, type) { #key, type, offsetof(Settings, key) }
+const SettingDef setting_table[] = {
+        SETTING(spool_dir, SETTING_PATH),
+        SETTING(strategy, SETTING_STRATEGY),
+        SETTING(chunk_size, SETTING_U64),
+        SETTING(pipe_size, SETTING_U64),
+        SETTING(max_dump_size, SETTING_U64),
+        SETTING(min_free, SETTING_SIZE_OR_PERCENT),
+        SETTING(max_pending, SETTING_U64),
+        SETTING(max_per_exe_per_minute, SETTING_U64),
+        SETTING(timeout, SETTING_U64),
+        SETTING(fsync, SETTING_BOOL),
+        SETTING(sparse, SETTING_BOOL),
+        SETTING(collect_environ, SETTING_BOOL),
+        SETTING(collect_maps, SETTING_BOOL),
+};
+const size_t setting_table_len = ELEMENTSOF(setting_table);
+
 void settings_defaults(Settings *s) {
         *s = (Settings) {
                 .spool_dir = CSPLICE_SPOOL_DIR,
@@ -35,14 +56,13 @@ void settings_defaults(Settings *s) {
                  * processes no longer than a plain read/write loop, and up to 30% shorter. The file corehandler
                  * renders picks the strategy per kernel (corehandler/strategy.py). */
                 .strategy = STRATEGY_RW,
-                .chunk_bytes = 256 * 1024,
-                .pipe_bytes = 1024 * 1024,
-                .max_dump_bytes = 32ULL << 30,
-                .min_free_bytes = 0,
-                .min_free_percent = 15,
+                .chunk_size = 256 * 1024,
+                .pipe_size = 1024 * 1024,
+                .max_dump_size = 32ULL << 30,
+                .min_free = { .percent = 15 },
                 .max_pending = 64,
                 .max_per_exe_per_minute = 16,
-                .timeout_sec = 3600,
+                .timeout = 3600,
                 .fsync = false,
                 .sparse = true,
                 .source = "built-in defaults",
@@ -73,55 +93,94 @@ static int parse_bool(const char *v, bool *ret) {
         return 0;
 }
 
-static int settings_apply(Settings *s, const char *key, const char *value) {
-        static const struct {
-                const char *key;
-                size_t offset;
-        } u64s[] = {
-                { "chunk_bytes", offsetof(Settings, chunk_bytes) },
-                { "pipe_bytes", offsetof(Settings, pipe_bytes) },
-                { "max_dump_bytes", offsetof(Settings, max_dump_bytes) },
-                { "min_free_bytes", offsetof(Settings, min_free_bytes) },
-                { "min_free_percent", offsetof(Settings, min_free_percent) },
-                { "max_pending", offsetof(Settings, max_pending) },
-                { "max_per_exe_per_minute", offsetof(Settings, max_per_exe_per_minute) },
-                { "timeout_sec", offsetof(Settings, timeout_sec) },
-        }, bools[] = {
-                { "fsync", offsetof(Settings, fsync) },
-                { "sparse", offsetof(Settings, sparse) },
-                { "collect_environ", offsetof(Settings, collect_environ) },
-                { "collect_maps", offsetof(Settings, collect_maps) },
-        };
+static int parse_size_or_percent(const char *v, SizeOrPercent *ret) {
+        SizeOrPercent x = {};
+        size_t len = strlen(v);
+        char digits[32];
+        int r;
 
-        for (size_t i = 0; i < ELEMENTSOF(u64s); i++)
-                if (strcmp(key, u64s[i].key) == 0)
-                        return parse_u64(value, (uint64_t *) ((char *) s + u64s[i].offset));
-        for (size_t i = 0; i < ELEMENTSOF(bools); i++)
-                if (strcmp(key, bools[i].key) == 0)
-                        return parse_bool(value, (bool *) ((char *) s + bools[i].offset));
-
-        if (strcmp(key, "strategy") == 0) {
-                int r = strategy_from_string(value);
-                if (r < 0)
-                        return r;
-                s->strategy = (Strategy) r;
-                return 0;
-        }
-        if (strcmp(key, "spool_dir") == 0) {
-                /* Relative paths would resolve against whatever cwd the kernel gave us. */
-                if (value[0] != '/' || strlen(value) >= sizeof s->spool_dir)
+        if (len > 0 && v[len - 1] == '%') {
+                if (len > sizeof digits)
                         return -EINVAL;
-                strcpy(s->spool_dir, value);
-                return 0;
+                memcpy(digits, v, len - 1);
+                digits[len - 1] = '\0';
+                r = parse_u64(digits, &x.percent);
+        } else
+                r = parse_u64(v, &x.bytes);
+        if (r < 0)
+                return r;
+        *ret = x;
+        return 0;
+}
+
+static int parse_path(const char *v, char *ret) {
+        /* Relative paths would resolve against whatever cwd the kernel gave us. */
+        if (v[0] != '/' || strlen(v) >= PATH_MAX)
+                return -EINVAL;
+        strcpy(ret, v);
+        return 0;
+}
+
+static int parse_strategy(const char *v, Strategy *ret) {
+        int r = strategy_from_string(v);
+        if (r < 0)
+                return r;
+        *ret = (Strategy) r;
+        return 0;
+}
+
+static int settings_apply(Settings *s, const char *key, const char *value) {
+        for (size_t i = 0; i < setting_table_len; i++) {
+                const SettingDef *d = &setting_table[i];
+                void *p = (char *) s + d->offset;
+
+                if (strcmp(key, d->key) != 0)
+                        continue;
+                switch (d->type) {
+                case SETTING_PATH:
+                        return parse_path(value, p);
+                case SETTING_STRATEGY:
+                        return parse_strategy(value, p);
+                case SETTING_U64:
+                        return parse_u64(value, p);
+                case SETTING_BOOL:
+                        return parse_bool(value, p);
+                case SETTING_SIZE_OR_PERCENT:
+                        return parse_size_or_percent(value, p);
+                }
         }
         /* Unknown keys are ignored so an older csplice runs with a newer control plane's file. */
         return 0;
 }
 
+void setting_format(const Settings *s, const SettingDef *d, char *buf, size_t size) {
+        const void *p = (const char *) s + d->offset;
+        const SizeOrPercent *sp = p;
+
+        switch (d->type) {
+        case SETTING_PATH:
+                (void) snprintf(buf, size, "%s", (const char *) p);
+                break;
+        case SETTING_STRATEGY:
+                (void) snprintf(buf, size, "%s", strategy_to_string(*(const Strategy *) p));
+                break;
+        case SETTING_U64:
+                (void) snprintf(buf, size, "%llu", (unsigned long long) *(const uint64_t *) p);
+                break;
+        case SETTING_BOOL:
+                (void) snprintf(buf, size, "%s", *(const bool *) p ? "yes" : "no");
+                break;
+        case SETTING_SIZE_OR_PERCENT:
+                (void) snprintf(buf, size, sp->percent > 0 ? "%llu%%" : "%llu",
+                                (unsigned long long) (sp->percent > 0 ? sp->percent : sp->bytes));
+                break;
+        }
+}
+
 static int settings_validate(Settings *s) {
-        if (s->chunk_bytes < 4096 || s->chunk_bytes > (64ULL << 20))
+        if (s->chunk_size < 4096 || s->chunk_size > (64ULL << 20))
                 return -ERANGE;
-        if (s->pipe_bytes > (1ULL << 30) || s->min_free_percent > 100)
+        if (s->pipe_size > (1ULL << 30) || s->min_free.percent > 100)
                 return -ERANGE;
         return 0;
 }

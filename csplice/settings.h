@@ -2,6 +2,7 @@
 #pragma once
 
 #include <limits.h>
+#include <stddef.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -14,23 +15,30 @@
 
 typedef enum Strategy {
         STRATEGY_RW,      /* read()/write() loop, one thread */
-        STRATEGY_SPLICE,  /* the seed's loop: splice() stdin -> file, chunk_bytes at a time */
+        STRATEGY_SPLICE,  /* the 16-page splice loop: splice() stdin -> file, chunk_size at a time */
         STRATEGY_RW2,     /* read()/write() with a reader and a writer thread over a ring of buffers */
         STRATEGY_SPLICE2, /* splice() stdin -> private pipe, a second thread splices it -> file */
         _STRATEGY_MAX,
 } Strategy;
 
+/* The free-space floor: a size or a share of the filesystem (one of them, the other 0). */
+typedef struct SizeOrPercent {
+        uint64_t bytes;
+        uint64_t percent;
+} SizeOrPercent;
+
+/* Named as in corehandler.toml's [capture] section (docs/design.md); setting_table in settings.c is the one
+ * list of keys, and `csplice --list-settings` prints it with the built-in defaults. */
 typedef struct Settings {
         char spool_dir[PATH_MAX];
         Strategy strategy;
-        uint64_t chunk_bytes;      /* per system call */
-        uint64_t pipe_bytes;       /* F_SETPIPE_SZ on the core pipe; 0 leaves the kernel's size */
-        uint64_t max_dump_bytes;   /* 0: no limit */
-        uint64_t min_free_bytes;   /* free-space floor of the spool's filesystem, absolute ... */
-        uint64_t min_free_percent; /* ... and relative; the larger wins */
+        uint64_t chunk_size;       /* bytes per system call */
+        uint64_t pipe_size;        /* bytes, F_SETPIPE_SZ on the core pipe; 0 leaves the kernel's size */
+        uint64_t max_dump_size;    /* bytes; 0: no limit */
+        SizeOrPercent min_free;    /* free-space floor of the spool's filesystem */
         uint64_t max_pending;      /* records in the spool not yet ingested; 0: no limit */
         uint64_t max_per_exe_per_minute; /* 0: no limit */
-        uint64_t timeout_sec;      /* whole capture; 0: none */
+        uint64_t timeout;          /* seconds, the whole capture; 0: none */
         bool fsync;
         bool sparse;               /* seek over all-zero pages instead of writing them */
         bool collect_environ;
@@ -42,10 +50,30 @@ typedef struct Settings {
         char error[256];
 } Settings;
 
+typedef enum SettingType {
+        SETTING_PATH,
+        SETTING_STRATEGY,
+        SETTING_U64,
+        SETTING_BOOL,            /* yes/no (also 1/0, true/false) */
+        SETTING_SIZE_OR_PERCENT, /* "N" bytes or "N%" */
+} SettingType;
+
+typedef struct SettingDef {
+        const char *key;
+        SettingType type;
+        size_t offset; /* in Settings */
+} SettingDef;
+
+extern const SettingDef setting_table[];
+extern const size_t setting_table_len;
+
 const char *strategy_to_string(Strategy s);
 int strategy_from_string(const char *s);
 
 void settings_defaults(Settings *s);
+
+/* The value of d in s as csplice.conf spells it. */
+void setting_format(const Settings *s, const SettingDef *d, char *buf, size_t size);
 
 /* Loads path over the defaults. On any error the settings stay the defaults (a half-applied file is worse
  * than none) and s->error says why; returns 0 or -errno (-EINVAL for a bad line). */

@@ -41,7 +41,7 @@
 #define PATTERN 0xc0ffee00c0ffee00ULL
 #define SPOOL "/spool"
 #define SETTINGS "/var/lib/corehandler/csplice.conf"
-#define SPECIFIERS "%P %i %I %u %g %d %s %t %c %h %e"
+/* SPECIFIERS, csplice's argv, comes from corehandler.install (kernel_matrix.build_guest passes it). */
 #define PROBE_ADDR 0x10000UL
 #define PROBE_FD 100
 
@@ -334,8 +334,8 @@ static int set_handler(const char *handler, const char *strategy, const char *ch
         int r;
 
         (void) snprintf(buf, sizeof buf,
-                        "spool_dir=" SPOOL "\nstrategy=%s\nchunk_bytes=%s\npipe_bytes=%s\n"
-                        "min_free_bytes=0\nmin_free_percent=0\ntimeout_sec=600\n",
+                        "spool_dir=" SPOOL "\nstrategy=%s\nchunk_size=%s\npipe_size=%s\n"
+                        "min_free=0\ntimeout=600\n",
                         strategy, chunk, pipe_bytes);
         r = write_file(SETTINGS, buf);
         if (r < 0)
@@ -414,7 +414,7 @@ static int cmd_case(char **a) {
                 (void) unlink(core);
         }
         printf("RESULT {\"case\":\"%s\",\"ok\":%s,\"error\":\"%s\",\"handler\":\"%s\",\"kind\":\"%s\",\"mib\":%s,"
-               "\"untouched_half\":%s,\"verified\":%s,\"strategy\":\"%s\",\"chunk_bytes\":%s,\"pipe_bytes\":%s,"
+               "\"untouched_half\":%s,\"verified\":%s,\"strategy\":\"%s\",\"chunk_size\":%s,\"pipe_size\":%s,"
                "\"pid\":%d,\"signal\":%d,\"core_bytes\":%llu,\"sink_bytes\":%llu,\"threads\":%u,\"hold_ns\":%llu,"
                "\"dumper_cpu_ns\":%llu,\"handler_cpu_ns\":%lld}\n",
                name, ok ? "true" : "false", k.error, handler, kind, mib, half ? "true" : "false",

@@ -23,6 +23,8 @@ from pathlib import Path
 
 from support.crash import build_crasher
 
+from corehandler.install import SPECIFIERS
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 FLAVOURS = ("stock", "patched")
@@ -99,11 +101,12 @@ def build_csplice_static(cache: Path) -> Path:
 
 def build_guest(cache: Path) -> Path:
     source = HERE / "guest.c"
-    binary = cache / f"guest-{_digest(source.read_bytes())}"
+    # The guest's core_pattern takes csplice's argv from the control plane's one copy of it.
+    binary = cache / f"guest-{_digest(source.read_bytes(), SPECIFIERS.encode())}"
     if not binary.exists():
         cache.mkdir(parents=True, exist_ok=True)
-        _run(["gcc", "-static", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-o", f"{binary}.tmp",
-              str(source)])
+        _run(["gcc", "-static", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", f'-DSPECIFIERS="{SPECIFIERS}"',
+              "-o", f"{binary}.tmp", str(source)])
         os.replace(f"{binary}.tmp", binary)
     return _require_static(binary)
 
@@ -119,14 +122,14 @@ class Case:
     handler: str = "csplice"  # csplice | csplice-timed | sink-splice | sink-read (+batch, +pin: see guest.c)
     verify: bool = True
     strategy: str = "rw"
-    chunk_bytes: int = 65536
-    pipe_bytes: int = 0
+    chunk_size: int = 65536
+    pipe_size: int = 0
 
     def line(self) -> str:
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
             raise ValueError(f"case name {self.name!r}: letters, digits, '_.-' only")
         return " ".join([self.name, self.handler, self.kind, str(self.mib), str(int(self.untouched_half)),
-                         str(int(self.verify)), self.strategy, str(self.chunk_bytes), str(self.pipe_bytes)])
+                         str(int(self.verify)), self.strategy, str(self.chunk_size), str(self.pipe_size)])
 
 
 def _cpio_entry(name: str, mode: int, data: bytes = b"", rdev: tuple[int, int] = (0, 0), ino: int = 0) -> bytes:

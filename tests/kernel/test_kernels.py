@@ -24,7 +24,7 @@ CASES = [
     Case("segv-half-32-splice", kind="segv", mib=32, untouched_half=True, strategy="splice"),
     Case("abort-dense-16-rw2", kind="abort", mib=16, strategy="rw2"),
     Case("abort-half-64-splice2", kind="abort", mib=64, untouched_half=True, strategy="splice2",
-         chunk_bytes=MIB, pipe_bytes=MIB),
+         chunk_size=MIB, pipe_size=MIB),
 ]
 
 

@@ -124,7 +124,7 @@ class Handler:
         self.settings_path = self.base / "csplice.conf"
         self.spool = self.base / "spool"
         # Limits that would make unrelated tests flaky are off unless a test sets them.
-        self.settings = {"spool_dir": str(self.spool), "min_free_percent": 0, "max_pending": 0,
+        self.settings = {"spool_dir": str(self.spool), "min_free": 0, "max_pending": 0,
                          "max_per_exe_per_minute": 0, **self.settings}
         self.write_settings()
 

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import re
 
-SPECIFIERS = ("P", "i", "I", "u", "g", "d", "s", "t", "c", "h", "e", "F")
-TRUNCATED_REASONS = (None, "max_dump_bytes", "min_free", "timeout", "read_error", "write_error")
+from corehandler.install import PIDFD_SPECIFIER, SPECIFIERS as _ARGV
+from corehandler.strategy import STRATEGIES
+
+SPECIFIERS = tuple(spec.removeprefix("%") for spec in (*_ARGV.split(), PIDFD_SPECIFIER))
+TRUNCATED_REASONS = (None, "max_dump_size", "min_free", "timeout", "read_error", "write_error")
 DROPPED_REASONS = (None, "max_pending", "max_per_exe_per_minute", "min_free", "create_failed")
-STRATEGIES = ("rw", "splice", "rw2", "splice2")
 ID_RE = re.compile(r"^[0-9]+-[0-9a-f]{16}-[0-9]+(\.[0-9]+)?$")
 SETTINGS = {
     "source": str, "from_file": bool, "error": (str, type(None)), "spool_dir": str, "strategy": str,
-    "chunk_bytes": int, "pipe_bytes": int, "max_dump_bytes": int, "min_free_bytes": int, "min_free_percent": int,
-    "max_pending": int, "max_per_exe_per_minute": int, "timeout_sec": int, "fsync": bool, "sparse": bool,
+    "chunk_size": int, "pipe_size": int, "max_dump_size": int, "min_free": (int, str),
+    "max_pending": int, "max_per_exe_per_minute": int, "timeout": int, "fsync": bool, "sparse": bool,
     "collect_environ": bool, "collect_maps": bool,
 }
 

@@ -13,7 +13,7 @@ from support.csplice_harness import core_args, render_settings
 def write_settings(path: Path, spool_dir: Path, **extra) -> Path:
     """A csplice settings file for tests: no storm limits unless asked, no free-space floor."""
     settings = {"spool_dir": str(spool_dir), "max_pending": 0, "max_per_exe_per_minute": 0,
-                "min_free_percent": 0, "min_free_bytes": 0}
+                "min_free": 0}
     settings.update(extra)
     path.write_text(render_settings(settings))
     return path

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from corehandler import elfcore, paths
+from corehandler.install import SPECIFIERS
 from support.crash import build_crasher, crash
 from support.daemon_harness import wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.live_kernel]
 
 CLI = [sys.executable, "-P", "-m", "corehandler"]
-ARGS = "%P %i %I %u %g %d %s %t %c %h %e"
 
 
 def sha_of(path: Path) -> str:
@@ -41,7 +41,7 @@ def live(tmp_path, host_core_settings):
     (etc / "corehandler.toml").write_text(
         "[capture]\nmin_free = \"0\"\nmax_per_exe_per_minute = 0\n[metrics]\nenabled = false\n"
         "[journal]\nenabled = false\n[retention]\nkeep_free = \"0\"\nmax_use = \"0\"\n")
-    pattern = f"|{paths.csplice_path()} {ARGS}"
+    pattern = f"|{paths.csplice_path()} {SPECIFIERS}"
     assert len(pattern) < 128
     Path("/proc/sys/kernel/core_pattern").write_text(pattern)
     Path("/proc/sys/kernel/core_pipe_limit").write_text("16")
@@ -146,7 +146,7 @@ def test_sighup_reloads_config_and_rewrites_csplice_settings(live, tmp_path):
         toml.write_text(toml.read_text().replace("[capture]\n", "[capture]\nmax_dump_size = \"1M\"\n")
                         + "[compression]\nenabled = false\n")
         proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: "max_dump_bytes=1048576" in paths.CSPLICE_SETTINGS.read_text(), what="reload")
+        wait_for(lambda: "max_dump_size=1048576" in paths.CSPLICE_SETTINGS.read_text(), what="reload")
         crash(crasher, "segv", mib=8)
         wait_for(lambda: len(json.loads(cli("--json", "list").stdout or "[]")) == 1, what="dump indexed")
         # A broken config on SIGHUP: the daemon keeps running on the old one and says why.
@@ -155,11 +155,11 @@ def test_sighup_reloads_config_and_rewrites_csplice_settings(live, tmp_path):
         proc.send_signal(signal.SIGHUP)
         time.sleep(1)
         assert proc.poll() is None
-        assert "max_dump_bytes=1048576" in paths.CSPLICE_SETTINGS.read_text()  # left as it was
+        assert "max_dump_size=1048576" in paths.CSPLICE_SETTINGS.read_text()  # left as it was
         toml.write_text(good)
     finally:
         log = stop(proc)
     [dump] = json.loads(cli("--json", "list").stdout)
     assert dump["status"] == "truncated" and dump["path"].endswith(".core")  # 1M cap, stored raw
-    assert dump["raw_bytes"] == 1 << 20 and "capture truncated: max_dump_bytes" in dump["problem"]
+    assert dump["raw_bytes"] == 1 << 20 and "capture truncated: max_dump_size" in dump["problem"]
     assert "Reload failed, keeping the running configuration" in log and "compression.level" in log

@@ -22,6 +22,7 @@ import pytest
 
 from corehandler import paths as paths_mod
 from corehandler import sysctl
+from corehandler.install import SPECIFIERS
 from support.crash import PATTERN, build_crasher
 from support.waiting import wait_for
 
@@ -161,7 +162,7 @@ def test_install_capture_real_crashes_uninstall(host_core_settings, sysctl_d_fil
     assert result.returncode == 0, result.stderr
     csplice = Path(os.path.realpath(paths_mod.csplice_path()))
     live_pattern = sysctl.read(sysctl.CORE_PATTERN)
-    assert live_pattern.startswith(f"|{csplice} %P %i %I %u %g %d %s %t %c %h %e")
+    assert live_pattern.startswith(f"|{csplice} {SPECIFIERS}")
     assert len(live_pattern) <= 127
     assert int(sysctl.read(sysctl.CORE_PIPE_LIMIT)) >= 16
     assert sysctl.read_sysctl_d(Path("/etc/sysctl.d")) == {"kernel.core_pattern": live_pattern,

@@ -28,7 +28,7 @@ def journald(tmp_path):
 
 def test_every_dump_outcome_reaches_the_journal_with_its_fields(feeder, csplice, tmp_path, journald):
     journald.start()
-    maker = RecordMaker(feeder, csplice, tmp_path / "csplice", max_dump_bytes=MIB)
+    maker = RecordMaker(feeder, csplice, tmp_path / "csplice", max_dump_size=MIB)
     dumps = [maker.make(MIB // 2, signal=11),
              # A comm that is not UTF-8: the journal must keep the process's bytes.
              maker.make(2 * MIB, signal=6, comm=b"bad\xfe\xffname")]

@@ -11,6 +11,7 @@ import urllib.request
 import pytest
 
 from corehandler import journal, paths
+from corehandler.install import SPECIFIERS
 from corehandler.metrics import MetricsObserver
 from support.crash import build_crasher, crash, python_crash
 from support.journald import PrivateJournald, expected_dump_fields, field_bytes, mismatches
@@ -29,10 +30,10 @@ def crash_for_real(csplice, spool, crasher) -> list[dict]:
 
     Runs under host_core_settings (the caller holds it): core_pattern and csplice.conf are restored after.
     """
-    pattern = f"|{csplice} %P %i %I %u %g %d %s %t %c %h %e"
+    pattern = f"|{csplice} {SPECIFIERS}"
     assert len(pattern) <= 127, f"csplice's path is too long for core_pattern: {pattern}"
     paths.CSPLICE_SETTINGS.parent.mkdir(parents=True, exist_ok=True)
-    paths.CSPLICE_SETTINGS.write_text(f"spool_dir={spool}\nmin_free_percent=0\n")
+    paths.CSPLICE_SETTINGS.write_text(f"spool_dir={spool}\nmin_free=0\n")
     with open("/proc/sys/kernel/core_pipe_limit", "w") as f:
         f.write("16\n")
     with open("/proc/sys/kernel/core_pattern", "w") as f:

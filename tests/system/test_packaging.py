@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from corehandler.errors import EXIT_CONFLICT
+from corehandler.install import SPECIFIERS
 from corehandler.paths import DIR_MODES
 from support.crash import build_crasher, crash
 from support.waiting import wait_for
@@ -117,7 +118,7 @@ def test_install_crash_remove_purge(deb, clean_host, tmp_path_factory):
     run("apt-get", "install", "-y", "-q", "--no-install-recommends", str(deb))
     assert package_state() == "installed"
     pattern = sysctl("kernel/core_pattern")
-    assert pattern.startswith(f"|{CSPLICE} %P %i %I %u %g %d %s %t %c %h %e"), pattern
+    assert pattern.startswith(f"|{CSPLICE} {SPECIFIERS}"), pattern
     assert int(sysctl("kernel/core_pipe_limit")) >= 16
     conffiles = run("dpkg-query", "-W", "-f=${Conffiles}", "corehandler").stdout
     assert "/etc/corehandler/corehandler.toml" in conffiles and "/etc/logrotate.d/corehandler" in conffiles
@@ -218,7 +219,7 @@ def test_postrm_gives_the_kernel_a_handler_back_when_prerm_could_not(clean_host,
     """prerm restores through `corehandler uninstall`; if that failed (or dpkg --force skipped it), the
     kernel must not be left naming a csplice that is gone: postrm, which runs without Python, restores
     what the postinst saved, or the kernel's defaults."""
-    Path("/proc/sys/kernel/core_pattern").write_text(f"|{CSPLICE} %P %i %I %u %g %d %s %t %c %h %e\n")
+    Path("/proc/sys/kernel/core_pattern").write_text(f"|{CSPLICE} {SPECIFIERS}\n")
     Path("/proc/sys/kernel/core_pipe_limit").write_text("16\n")
     STATE.mkdir(mode=0o700)
     if saved:

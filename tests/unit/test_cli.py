@@ -69,7 +69,7 @@ def test_config_show_human_and_json(capsys, etc, tmp_path):
     assert json.loads(out)["capture"]["max_dump_size"] == 2 << 30
     code, out, _ = run(capsys, "--config-dir", str(etc), "--state-dir", str(tmp_path / "s"), "config", "show",
                        "--csplice")
-    assert f"spool_dir={tmp_path}/s/spool\n" in out and "max_dump_bytes=2147483648\n" in out
+    assert f"spool_dir={tmp_path}/s/spool\n" in out and "max_dump_size=2147483648\n" in out
 
 
 def test_state_dir_option_overrides_the_config(capsys, etc, tmp_path):

@@ -238,13 +238,13 @@ def test_render_csplice_settings(paths):
     c = load_config(paths)
     s = parse_settings(render_csplice_settings(c, c.paths(paths)))
     assert s == {
-        "spool_dir": "/var/lib/corehandler/spool", "strategy": "splice", "chunk_bytes": str(256 << 10), "pipe_bytes": str(1 << 20),
-        "max_dump_bytes": str(1 << 30), "min_free_bytes": "0", "min_free_percent": "13", "max_pending": "64",
-        "max_per_exe_per_minute": "16", "timeout_sec": "2", "fsync": "no", "sparse": "yes",
+        "spool_dir": "/var/lib/corehandler/spool", "strategy": "splice", "chunk_size": str(256 << 10), "pipe_size": str(1 << 20),
+        "max_dump_size": str(1 << 30), "min_free": "13%", "max_pending": "64",
+        "max_per_exe_per_minute": "16", "timeout": "2", "fsync": "no", "sparse": "yes",
         "collect_environ": "no", "collect_maps": "yes",
     }
     s = parse_settings(render_csplice_settings(Config.model_validate({"capture": {"min_free": "1G"}}), paths))
-    assert (s["min_free_bytes"], s["min_free_percent"]) == (str(1 << 30), "0")
+    assert s["min_free"] == str(1 << 30)
     assert s["spool_dir"] == str(paths.spool_dir)
 
 

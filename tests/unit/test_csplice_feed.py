@@ -8,15 +8,16 @@ import shutil
 
 import pytest
 
+from corehandler.strategy import STRATEGIES
+
 from support.csplice_harness import GiB, MiB, Handler, expected_digest, hash_file
 
-STRATEGIES = ("rw", "splice", "rw2", "splice2")
 MODES = ("write", "vmsplice")
 SIZES = (0, 1, 4095, 65537, 100 * MiB)
 # The seed's splice loop moved 16 pages a call; the enlarged pipe is what F_SETPIPE_SZ buys (1 MiB).
 TUNINGS = {
-    "chunk16p": {"chunk_bytes": 16 * 4096, "pipe_bytes": 0},
-    "pipe1m": {"chunk_bytes": 1 * MiB, "pipe_bytes": 1 * MiB},
+    "chunk16p": {"chunk_size": 16 * 4096, "pipe_size": 0},
+    "pipe1m": {"chunk_size": 1 * MiB, "pipe_size": 1 * MiB},
 }
 
 
@@ -47,7 +48,7 @@ def assert_identical(result, size: int, zero_regions: bool) -> None:
 @pytest.mark.parametrize("mode", MODES)
 def test_capture_is_byte_identical(handler, mode, strategy, size, zero_regions, tuning):
     handler.configure(strategy=strategy, **TUNINGS[tuning])
-    result = handler.feed(size, mode=mode, zero_regions=zero_regions, pipe_size=TUNINGS[tuning]["pipe_bytes"])
+    result = handler.feed(size, mode=mode, zero_regions=zero_regions, pipe_size=TUNINGS[tuning]["pipe_size"])
     assert_identical(result, size, zero_regions)
     assert result.capture["strategy"] == strategy
     assert result.feeder["push_error"] == 0
@@ -69,7 +70,7 @@ def test_zero_regions_become_holes_only_when_sparse(handler, sparse):
 @pytest.mark.slow
 @pytest.mark.parametrize("mode,strategy", (("write", "rw2"), ("vmsplice", "splice2")))
 def test_one_gib_is_byte_identical(handler, mode, strategy):
-    handler.configure(strategy=strategy, pipe_bytes=MiB, chunk_bytes=MiB)
+    handler.configure(strategy=strategy, pipe_size=MiB, chunk_size=MiB)
     result = handler.feed(GiB, mode=mode, zero_regions=(mode == "write"), pipe_size=MiB, timeout=600)
     assert_identical(result, GiB, mode == "write")
     os.unlink(result.core)

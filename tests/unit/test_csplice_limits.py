@@ -12,10 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from corehandler import paths
+from corehandler.strategy import STRATEGIES
 
 from support.csplice_harness import MiB, Handler, core_args, expected_digest, hash_file, make_fake_proc, spool_files
 
-STRATEGIES = ("rw", "splice", "rw2", "splice2")
 
 
 @pytest.fixture
@@ -26,21 +26,21 @@ def handler(tmp_path):
 @pytest.mark.parametrize("mode", ("write", "vmsplice"))
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_oversize_dump_is_truncated_and_drained(handler, strategy, mode):
-    handler.configure(strategy=strategy, max_dump_bytes=3 * MiB + 5)
+    handler.configure(strategy=strategy, max_dump_size=3 * MiB + 5)
     result = handler.feed(16 * MiB, mode=mode)
     # The feeder's whole push went through: the "kernel" was never left blocked or failed.
     assert result.feeder["push_error"] == 0 and result.returncode == 0, result.stderr
     cap = result.capture
-    assert cap["truncated"] and cap["truncated_reason"] == "max_dump_bytes" and not cap["complete"]
+    assert cap["truncated"] and cap["truncated_reason"] == "max_dump_size" and not cap["complete"]
     assert cap["bytes"] == 3 * MiB + 5
     assert cap["bytes"] + cap["drained_bytes"] == 16 * MiB
     assert result.core.stat().st_size == 3 * MiB + 5
     assert hash_file(result.core) == expected_digest(16 * MiB, False, result.record["pid"], limit=3 * MiB + 5)
-    assert any("truncated" in e and "max_dump_bytes" in e for e in result.record["errors"])
+    assert any("truncated" in e and "max_dump_size" in e for e in result.record["errors"])
 
 
 def test_dump_of_exactly_the_limit_is_complete(handler):
-    handler.configure(max_dump_bytes=MiB)
+    handler.configure(max_dump_size=MiB)
     cap = handler.feed(MiB).capture
     assert cap["complete"] and not cap["truncated"] and cap["bytes"] == MiB
 
@@ -97,8 +97,8 @@ def test_sixteen_concurrent_captures_all_commit(handler):
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_stalled_writer_hits_the_timeout(handler, strategy):
-    """A dump that stops arriving (the pipe stays open) ends at timeout_sec with what arrived."""
-    handler.configure(strategy=strategy, timeout_sec=1)
+    """A dump that stops arriving (the pipe stays open) ends at timeout with what arrived."""
+    handler.configure(strategy=strategy, timeout=1)
     r, w = os.pipe()
     proc = subprocess.Popen([str(paths.csplice_path()), *core_args(os.getpid())], stdin=r,
                             env=handler.environment(), stderr=subprocess.PIPE)
@@ -133,7 +133,7 @@ def small_fs(tmp_path):
 @pytest.mark.root
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_free_space_floor_truncates(small_fs, strategy):
-    handler = Handler(small_fs / "h", settings={"strategy": strategy, "min_free_bytes": 16 * MiB})
+    handler = Handler(small_fs / "h", settings={"strategy": strategy, "min_free": 16 * MiB})
     result = handler.feed(100 * MiB)
     assert result.returncode == 0 and result.feeder["push_error"] == 0
     cap = result.capture
@@ -147,7 +147,7 @@ def test_free_space_floor_truncates(small_fs, strategy):
 @pytest.mark.root
 def test_free_space_floor_already_crossed_keeps_metadata_only(small_fs):
     (small_fs / "filler").write_bytes(b"\1" * (56 * MiB))
-    handler = Handler(small_fs / "h", settings={"min_free_bytes": 16 * MiB})
+    handler = Handler(small_fs / "h", settings={"min_free": 16 * MiB})
     result = handler.feed(8 * MiB)
     assert result.returncode == 0
     assert result.capture["dropped_reason"] == "min_free" and result.capture["drained_bytes"] == 8 * MiB

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from support.csplice_harness import Handler, core_args, make_fake_proc
-from support.record_schema import check_record
+from support.record_schema import SPECIFIERS, check_record
 
 
 @pytest.fixture
@@ -26,7 +26,8 @@ def test_record_values_follow_the_specifiers_and_proc(handler):
     rec = result.record
     raw = json.loads((handler.spool / (rec["id"] + ".json")).read_bytes())
     check_record(raw)
-    assert rec["specifiers"] == dict(zip("PiIugdstche", (a.decode() for a in args)), F=None)
+    assert rec["specifiers"] == dict.fromkeys(SPECIFIERS) | dict(zip(SPECIFIERS, (a.decode() for a in args)))
+    assert rec["specifiers"]["e"] == "pytest-crash" and rec["specifiers"]["F"] is None
     assert (rec["pid"], rec["tid"], rec["uid"], rec["gid"], rec["signal"], rec["dumpable"]) == \
         (os.getpid(), os.getpid(), os.getuid(), os.getgid(), 6, 1)
     assert rec["hostname"] == socket.gethostname() and rec["comm"] == "pytest-crash"

@@ -20,22 +20,16 @@ DEFAULT_SPOOL = "/var/lib/corehandler/spool"
 
 
 def test_every_setting_reaches_the_record(tmp_path):
-    handler = Handler(tmp_path / "h", settings={
-        "strategy": "splice2", "chunk_bytes": 131072, "pipe_bytes": 262144, "max_dump_bytes": 5 * MiB,
-        "min_free_bytes": 4096, "min_free_percent": 1, "max_pending": 10, "max_per_exe_per_minute": 9,
-        "timeout_sec": 77, "fsync": True, "sparse": False, "collect_environ": True, "collect_maps": True,
-        "some_future_key": "ignored",
-    })
+    settings = {
+        "strategy": "splice2", "chunk_size": 131072, "pipe_size": 262144, "max_dump_size": 5 * MiB,
+        "min_free": 4096, "max_pending": 10, "max_per_exe_per_minute": 9, "timeout": 77, "fsync": True,
+        "sparse": False, "collect_environ": True, "collect_maps": True,
+    }
+    handler = Handler(tmp_path / "h", settings={**settings, "some_future_key": "ignored"})
     rec = handler.feed(MiB).record
     s = rec["handler"]["settings"]
     assert (s["from_file"], s["source"], s["error"]) == (True, str(handler.settings_path), None)
-    assert {k: s[k] for k in ("strategy", "chunk_bytes", "pipe_bytes", "max_dump_bytes", "min_free_bytes",
-                              "min_free_percent", "max_pending", "max_per_exe_per_minute", "timeout_sec", "fsync",
-                              "sparse", "collect_environ", "collect_maps", "spool_dir")} == {
-        "strategy": "splice2", "chunk_bytes": 131072, "pipe_bytes": 262144, "max_dump_bytes": 5 * MiB,
-        "min_free_bytes": 4096, "min_free_percent": 1, "max_pending": 10, "max_per_exe_per_minute": 9,
-        "timeout_sec": 77, "fsync": True, "sparse": False, "collect_environ": True, "collect_maps": True,
-        "spool_dir": str(handler.spool)}
+    assert {k: s[k] for k in (*settings, "spool_dir")} == {**settings, "spool_dir": str(handler.spool)}
     # The collected extras are in the record.
     own_environ = Path("/proc/self/environ").read_bytes().split(b"\0")[:-1]
     assert [e.encode("utf-8", "surrogateescape") for e in rec["proc"]["environ"]] == own_environ
@@ -53,7 +47,9 @@ BAD_FILES = {
     "directory": "dir",
     "garbage": b"\x00\xff\x13binary garbage without an equals sign\n",
     "bad_value": b"strategy=zerocopy\n",
-    "out_of_range": b"chunk_bytes=12\n",
+    "out_of_range": b"chunk_size=12\n",
+    "percent_over_100": b"min_free=101%\n",
+    "percent_not_a_number": b"min_free=x%\n",
     "negative": b"max_pending=-1\n",
     "relative_spool": b"spool_dir=spool\n",
     "too_big": b"# padding\n" * 7000,

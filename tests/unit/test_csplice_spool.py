@@ -49,7 +49,7 @@ def start_stalled(handler: Handler, first: bytes):
 @pytest.mark.parametrize("strategy", ("rw", "splice", "rw2", "splice2"))
 def test_live_capture_is_locked_and_only_the_json_commits(handler, strategy):
     # rw2 hands over whole 1 MiB slots: feed exactly that much so the partial file shows.
-    handler.configure(strategy=strategy, chunk_bytes=65536)
+    handler.configure(strategy=strategy, chunk_size=65536)
     proc, w, tmp = start_stalled(handler, b"\x7fELF" + b"x" * (MiB - 4))
     try:
         assert not lockable(tmp), "a live capture's .tmp core must be locked"

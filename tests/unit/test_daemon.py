@@ -43,7 +43,7 @@ def spool_empty(state_dir):
 def test_ingest_complete_truncated_and_metadata_only(tmp_path, state, feeder, csplice):
     spool_dir = state / "spool"
     full = write_settings(tmp_path / "full.conf", spool_dir)
-    small = write_settings(tmp_path / "small.conf", spool_dir, max_dump_bytes=65536)
+    small = write_settings(tmp_path / "small.conf", spool_dir, max_dump_size=65536)
     one = write_settings(tmp_path / "one.conf", spool_dir, max_pending=1)
     ok = feed(feeder, csplice, full, size=3 << 20, pid=101, zero_regions=True)
     raw_sha = sha_of(spool_dir / ok["core"])
@@ -60,7 +60,7 @@ def test_ingest_complete_truncated_and_metadata_only(tmp_path, state, feeder, cs
     assert rows[ok["id"]].sha256 == raw_sha
     assert (rows[ok["id"]].pid, rows[ok["id"]].signal, rows[ok["id"]].comm) == (101, 11, "feeder")
     assert rows[trunc["id"]].status == "truncated"
-    assert rows[trunc["id"]].problem.startswith("capture truncated: max_dump_bytes; truncated: 65536 of")
+    assert rows[trunc["id"]].problem.startswith("capture truncated: max_dump_size; truncated: 65536 of")
     assert rows[meta["id"]].status == "metadata_only" and rows[meta["id"]].path is None
     assert rows[meta["id"]].problem == "dump not kept: max_pending"
     # Stored files decompress to what csplice captured.

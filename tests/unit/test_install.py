@@ -20,7 +20,7 @@ from corehandler.store import Store, row_from_record
 
 from fakehost import SYSTEMD_PATTERN, FakeHost
 
-SPECS = "%P %i %I %u %g %d %s %t %c %h %e"
+SPECS = install.SPECIFIERS
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from support.records import RecordMaker
 
 
 def test_dump_entry_from_a_real_record(feeder, csplice, tmp_path):
-    maker = RecordMaker(feeder, csplice, tmp_path / "spool-root", max_dump_bytes=1 << 20)
+    maker = RecordMaker(feeder, csplice, tmp_path / "spool-root", max_dump_size=1 << 20)
     record = maker.make(3 << 20, signal=6, comm=b"cr\xffsher")
     stored = maker.store_dump(record)
     got = journal.dump_entry(record, stored)
@@ -29,14 +29,14 @@ def test_dump_entry_from_a_real_record(feeder, csplice, tmp_path):
     assert got["COREDUMP_EXE"] == os.readlink("/proc/self/exe")
     assert got["COREDUMP_TIMESTAMP"] == str(record["timestamp"] * 10**6)
     assert got["COREDUMP_TRUNCATED"] == "1"
-    assert got["COREHANDLER_TRUNCATED_REASON"] == "max_dump_bytes"
+    assert got["COREHANDLER_TRUNCATED_REASON"] == "max_dump_size"
     assert got["COREHANDLER_DROPPED"] == "0" and "COREHANDLER_DROPPED_REASON" not in got
     assert got["COREHANDLER_CAPTURED_BYTES"] == "1048576"
     assert got["COREHANDLER_DUMP_BYTES"] == str(3 << 20)
     assert got["COREHANDLER_THROUGHPUT_BYTES_PER_SECOND"] == str(round(cap["throughput_bytes_per_second"]))
     assert got["COREDUMP_FILENAME"] == stored["path"]
     assert got["COREHANDLER_ID"] == record["id"]
-    assert "truncated (max_dump_bytes)" in got["MESSAGE"]
+    assert "truncated (max_dump_size)" in got["MESSAGE"]
 
 
 def test_deletion_and_error_entries():

@@ -37,15 +37,15 @@ def maker(feeder, csplice, tmp_path) -> RecordMaker:
 
 @pytest.fixture
 def three_dumps(maker) -> list[tuple[dict, dict]]:
-    """A complete dump, a truncated one (over max_dump_bytes) and a dropped one (max_pending reached)."""
-    maker.configure(max_dump_bytes=MIB)
+    """A complete dump, a truncated one (over max_dump_size) and a dropped one (max_pending reached)."""
+    maker.configure(max_dump_size=MIB)
     complete_record = maker.make(3 * MIB // 4, signal=11)
     truncated = maker.make(2 * MIB, signal=6)
     maker.configure(max_pending=2)
     dropped = maker.make(MIB, signal=11)
     records = [complete_record, truncated, dropped]
     assert [r["capture"]["complete"] for r in records] == [True, False, False]
-    assert truncated["capture"]["truncated_reason"] == "max_dump_bytes"
+    assert truncated["capture"]["truncated_reason"] == "max_dump_size"
     assert dropped["capture"]["dropped_reason"] == "max_pending"
     return [(r, maker.store_dump(r)) for r in records]
 
@@ -64,7 +64,7 @@ def test_counts_and_histograms_match_the_records(three_dumps):
     assert value(got, "corehandler_dumps_total", signal="SIGSEGV", outcome="complete", reason="",
                  exe="other") == 1
     assert value(got, "corehandler_dumps_total", signal="SIGABRT", outcome="truncated",
-                 reason="max_dump_bytes", exe="other") == 1
+                 reason="max_dump_size", exe="other") == 1
     assert value(got, "corehandler_dumps_total", signal="SIGSEGV", outcome="dropped", reason="max_pending",
                  exe="other") == 1
     records = [r for r, _ in three_dumps]

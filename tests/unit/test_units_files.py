@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from corehandler.install import SPECIFIERS
 from corehandler.paths import DIR_MODES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,8 +26,6 @@ DROPINS = sorted((ROOT / "packaging" / "systemd").glob("*.conf"))
 SYSCTL_TEMPLATE = ROOT / "packaging" / "sysctl.d" / "50-corehandler.conf.in"
 TMPFILES = ROOT / "packaging" / "tmpfiles.d" / "corehandler.conf"
 INSTALLED_CSPLICE = "/usr/libexec/corehandler/csplice"
-# docs/design.md: csplice's argv, in this order; %F is added by `corehandler install` where the kernel has it.
-SPECIFIERS = "%P %i %I %u %g %d %s %t %c %h %e"
 # systemd-analyze security's 0-10 scale; systemd-coredump@.service itself scores 4.5 on Debian 12.
 MAX_EXPOSURE = 2.0
 

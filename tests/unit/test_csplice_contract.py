@@ -1,0 +1,53 @@
+"""The words csplice and the control plane share, each spelled once per side: csplice prints its tables
+(--list-specifiers, --list-strategies, --list-settings) and they must be the Python side's, in the same order.
+Adding a setting is a line in csplice's setting_table and a field in config.CaptureConfig; this test says when
+one side has it and the other does not."""
+
+from __future__ import annotations
+
+import subprocess
+
+from support.csplice_harness import Handler
+
+from corehandler import config, install, strategy
+from corehandler.paths import Paths
+
+
+def listed(csplice, option: str) -> list[str]:
+    out = subprocess.run([str(csplice), option], capture_output=True, text=True, check=True, timeout=10)
+    return out.stdout.splitlines()
+
+
+def test_specifiers_are_the_ones_install_puts_in_core_pattern(csplice):
+    assert listed(csplice, "--list-specifiers") == [f"{install.SPECIFIERS} [{install.PIDFD_SPECIFIER}]"]
+
+
+def test_strategies_are_the_ones_the_config_accepts(csplice):
+    assert tuple(listed(csplice, "--list-strategies")) == strategy.STRATEGIES
+    config.Config.model_validate({"capture": {"strategy": strategy.STRATEGIES[-1]}})
+
+
+def test_settings_are_the_capture_section_with_the_same_defaults(csplice, tmp_path):
+    """Every key csplice reads is one corehandler writes, under the same name, and csplice's built-in defaults
+    (what it uses without a file) are the config's defaults as rendered on a stock kernel."""
+    in_c = dict(line.split("=", 1) for line in listed(csplice, "--list-settings"))
+    in_python = config.csplice_settings(config.Config(), Paths(proc_root=tmp_path))  # no kallsyms: stock
+    assert list(in_c) == list(in_python)
+    assert in_c == in_python
+    assert list(in_python)[1:] == list(config.CaptureConfig.model_fields)
+
+
+def test_the_rendered_file_is_read_back_as_written(csplice, tmp_path):
+    """Non-default values of every type (size, percent, duration, boolean, strategy) reach csplice unchanged:
+    the record lists the settings csplice ran with."""
+    cfg = config.Config.model_validate({"capture": {
+        "strategy": "splice", "chunk_size": "128K", "pipe_size": 0, "max_dump_size": "5M", "min_free": "1%",
+        "max_pending": 0, "max_per_exe_per_minute": 0, "timeout": "90s", "fsync": True, "sparse": False}})
+    handler = Handler(tmp_path / "h")
+    handler.settings_path.write_text(config.render_csplice_settings(cfg, Paths(state_dir=tmp_path / "h")))
+    settings = handler.feed(4096).record["handler"]["settings"]
+    assert settings["error"] is None and settings["from_file"]
+    assert {k: settings[k] for k in config.CaptureConfig.model_fields} == {
+        "strategy": "splice", "chunk_size": 128 << 10, "pipe_size": 0, "max_dump_size": 5 << 20, "min_free": "1%",
+        "max_pending": 0, "max_per_exe_per_minute": 0, "timeout": 90, "fsync": True, "sparse": False,
+        "collect_environ": False, "collect_maps": False}
