@@ -3,8 +3,8 @@ the index as root and on a user's published view alike.
 
 A MATCH word, as coredumpctl reads one:
   digits (a number up to 2^31-1)      a PID
-  an id, or a unique prefix of one    the dump with that id (what `list` prints in its ID column)
-                                      (`<µs>-<boot id>-<pid>`, or 11 or more digits: longer than any PID)
+  an id, or a unique prefix of one    the dump with that id (what `list` prints in its ID column):
+                                      `<µs>-<boot id>-<pid>`, a prefix of at least its 11 first digits
   a word with '/'                     an executable path, or a comm (a comm may hold '/': `a/b` is the
                                       path ./a/b or the comm a/b; `exe=` or `comm=` say which)
   anything else                       a comm
@@ -34,7 +34,9 @@ if TYPE_CHECKING:
 MAX_C_INT = 2**31 - 1
 KINDS = ("id", "pid", "comm", "exe")  # the explicit `KIND=` forms
 # A dump id's shape (docs/design.md, Spool): a prefix of one is digits, then '-', hex, '-', digits, '.N'.
-_ID_PREFIX = re.compile(r"\d{11,}|\d+-[0-9a-f]{0,16}(-(\d+(\.\d*)?)?)?")
+# Its microsecond timestamp has 16 digits: 11 or more (more than any PID) start an id, and a comm like "2-b"
+# stays a comm.
+_ID_PREFIX = re.compile(r"\d{11,}(-[0-9a-f]{0,16}(-(\d+(\.\d*)?)?)?)?")
 
 
 @dataclass(frozen=True)

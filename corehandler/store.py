@@ -22,8 +22,8 @@ from typing import Iterable
 
 from corehandler import facts, match
 from corehandler.errors import EXIT_PERMISSION, CorehandlerError
-from corehandler.paths import DIR_MODES
 from corehandler.match import Filter  # noqa: F401 (the store's query takes one; callers import it from here)
+from corehandler.paths import DIR_MODES
 from corehandler.printable import display
 
 SCHEMA_VERSION = 3
@@ -196,9 +196,8 @@ class Store:
                     upgrade.close()
                     self.db = self._connect_readonly()
             else:
-                for d in (self.state_dir, self.store_dir):
-                    d.mkdir(mode=DIR_MODES[d.name if d is self.store_dir else "state"], parents=True,
-                            exist_ok=True)
+                for d, kind in ((self.state_dir, "state"), (self.store_dir, "store")):
+                    d.mkdir(mode=DIR_MODES[kind], parents=True, exist_ok=True)
                 self.db = sqlite3.connect(self.index_path, timeout=30)
                 os.chmod(self.index_path, 0o600)
                 self._migrate(self.db)
