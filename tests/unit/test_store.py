@@ -206,9 +206,12 @@ def test_a_schema_1_index_is_migrated_in_place(tmp_path, readonly):
     (tmp_path / "store").mkdir()
     db = sqlite3.connect(tmp_path / "index.sqlite")
     db.executescript(SCHEMA_1)
-    for n, deleting in ((1, 0), (2, 1)):
-        row = dict(_row(_record(n)), deleting=deleting)
+    odd = _record(3, comm="bad\udcffname")
+    for record, deleting in ((_record(1), 0), (_record(2), 1), (odd, 0)):
+        row = dict(_row(record), deleting=deleting)
         del row["compress_seconds"], row["ingest_seconds"]  # not in schema 1
+        if record is odd:
+            row["comm"] = "bad\\xffname"  # v0.1's display form: the bytes are only in the record
         db.execute(f"INSERT INTO dumps ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values()))
     db.commit()
     db.close()
@@ -216,8 +219,11 @@ def test_a_schema_1_index_is_migrated_in_place(tmp_path, readonly):
 
     with Store(tmp_path, readonly=readonly) as s:
         assert s.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-        assert [d.id for d in s.query()] == [_record(1)["id"]]
-        assert [d.deleted_at for d in s.history()] == [None, None]
+        assert [d.id for d in s.query()] == [_record(1)["id"], odd["id"]]
+        assert [d.deleted_at for d in s.history()] == [None, None, None]
+        # v0.1's rows: found by the name's real bytes, not marked corrupt
+        [found] = s.query(Filter(comms=("bad\udcffname",)))
+        assert found.id == odd["id"] and found.corrupt is None and s.query(Filter(comms=("bad\\xffname",))) == []
     with Store(tmp_path) as s:
         (tomb,) = s.finish_deletions()  # schema 1 marked no rule and measured nothing: done now
         assert (tomb.deleted_rule, tomb.freed_bytes) == (UNKNOWN_RULE, 4096)
