@@ -378,7 +378,11 @@ class Daemon:
         """Counts the stored dumps found corrupt since the last look (the CLI marks them in the index when a
         check fails: info, dump, debug, list), once each: errors_total{kind="corrupt"}, the journal, the log.
         Marks that predate this daemon are its baseline, not news (list, info and status show them)."""
-        marked = dict(self.store.corrupt())
+        try:
+            marked = dict(self.store.corrupt())
+        except sqlite3.Error as e:  # the next sweep looks again
+            self.report_error("ingest", f"Cannot read the corruption marks: {e}")
+            return
         if self._corrupt_seen is not None:
             for dump_id in marked.keys() - self._corrupt_seen:
                 self.report_error("corrupt", f"Stored dump {dump_id} is corrupt: {marked[dump_id]}", dump_id)
