@@ -7,12 +7,14 @@ import json
 import signal
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
 from corehandler import journal, paths
 from corehandler.install import SPECIFIERS
 from corehandler.metrics import MetricsObserver
+from corehandler.store import Store, row_from_record
 from support.crash import build_crasher, crash, python_crash
 from support.journald import PrivateJournald, expected_dump_fields, field_bytes, mismatches
 from support.prometheus import PrometheusServer, free_port
@@ -59,10 +61,14 @@ def test_real_crashes_reach_prometheus_and_the_journal(csplice, tmp_path, host_c
     assert all(r["capture"]["complete"] for r in records)
     assert [r["proc"]["exe"] == str(crasher) for r in records] == [True, True, False]
     dumps = [(r, store_dump(r, spool, store)) for r in records]
+    with Store(tmp_path) as index:  # the store gauges are read from the index at scrape time
+        for r, s in dumps:
+            index.insert(row_from_record(r, status=s["status"], problem=None, path=Path(s["path"]).name,
+                                         raw_bytes=s["raw_bytes"], stored_bytes=s["compressed_bytes"], sha256=None))
 
     journald = PrivateJournald(tmp_path / "journald")
     journald.start()
-    metrics = MetricsObserver(exe_label_allowlist=[crasher.name])
+    metrics = MetricsObserver(exe_label_allowlist=[crasher.name], state_dir=tmp_path)
     # The JournalObserver runs where the private journald's socket is /run/systemd/journal/socket.
     client = journald.client()
     port = free_port()
