@@ -36,6 +36,7 @@ from common import filesystem_of, machine, markdown_table, median, paired_ratio 
 
 from corehandler import paths  # noqa: E402
 from corehandler.install import PIDFD_SPECIFIER, SPECIFIERS  # noqa: E402
+from support import cbuild  # noqa: E402
 from support.crash import build_crasher  # noqa: E402
 from support.host_core import host_core_settings  # noqa: E402
 from support.waiting import wait_for  # noqa: E402
@@ -60,7 +61,7 @@ LABELS = {
     "rw": "csplice rw, 64K chunk, kernel's 64K pipe",
     "rw-256K-1M": "**csplice rw, 256K chunk, 1M pipe (default, stock kernel)**",
     "rw-1M": "csplice rw, 1M chunk, 1M pipe",
-    "splice": "csplice splice (the seed's 16-page loop)",
+    "splice": "csplice splice (the 16-page splice loop)",
     "rw2-1M": "csplice rw2 (2 threads, 4x1M ring), 1M pipe",
     "splice2-256K-1M": "**csplice splice2 (2-stage splice), 1M pipes (default, COREDUMP_USE_PIPE kernel)**",
     "cat": "`cat > file`",
@@ -91,7 +92,7 @@ class Tools:
         self.cat.write_text('#!/bin/sh\nexec cat > "$1"\n')
         self.cat.chmod(0o755)
         self.csplice = paths.csplice_path()
-        self.feeder = paths.feeder_path()
+        self.feeder = cbuild.feeder()
         self.spool = work / "spool"
         self.out = work / "out"
         self.out.mkdir(exist_ok=True)

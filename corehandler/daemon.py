@@ -103,32 +103,6 @@ def _status(record: dict, info: elfcore.CoreInfo | None, core_missing: bool) -> 
     return ("ok" if info.status == elfcore.STATUS_OK else "invalid"), problems
 
 
-def stored_event(dump, path: Path | None) -> dict:
-    """The `stored` argument of on_ingested (docs/design.md, Daemon events), from the dump's index row: the
-    same figures whether reported live or replayed into the metrics at the next start."""
-    return {"id": dump.id, "path": str(path) if path else None, "raw_bytes": dump.raw_bytes,
-            "compressed_bytes": dump.stored_bytes, "compress_seconds": dump.compress_seconds or 0.0,
-            "ingest_seconds": dump.ingest_seconds or 0.0, "ingested_at": dump.ingested_at, "status": dump.status,
-            "problem": dump.problem}
-
-
-def replay_rows(store: Store, spool_dir: Path) -> list[dict]:
-    """The index history as MetricsObserver.seed rows, less what this daemon will announce again once it runs:
-    a dump whose spool record is still there (a kill after indexing: ingest redoes the cleanup and sends
-    on_ingested) and a deletion a kill interrupted (recover finishes it and sends on_deleted). Replaying those
-    too would count them twice."""
-    pending = set(spool.committed_ids(spool_dir))
-    rows = []
-    for dump in store.history():
-        if dump.id in pending:
-            continue
-        row = dict(dump.summary(), stored=stored_event(dump, store.file_path(dump)))
-        if dump.deleting:
-            row["deleted_rule"] = None
-        rows.append(row)
-    return rows
-
-
 class Daemon:
     def __init__(self, settings: Settings, observers: Sequence = (),
                  reload: Callable[[], Settings] | None = None, *, handle_signals: bool = False):
@@ -219,7 +193,7 @@ class Daemon:
         done = self.store.get(dump_id)
         if done is not None:  # a kill after indexing: the cleanup and the event were left
             if spool.record_path(spool_dir, dump_id).exists():
-                self._finish(done.record, stored_event(done, self.store.file_path(done)))
+                self._finish(done)
             return True
         try:
             record = spool.read_record(spool_dir, dump_id)
@@ -268,18 +242,23 @@ class Daemon:
         dump = self.store.get(dump_id)
         if userview.visible(dump):
             self._publish([dump.uid])
-        self._finish(record, stored_event(dump, stored.path if stored else None))
+        self._finish(dump)
         return True
 
-    def _finish(self, record: dict, event: dict) -> None:
-        """Removes the raw files of an indexed dump and tells the observers."""
-        dump_id = event["id"]
-        spool.core_path(self.settings.spool_dir, dump_id).unlink(missing_ok=True)
+    def _finish(self, dump) -> None:
+        """Removes the raw files of an indexed dump and tells the observers, with the figures of its index row
+        (the same whether this daemon indexed it or a killed one did)."""
+        spool.core_path(self.settings.spool_dir, dump.id).unlink(missing_ok=True)
         _checkpoint_pause("core_removed")
-        spool.remove_record(self.settings.spool_dir, dump_id)
-        log.info("Ingested %s: %s%s, %d -> %d bytes", dump_id, event["status"],
-                 f" ({event['problem']})" if event["problem"] else "", event["raw_bytes"], event["compressed_bytes"])
-        self._notify("on_ingested", record, event)
+        spool.remove_record(self.settings.spool_dir, dump.id)
+        log.info("Ingested %s: %s%s, %d -> %d bytes", dump.id, dump.status,
+                 f" ({dump.problem})" if dump.problem else "", dump.raw_bytes, dump.stored_bytes)
+        path = self.store.file_path(dump)
+        self._notify("on_ingested", dump.record, {
+            "id": dump.id, "path": str(path) if path else None, "raw_bytes": dump.raw_bytes,
+            "compressed_bytes": dump.stored_bytes, "compress_seconds": dump.compress_seconds or 0.0,
+            "ingest_seconds": dump.ingest_seconds or 0.0, "ingested_at": dump.ingested_at, "status": dump.status,
+            "problem": dump.problem})
 
     def _try_ingest(self, dump_id: str) -> bool:
         if self._retry_at.get(dump_id, 0) > time.monotonic():
@@ -329,11 +308,16 @@ class Daemon:
         spool (in sweep), and store files that have neither an index row nor a record."""
         for d in self.store.finish_deletions():
             log.warning("Finished the interrupted deletion of %s (%s)", d.id, d.deleted_rule)
-            # The killed daemon never reported it; replay_rows left it out of the seed, so it counts once, here.
+            # The killed daemon never reported it (the index counted it when the row went).
             self._notify("on_deleted", d.id, d.exe, d.deleted_rule, d.freed_bytes or 0)
         for tmp in self.store.temp_files():
             log.warning("Removing %s, left by an interrupted compression", tmp.name)
             tmp.unlink(missing_ok=True)
+        # Dumps a kill left indexed but not cleaned up: finished first, so the retention passes of the sweep
+        # plan with every one of them done.
+        for dump_id in spool.committed_ids(self.settings.spool_dir):
+            if self.store.get(dump_id) is not None:
+                self._try_ingest(dump_id)
         self.sweep()
         pending = set(spool.committed_ids(self.settings.spool_dir))
         for path in self.store.unindexed_files():

@@ -32,7 +32,7 @@ from typing import Any, TextIO
 
 from systemd import journal
 
-from corehandler import facts
+from corehandler import spool
 from corehandler.printable import display
 
 log = logging.getLogger(__name__)
@@ -171,15 +171,15 @@ def _mib(value: float | None) -> str:
 
 
 def dump_entry(record: Mapping[str, Any], stored: Mapping[str, Any]) -> Fields:
-    cap = facts.capture(record)
-    outcome, reason = facts.outcome(record, stored)
-    number = facts.signal_number(record)
-    name = facts.signal_name(number)
-    comm, exe = facts.comm(record), facts.exe(record)
-    argv = facts.cmdline(record)
-    seconds = facts.capture_seconds(record)
-    throughput = facts.number(cap, "throughput_bytes_per_second")
-    timestamp = facts.number(record, "timestamp")
+    cap = spool.capture(record)
+    outcome, reason = spool.outcome(record, stored)
+    number = spool.signal_number(record)
+    name = spool.signal_name(number)
+    comm, exe = spool.comm(record), spool.exe(record)
+    argv = spool.cmdline(record)
+    seconds = spool.capture_seconds(record)
+    throughput = spool.number(cap, "throughput_bytes_per_second")
+    timestamp = spool.number(record, "timestamp")
 
     f: Fields = {"MESSAGE_ID": MESSAGE_ID_DUMP, "PRIORITY": str(PRIORITY_CRIT),
                  "SYSLOG_IDENTIFIER": SYSLOG_IDENTIFIER}
@@ -189,15 +189,15 @@ def dump_entry(record: Mapping[str, Any], stored: Mapping[str, Any]) -> Fields:
     what = (f"Process {'unknown' if pid is None else pid} ({display(comm) or 'unknown'}) of user "
             f"{'unknown' if uid is None else uid} ")
     on = name or "an unknown signal"
-    if outcome == facts.ORPHAN:
-        what += f"dumped core on {on}, found without its record ({_mib(facts.number(cap, 'bytes'))})"
-    elif outcome == facts.DROPPED:
+    if outcome == spool.ORPHAN:
+        what += f"dumped core on {on}, found without its record ({_mib(spool.number(cap, 'bytes'))})"
+    elif outcome == spool.DROPPED:
         what += f"crashed on {on}; dump dropped ({reason}), metadata kept"
-    elif outcome == facts.TRUNCATED:
-        what += (f"dumped core on {on}; truncated ({reason}) at {_mib(facts.number(cap, 'bytes'))} "
-                 f"of {_mib(facts.dump_bytes(record))}")
+    elif outcome == spool.TRUNCATED:
+        what += (f"dumped core on {on}; truncated ({reason}) at {_mib(spool.number(cap, 'bytes'))} "
+                 f"of {_mib(spool.dump_bytes(record))}")
     else:
-        what += f"dumped core on {on}: {_mib(facts.dump_bytes(record))}"
+        what += f"dumped core on {on}: {_mib(spool.dump_bytes(record))}"
     if seconds and throughput:
         what += f", captured in {seconds:.3f} s ({throughput / 2**20:.0f} MiB/s)"
     if stored.get("path"):
@@ -217,26 +217,26 @@ def dump_entry(record: Mapping[str, Any], stored: Mapping[str, Any]) -> Fields:
     # µs since the Epoch, as systemd-coredump's field of the same name.
     _put(f, "COREDUMP_TIMESTAMP", None if timestamp is None else int(timestamp) * 1_000_000)
     _put(f, "COREDUMP_RLIMIT", record.get("rlimit_core"))
-    _put(f, "COREDUMP_TRUNCATED", outcome == facts.TRUNCATED)
+    _put(f, "COREDUMP_TRUNCATED", outcome == spool.TRUNCATED)
     _put(f, "COREDUMP_FILENAME", stored.get("path"))
     _put(f, "COREHANDLER_ID", stored.get("id") or record.get("id"))
     _put(f, "COREHANDLER_OUTCOME", outcome)
-    _put(f, "COREHANDLER_TRUNCATED_REASON", reason if outcome == facts.TRUNCATED else None)
-    _put(f, "COREHANDLER_DROPPED", outcome == facts.DROPPED)
-    _put(f, "COREHANDLER_DROPPED_REASON", reason if outcome == facts.DROPPED else None)
+    _put(f, "COREHANDLER_TRUNCATED_REASON", reason if outcome == spool.TRUNCATED else None)
+    _put(f, "COREHANDLER_DROPPED", outcome == spool.DROPPED)
+    _put(f, "COREHANDLER_DROPPED_REASON", reason if outcome == spool.DROPPED else None)
     _put(f, "COREHANDLER_STATUS", stored.get("status"))
     _put(f, "COREHANDLER_PROBLEM", stored.get("problem"))
     _put(f, "COREHANDLER_CAPTURE_ERROR", cap.get("error"))
-    _put(f, "COREHANDLER_DUMP_BYTES", facts.dump_bytes(record))
+    _put(f, "COREHANDLER_DUMP_BYTES", spool.dump_bytes(record))
     _put(f, "COREHANDLER_CAPTURED_BYTES", cap.get("bytes"))
     _put(f, "COREHANDLER_DRAINED_BYTES", cap.get("drained_bytes"))
     _put(f, "COREHANDLER_CAPTURE_SECONDS", _seconds(seconds))
     _put(f, "COREHANDLER_THROUGHPUT_BYTES_PER_SECOND", None if throughput is None else round(throughput))
-    _put(f, "COREHANDLER_HOLD_SECONDS", _seconds(facts.hold_seconds(record)))
+    _put(f, "COREHANDLER_HOLD_SECONDS", _seconds(spool.hold_seconds(record)))
     _put(f, "COREHANDLER_STRATEGY", cap.get("strategy"))
     _put(f, "COREHANDLER_RAW_BYTES", stored.get("raw_bytes"))
     _put(f, "COREHANDLER_COMPRESSED_BYTES", stored.get("compressed_bytes"))
-    _put(f, "COREHANDLER_COMPRESS_SECONDS", _seconds(facts.number(stored, "compress_seconds")))
+    _put(f, "COREHANDLER_COMPRESS_SECONDS", _seconds(spool.number(stored, "compress_seconds")))
     errors = record.get("errors")
     if isinstance(errors, list) and errors:
         _put(f, "COREHANDLER_RECORD_ERRORS", "\n".join(str(e) for e in errors))

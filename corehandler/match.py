@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
-from corehandler import facts
+from corehandler import spool
 from corehandler.errors import UsageError
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ class Filter:
 
 def comms(record: dict) -> list[str]:
     """Every name the record gives the process: /proc's comm, and the kernel's %e form of it."""
-    names = [facts.comm(record)]
+    names = [spool.comm(record)]
     kernel = record.get("comm")
     if isinstance(kernel, str) and kernel not in names:
         names.append(kernel)

@@ -1,42 +1,33 @@
 """Prometheus metrics of the dumps the daemon ingests: a daemon observer (docs/design.md, "Daemon events").
 
 Everything lives on a private CollectorRegistry, served over HTTP (`serve`) and, when configured, written as a
-node_exporter textfile. Counters and histograms are derived from the spool record of each dump, so after a
-restart `seed` replays the index and they continue instead of dropping to zero; the errors counter is the
-exception (it counts this daemon run's errors).
+node_exporter textfile. Two kinds of series:
 
-Seed rows: any mapping with (the names of store.py's index columns, so `[d.summary() for d in store.all()]`
-fits as is)
-  record        the spool record as ingested: a dict, or its JSON text. Required.
-  raw_bytes, stored_bytes (or compressed_bytes), status
-                as in on_ingested's `stored`; compress_seconds and ingest_seconds too when the row has them
-                (the index keeps them since its schema 2; serve's seed passes 0 for older rows).
-  stored        optional: instead of top-level keys, a dict shaped like on_ingested's `stored`.
-  deleted_rule, freed_bytes
-                optional: the row is a tombstone of a dump retention removed (by that rule); it counts in the
-                dump counters and in the retention counters.
-Dumps the index no longer has (deleted without a tombstone) are not counted after a restart: Prometheus sees
-that as a counter reset, which rate() and increase() handle.
+- counted: counters and histograms of what this daemon ingested and its errors, derived from each dump's spool
+  record. They start at zero with the process; Prometheus's rate() and increase() take the reset in stride.
+- read: what the index holds, read at scrape time (_StoreCollector): the stored dumps by status and their
+  bytes, the latest crash, and the deletions by rule since the index was created (counters, since they only
+  grow), plus the store's limit and filesystem.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import platform
+import sqlite3
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer, generate_latest, start_http_server
 from prometheus_client.process_collector import ProcessCollector
 
-from corehandler import __version__, facts
+from corehandler import __version__, spool
 from corehandler.atomicfile import write_atomic
-from corehandler.store import Store
+from corehandler.store import STATUSES, Store, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +51,10 @@ class MetricsObserver:
     """Counts what the daemon reports; never raises from an event (a failure is logged and counted)."""
 
     def __init__(self, *, exe_label_allowlist: Iterable[str] = (), textfile: str | os.PathLike | None = None,
-                 store_dir: str | os.PathLike | None = None,
+                 state_dir: str | os.PathLike | None = None,
                  store_limit_bytes: Callable[[], int | None] | None = None,
-                 csplice_version: str | None = None, state_dir: str | os.PathLike | None = None) -> None:
-        """state_dir: where the index is; the store gauges (dumps, bytes, corrupt) are read from it at scrape
-        time, so a `vacuum` from the CLI shows at the next scrape, not at the daemon's next event."""
-        # _created series would restart with every daemon even for seeded counters, which reads as a reset.
+                 csplice_version: str | None = None) -> None:
+        # No _created series: they double the exposition, and Prometheus ignores them unless told otherwise.
         disable_created_metrics()
         self._allow = tuple(name for name in exe_label_allowlist if name)
         self.textfile = Path(textfile) if textfile else None
@@ -103,14 +92,8 @@ class MetricsObserver:
         self.ingest_duration = histogram("corehandler_ingest_duration_seconds",
                                          "Time the daemon spent ingesting each dump (validate, compress, index)",
                                          DURATION_BUCKETS)
-        self.last_dump = Gauge("corehandler_last_dump_timestamp_seconds",
-                               "Time of the most recent dump (the kernel's %t)", registry=r)
         self.backlog = Gauge("corehandler_ingest_backlog", "Committed spool records waiting to be ingested",
                              registry=r)
-        self.deletions = Counter("corehandler_retention_deletions", "Dumps removed by retention, by rule",
-                                 ["rule"], registry=r)
-        self.freed_bytes = Counter("corehandler_retention_freed_bytes", "Bytes freed by retention, by rule",
-                                   ["rule"], registry=r)
         self.errors = Counter("corehandler_errors", "Daemon errors since the daemon started, by kind",
                               ["kind"], registry=r)
         for kind in ERROR_KINDS:
@@ -118,9 +101,8 @@ class MetricsObserver:
         Info("corehandler_build", "Versions of the running corehandler", registry=r).info(
             {"version": __version__, "csplice_version": csplice_version or "",
              "python_version": platform.python_version()})
-        r.register(_StoreCollector(store_dir, store_limit_bytes, state_dir))
+        r.register(_StoreCollector(state_dir, store_limit_bytes))
         self._server: ThreadingWSGIServer | None = None
-        self._last_timestamp = 0.0
 
     @classmethod
     def from_config(cls, metrics_config: Any, **kwargs: Any) -> MetricsObserver:
@@ -152,40 +134,18 @@ class MetricsObserver:
 
     # Daemon events
 
-    def seed(self, rows: Iterable[Mapping[str, Any]]) -> int:
-        """Replays the index into the counters (once, before the first event). Returns the rows counted."""
-        count = 0
-        for row in rows:
-            with self._guard("seed"):
-                record = row["record"]
-                if isinstance(record, (str, bytes)):
-                    record = json.loads(record)
-                stored = row.get("stored")
-                if not isinstance(stored, Mapping):
-                    stored = row
-                self._count_dump(record, stored)
-                if row.get("deleted_rule"):
-                    self._count_deletion(str(row["deleted_rule"]), row.get("freed_bytes") or 0)
-                count += 1
-        with self._guard("seed"):
-            self.write_textfile()
-        return count
-
     def on_ingested(self, record: Mapping[str, Any], stored: Mapping[str, Any]) -> None:
         with self._guard("on_ingested"):
             self._count_dump(record, stored)
-
-    def on_deleted(self, dump_id: str, exe: str | None, rule: str, freed_bytes: int) -> None:
-        with self._guard("on_deleted"):
-            self._count_deletion(rule, freed_bytes)
 
     def on_error(self, kind: str, message: str, dump_id: str | None) -> None:
         with self._guard("on_error"):
             self.errors.labels(kind).inc()
 
     def on_state(self, backlog: int, store_bytes: int, store_count: int) -> None:
+        """The store's figures are read from the index at scrape time; this is the moment to write them out."""
         with self._guard("on_state"):
-            self.backlog.set(backlog)  # the store's figures are read at scrape time (_StoreCollector)
+            self.backlog.set(backlog)
             self.write_textfile()
 
     def close(self) -> None:
@@ -207,38 +167,34 @@ class MetricsObserver:
         return OTHER_EXE
 
     def _count_dump(self, record: Mapping[str, Any], stored: Mapping[str, Any]) -> None:
-        outcome, reason = facts.outcome(record, stored)
-        signal = facts.signal_name(facts.signal_number(record)) or "unknown"
-        exe = self.exe_label(facts.exe(record))
+        outcome, reason = spool.outcome(record, stored)
+        signal = spool.signal_name(spool.signal_number(record)) or "unknown"
+        exe = self.exe_label(spool.exe(record))
         self.dumps.labels(signal, outcome, reason, exe).inc()
-        cap = facts.capture(record)
-        kept = facts.number(cap, "bytes") or 0.0
+        cap = spool.capture(record)
+        kept = spool.number(cap, "bytes") or 0.0
         self.captured_bytes.labels(exe).inc(kept)
-        self.drained_bytes.inc(facts.number(cap, "drained_bytes") or 0.0)
-        size = facts.dump_bytes(record)
+        self.drained_bytes.inc(spool.number(cap, "drained_bytes") or 0.0)
+        size = spool.dump_bytes(record)
         if size is not None:
             self.dump_size.observe(size)
-        seconds = facts.capture_seconds(record)
-        throughput = facts.number(cap, "throughput_bytes_per_second")
+        seconds = spool.capture_seconds(record)
+        throughput = spool.number(cap, "throughput_bytes_per_second")
         # A dropped dump is drained too, so its figures are real capture figures; a zero-length copy is not.
         if seconds is not None and seconds > 0:
             self.capture_duration.observe(seconds)
             if throughput is not None:
                 self.throughput.observe(throughput)
-        hold = facts.hold_seconds(record)
+        hold = spool.hold_seconds(record)
         if hold is not None:
             self.hold.observe(hold)
-        timestamp = facts.number(record, "timestamp")
-        if timestamp is not None and timestamp > self._last_timestamp:
-            self._last_timestamp = timestamp
-            self.last_dump.set(timestamp)
         self._count_stored(stored)
 
     def _count_stored(self, stored: Mapping[str, Any]) -> None:
-        raw = facts.number(stored, "raw_bytes")
-        packed = facts.number(stored, "compressed_bytes")
+        raw = spool.number(stored, "raw_bytes")
+        packed = spool.number(stored, "compressed_bytes")
         if packed is None:  # an index row (store.py) calls it stored_bytes
-            packed = facts.number(stored, "stored_bytes")
+            packed = spool.number(stored, "stored_bytes")
         # Metadata-only dumps have nothing compressed: 0 bytes, and no ratio or compression time to count.
         if not packed:
             packed = None
@@ -246,16 +202,12 @@ class MetricsObserver:
             self.compressed_bytes.inc(packed)
             if raw:
                 self.compression_ratio.observe(raw / packed)
-            seconds = facts.number(stored, "compress_seconds")
+            seconds = spool.number(stored, "compress_seconds")
             if seconds is not None:
                 self.compress_duration.observe(seconds)
-        seconds = facts.number(stored, "ingest_seconds")
+        seconds = spool.number(stored, "ingest_seconds")
         if seconds is not None:
             self.ingest_duration.observe(seconds)
-
-    def _count_deletion(self, rule: str, freed_bytes: float) -> None:
-        self.deletions.labels(rule).inc()
-        self.freed_bytes.labels(rule).inc(max(float(freed_bytes), 0.0))
 
     def _guard(self, event: str) -> _Guard:
         return _Guard(self, event)
@@ -292,32 +244,16 @@ class _Forward:
 
 
 class _StoreCollector:
-    """The store at scrape time: its dumps, bytes and corrupt dumps from the index (whoever changed it: the
-    daemon or the CLI), its limit, its filesystem's size. A failing probe gives no sample, not an error."""
+    """What the index and the store's filesystem say at scrape time. A probe that fails (no index yet, a
+    vanished directory) gives no samples, never a failed scrape."""
 
-    def __init__(self, store_dir: str | os.PathLike | None,
-                 limit: Callable[[], int | None] | None, state_dir: str | os.PathLike | None = None) -> None:
-        self.store_dir, self.limit, self.state_dir = store_dir, limit, state_dir
+    def __init__(self, state_dir: str | os.PathLike | None, limit: Callable[[], int | None] | None) -> None:
+        self.state_dir, self.limit = (Path(state_dir) if state_dir is not None else None), limit
 
     def describe(self):
         return []
 
-    def _index(self):
-        if self.state_dir is None or not os.path.exists(os.path.join(self.state_dir, "index.sqlite")):
-            return
-        try:
-            with Store(Path(self.state_dir), readonly=True) as store:
-                (size, count), corrupt = store.totals(), len(store.corrupt())
-        except Exception as err:  # a damaged or busy index: no sample this scrape
-            log.debug("metrics: index of %s unreadable: %s", self.state_dir, err)
-            return
-        yield GaugeMetricFamily("corehandler_store_bytes", "Bytes the store's dumps take on disk", value=size)
-        yield GaugeMetricFamily("corehandler_store_dumps", "Dumps in the store", value=count)
-        yield GaugeMetricFamily("corehandler_store_corrupt_dumps", "Dumps in the store whose stored file failed "
-                                "a check (`corehandler list` shows which)", value=corrupt)
-
     def collect(self):
-        yield from self._index()
         if self.limit is not None:
             try:
                 value = self.limit()
@@ -327,14 +263,46 @@ class _StoreCollector:
             if value is not None:
                 yield GaugeMetricFamily("corehandler_store_limit_bytes",
                                         "Bytes the store may use (retention.max_use resolved)", value=value)
-        if self.store_dir is not None:
-            try:
-                st = os.statvfs(self.store_dir)
-            except OSError as err:
-                log.debug("metrics: statvfs %s: %s", self.store_dir, err)
-                return
-            yield GaugeMetricFamily("corehandler_store_filesystem_size_bytes",
-                                    "Size of the store's filesystem", value=st.f_blocks * st.f_frsize)
-            yield GaugeMetricFamily("corehandler_store_filesystem_avail_bytes",
-                                    "Bytes available to unprivileged users on the store's filesystem",
-                                    value=st.f_bavail * st.f_frsize)
+        if self.state_dir is None:
+            return
+        yield from self._index()
+        try:
+            st = os.statvfs(self.state_dir / "store")
+        except OSError as err:
+            log.debug("metrics: statvfs %s: %s", self.state_dir / "store", err)
+            return
+        yield GaugeMetricFamily("corehandler_store_filesystem_size_bytes",
+                                "Size of the store's filesystem", value=st.f_blocks * st.f_frsize)
+        yield GaugeMetricFamily("corehandler_store_filesystem_avail_bytes",
+                                "Bytes available to unprivileged users on the store's filesystem",
+                                value=st.f_bavail * st.f_frsize)
+
+    def _index(self):
+        try:
+            with Store(self.state_dir, readonly=True) as store:
+                by_status, deletions, latest = store.by_status(), store.deletions(), store.latest_crash()
+                corrupt = len(store.corrupt())
+        except (StoreError, sqlite3.Error) as err:
+            log.debug("metrics: index unavailable: %s", err)
+            return
+        dumps = GaugeMetricFamily("corehandler_store_dumps", "Dumps in the store, by index status (ok, "
+                                  "truncated, metadata_only, invalid, orphan)", labels=["status"])
+        for status in STATUSES:
+            dumps.add_metric([status], by_status.get(status, (0, 0))[0])
+        yield dumps
+        yield GaugeMetricFamily("corehandler_store_bytes", "Bytes the store's dumps take on disk",
+                                value=sum(size for _, size in by_status.values()))
+        yield GaugeMetricFamily("corehandler_store_corrupt_dumps", "Dumps in the store whose stored file failed "
+                                "a check (`corehandler list` shows which)", value=corrupt)
+        if latest is not None:
+            yield GaugeMetricFamily("corehandler_last_dump_timestamp_seconds",
+                                    "When the most recent stored dump crashed (the kernel's %t)", value=latest)
+        removed = CounterMetricFamily("corehandler_retention_deletions", "Dumps removed by retention since the "
+                                      "index was created, by rule", labels=["rule"])
+        freed = CounterMetricFamily("corehandler_retention_freed_bytes", "Bytes freed by retention since the "
+                                    "index was created, by rule", labels=["rule"])
+        for rule, (count, size) in deletions.items():
+            removed.add_metric([rule], count)
+            freed.add_metric([rule], size)
+        yield removed
+        yield freed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,22 +19,23 @@ DIR_MODES = {"state": 0o711, "spool": 0o700, "store": 0o711, "users": 0o711}
 
 
 def libexec_dir() -> Path:
-    """The directory holding the installed csplice and feeder binaries.
-
-    COREHANDLER_LIBEXEC overrides it for a development build tree.
-    """
+    """The directory holding this installation's csplice: where the build put it (CMakeLists.txt says where),
+    or COREHANDLER_LIBEXEC for a development build tree."""
     override = os.environ.get("COREHANDLER_LIBEXEC")
     if override:
         return Path(override)
-    return Path(__file__).resolve().parent / "libexec"
+    try:
+        from corehandler._libexec import LIBEXEC_DIR  # written by the build; absent in a source tree
+    except ImportError:
+        LIBEXEC_DIR = ""  # noqa: N806
+    if LIBEXEC_DIR:
+        return Path(LIBEXEC_DIR)
+    # A wheel puts csplice in its environment's data directory: a virtualenv's prefix.
+    return Path(sysconfig.get_path("data")) / "libexec" / "corehandler"
 
 
 def csplice_path() -> Path:
     return libexec_dir() / "csplice"
-
-
-def feeder_path() -> Path:
-    return libexec_dir() / "feeder"
 
 
 @dataclass(frozen=True)

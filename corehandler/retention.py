@@ -19,6 +19,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
+from corehandler import spool
+
 log = logging.getLogger(__name__)
 
 RULES = ("max_age", "max_per_exe", "max_count", "max_use", "keep_free")
@@ -165,9 +167,11 @@ def vacuum(store, policy: Policy, *, now: float | None = None, busy: Iterable[st
     """Plans against the store's index and filesystem, then deletes (unless dry_run)."""
     if not any((policy.max_use, policy.keep_free, policy.max_age, policy.max_count, policy.max_per_exe)):
         return []  # no limits: nothing to read
-    busy = set(busy)
+    # A dump whose spool record is still there has not finished ingest (a kill between its index row and the
+    # cleanup): the daemon completes it from that record, so its row must still be there.
+    busy = set(busy) | set(spool.committed_ids(store.state_dir / "spool"))
     items = [Item(i, t, exe, size, i in busy) for i, t, exe, size in store.sizes()]
     _, free = filesystem(store.store_dir)
     decisions = plan(items, policy, free_bytes=free, now=time.time() if now is None else now)
-    # The store keeps a tombstone with the rule, so the deletion counters survive a restart.
+    # The store counts each deletion under its rule, for the metrics.
     return apply(decisions, lambda dump_id, rule: store.delete(store.get(dump_id), rule), dry_run=dry_run)

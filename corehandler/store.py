@@ -1,17 +1,13 @@
 """The store: compressed dumps in <state>/store/ and their SQLite index, one row per dump.
 
-A dump retention removes leaves a tombstone: its row stays, with deleted_at, deleted_rule and freed_bytes set,
-no file, and its record cut down to the figures the metrics count (facts.counted). The Prometheus counters are
-replayed from every row at start, so without tombstones a restart after deletions would lower them, which
-Prometheus reads as a reset and re-counts. Every user-facing query sees live rows only.
-
-Tombstones are never pruned: dropping one lowers a counter (dumps, bytes, histogram counts) at the next start,
-the very reset they exist to prevent. Each holds no core and no cmdline/environ/maps, a few hundred bytes, and
-csplice's storm limit bounds how fast they can appear.
+A dump retention removes loses its file and its row; the index keeps only a count per rule (the deletions
+table: dumps and bytes removed by each rule, ever), which the metrics read at scrape time. A row marked
+`deleting` is a deletion under way (or one a kill interrupted, which finish_deletions completes).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sqlite3
@@ -20,13 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from corehandler import facts, match
+from corehandler import match, spool
 from corehandler.errors import EXIT_PERMISSION, CorehandlerError
 from corehandler.match import Filter  # noqa: F401 (the store's query takes one; callers import it from here)
 from corehandler.paths import DIR_MODES
 from corehandler.printable import display
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 STATUSES = ("ok", "truncated", "metadata_only", "invalid", "orphan")
 
 _SCHEMA_TABLE = """
@@ -44,28 +40,35 @@ CREATE TABLE IF NOT EXISTS dumps (
     path TEXT,
     deleting INTEGER NOT NULL DEFAULT 0,
     record TEXT NOT NULL,
-    deleted_at REAL,
     deleted_rule TEXT,
     freed_bytes INTEGER,
     compress_seconds REAL,
     ingest_seconds REAL,
     corrupt TEXT
 )"""
+_DELETIONS_TABLE = """
+CREATE TABLE IF NOT EXISTS deletions (
+    rule TEXT PRIMARY KEY,
+    dumps INTEGER NOT NULL,
+    freed_bytes INTEGER NOT NULL
+)"""
+_COUNT_DELETIONS = ("INSERT INTO deletions (rule, dumps, freed_bytes) VALUES (?, ?, ?) ON CONFLICT (rule) "
+                    "DO UPDATE SET dumps = dumps + excluded.dumps, freed_bytes = freed_bytes + excluded.freed_bytes")
 _SCHEMA_INDEXES = ("CREATE INDEX IF NOT EXISTS dumps_crashed_at ON dumps (crashed_at)",
                    "CREATE INDEX IF NOT EXISTS dumps_exe ON dumps (exe)")
 
 _COLUMNS = ("id", "crashed_at", "ingested_at", "pid", "uid", "gid", "signal", "exe", "comm", "cmdline",
             "hostname", "boot_id", "raw_bytes", "stored_bytes", "sha256", "status", "problem", "path",
-            "deleting", "record", "deleted_at", "deleted_rule", "freed_bytes", "compress_seconds", "ingest_seconds",
-            "corrupt")
-# Added by schema 2 (tombstones, and the times the metrics replay); an index of schema 1 gets them by ALTER TABLE.
-# Schema 3 adds corrupt: what a check of the stored file found wrong (NULL: nothing found), set by whoever
-# found it (`info`, `dump`, `debug`, `list` as root), read by the daemon (errors_total{kind="corrupt"}).
-_ADDED_COLUMNS = (("deleted_at", "REAL"), ("deleted_rule", "TEXT"), ("freed_bytes", "INTEGER"),
-                  ("compress_seconds", "REAL"), ("ingest_seconds", "REAL"), ("corrupt", "TEXT"))
-# A dump a user can see: not a tombstone, not half deleted.
-_LIVE = "deleted_at IS NULL AND deleting = 0"
-# The rule of a deletion a schema-1 daemon started and a kill interrupted: it did not record one.
+            "deleting", "record", "deleted_rule", "freed_bytes", "compress_seconds", "ingest_seconds", "corrupt")
+# Added by schema 2; an index of schema 1 gets them by ALTER TABLE. Schema 4 adds corrupt: what a check of the
+# stored file found wrong (NULL: nothing found), set by whoever found it (`info`, `dump`, `debug`, `list` as
+# root), read by the daemon (errors_total{kind="corrupt"}) and the metrics (corehandler_store_corrupt_dumps).
+_ADDED_COLUMNS = (("deleted_rule", "TEXT"), ("freed_bytes", "INTEGER"), ("compress_seconds", "REAL"),
+                  ("ingest_seconds", "REAL"), ("corrupt", "TEXT"))
+# A dump a user can see: not half deleted.
+_LIVE = "deleting = 0"
+# The rule of a deletion a schema-1 daemon started and a kill interrupted (it did not record one), and of a
+# schema-2 tombstone without one.
 UNKNOWN_RULE = "unknown"
 
 
@@ -101,14 +104,12 @@ class Dump:
     path: str | None  # file name inside the store directory, None for metadata-only
     deleting: bool
     record: dict
-    deleted_at: float | None = None    # set on a tombstone: when retention removed it
-    deleted_rule: str | None = None    # the rule that removed it; set from the start of the deletion
+    deleted_rule: str | None = None    # set when its deletion starts: the rule removing it
     freed_bytes: int | None = None     # bytes its file took, measured when the deletion started
-    # What ingest took, as the metrics first counted it, so a restart replays the same histogram sums
-    # (None in rows a schema-1 daemon wrote).
+    # What ingest took (None in rows a schema-1 daemon wrote).
     compress_seconds: float | None = None
     ingest_seconds: float | None = None
-    corrupt: str | None = None         # what a check of the stored file found wrong (schema 3)
+    corrupt: str | None = None         # what a check of the stored file found wrong (schema 4)
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> "Dump":
@@ -140,10 +141,10 @@ def exact_names(values: dict) -> dict:
     """The row's exe, comm, cmdline and hostname as the process's bytes, from its record: the index columns
     hold display forms (an index of v0.1 too), the record the bytes (lone surrogates, see docs/design.md)."""
     record = values["record"]
-    proc = facts.proc(record)
+    proc = spool.proc(record)
     values["exe"] = proc.get("exe") if isinstance(proc.get("exe"), str) else values["exe"]
-    values["comm"] = facts.comm(record) or values["comm"]
-    values["cmdline"] = facts.cmdline(record) or values["cmdline"]
+    values["comm"] = spool.comm(record) or values["comm"]
+    values["cmdline"] = spool.cmdline(record) or values["cmdline"]
     if isinstance(record.get("hostname"), str):
         values["hostname"] = record["hostname"]
     return values
@@ -163,7 +164,7 @@ def row_from_record(record: dict, *, status: str, problem: str | None, path: str
         "pid": record.get("pid"), "uid": record.get("uid"), "gid": record.get("gid"),
         "signal": record.get("signal"),
         "exe": display(proc.get("exe")),
-        "comm": display(facts.comm(record)),
+        "comm": display(spool.comm(record)),
         "cmdline": json.dumps([display(a) for a in cmdline]) if isinstance(cmdline, list) else None,
         "hostname": display(record.get("hostname")),
         "boot_id": record.get("boot_id"),
@@ -221,14 +222,22 @@ class Store:
         db.execute("PRAGMA journal_mode=WAL")
         if version == SCHEMA_VERSION:
             return
-        # One transaction: a kill leaves schema 1 untouched or schema 2 complete.
+        # One transaction: a kill leaves the old schema untouched or the new one complete.
         db.execute("BEGIN IMMEDIATE")
         try:
             db.execute(_SCHEMA_TABLE)
+            db.execute(_DELETIONS_TABLE)
             have = {row[1] for row in db.execute("PRAGMA table_info(dumps)")}
             for name, kind in _ADDED_COLUMNS:
                 if name not in have:
                     db.execute(f"ALTER TABLE dumps ADD COLUMN {name} {kind}")
+            if "deleted_at" in have:
+                # Schema 2 kept a tombstone row per deleted dump: they become the count per rule.
+                tombstones = db.execute("SELECT COALESCE(deleted_rule, ?), COUNT(*), SUM(COALESCE(freed_bytes, 0)) "
+                                        "FROM dumps WHERE deleted_at IS NOT NULL GROUP BY 1", (UNKNOWN_RULE,))
+                db.executemany(_COUNT_DELETIONS, tombstones.fetchall())
+                db.execute("DELETE FROM dumps WHERE deleted_at IS NOT NULL")
+                db.execute("ALTER TABLE dumps DROP COLUMN deleted_at")
             for statement in _SCHEMA_INDEXES:
                 db.execute(statement)
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -258,7 +267,7 @@ class Store:
         return cur.rowcount == 1
 
     def get(self, dump_id: str) -> Dump | None:
-        """The row of that exact id, tombstone or not (ingest asks whether an id was ever indexed)."""
+        """The row of that exact id, half deleted or not (ingest asks whether an id is indexed)."""
         row = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM dumps WHERE id = ?", (dump_id,)).fetchone()
         return Dump.from_row(row) if row else None
 
@@ -312,14 +321,7 @@ class Store:
 
     def all(self, include_deleting: bool = False) -> list[Dump]:
         """The stored dumps (and those whose deletion a kill interrupted, if asked), oldest first."""
-        where = "deleted_at IS NULL" if include_deleting else _LIVE
-        return self._select(f"WHERE {where}")
-
-    def history(self) -> list[Dump]:
-        """Every dump ever indexed, tombstones included, oldest first: what the metrics counters replay."""
-        return self._select("")
-
-    def _select(self, where: str) -> list[Dump]:
+        where = "" if include_deleting else f"WHERE {_LIVE}"
         rows = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM dumps {where} ORDER BY crashed_at, id")
         return [Dump.from_row(r) for r in rows]
 
@@ -330,13 +332,26 @@ class Store:
                                "ORDER BY crashed_at, id").fetchall()
 
     def totals(self) -> tuple[int, int]:
-        """Stored bytes and number of dumps (tombstones take no store space and are no dumps)."""
-        size, count = self.db.execute("SELECT COALESCE(SUM(stored_bytes), 0), COUNT(*) FROM dumps "
-                                      "WHERE deleted_at IS NULL").fetchone()
+        """Stored bytes and number of dumps."""
+        size, count = self.db.execute("SELECT COALESCE(SUM(stored_bytes), 0), COUNT(*) FROM dumps").fetchone()
         return int(size), int(count)
 
+    def by_status(self) -> dict[str, tuple[int, int]]:
+        """Number of dumps and their stored bytes, per status."""
+        rows = self.db.execute("SELECT status, COUNT(*), COALESCE(SUM(stored_bytes), 0) FROM dumps GROUP BY status")
+        return {status: (int(count), int(size)) for status, count, size in rows}
+
+    def latest_crash(self) -> float | None:
+        """When the most recent stored dump crashed; None for an empty store."""
+        return self.db.execute("SELECT MAX(crashed_at) FROM dumps").fetchone()[0]
+
+    def deletions(self) -> dict[str, tuple[int, int]]:
+        """Dumps deleted and bytes freed, per rule, since the index was created."""
+        rows = self.db.execute("SELECT rule, dumps, freed_bytes FROM deletions ORDER BY rule")
+        return {rule: (int(count), int(freed)) for rule, count, freed in rows}
+
     def delete(self, dump: Dump, rule: str) -> int | None:
-        """Removes a dump's file and turns its row into a tombstone; returns the bytes freed, or None when
+        """Removes a dump's file and its row, counting it under rule; returns the bytes freed, or None when
         another process (the daemon, or `vacuum`) had already started deleting it.
 
         The row is marked first, with the rule and the file's size, so a kill at any point leaves either the
@@ -352,7 +367,7 @@ class Store:
                 pass
         with self.db:
             marked = self.db.execute("UPDATE dumps SET deleting = 1, deleted_rule = ?, freed_bytes = ? "
-                                     "WHERE id = ? AND deleted_at IS NULL AND deleting = 0",
+                                     "WHERE id = ? AND deleting = 0",
                                      (rule, freed, dump.id)).rowcount
         if not marked:
             return None
@@ -360,9 +375,10 @@ class Store:
         return freed
 
     def _finish_delete(self, dump_id: str) -> Dump | None:
-        """The second half of delete: unlink the file, then write the tombstone. Idempotent."""
+        """The second half of delete: unlink the file, then drop the row and count the deletion, in one
+        transaction. Idempotent. Returns the row as it was, with the rule and the bytes freed."""
         dump = self.get(dump_id)
-        if dump is None or not dump.deleting or dump.deleted_at is not None:
+        if dump is None or not dump.deleting:
             return None
         path = self.file_path(dump)
         freed = dump.freed_bytes
@@ -370,15 +386,14 @@ class Store:
             if freed is None:  # marked by a schema-1 daemon, which measured nothing beforehand
                 freed = path.stat().st_blocks * 512 if path.exists() else 0
             path.unlink(missing_ok=True)
-        counted = json.dumps(facts.counted(dump.record), ensure_ascii=True, sort_keys=True)
+        done = dataclasses.replace(dump, deleted_rule=dump.deleted_rule or UNKNOWN_RULE, freed_bytes=freed or 0)
         with self.db:
-            self.db.execute("UPDATE dumps SET deleting = 0, deleted_at = ?, deleted_rule = ?, freed_bytes = ?, "
-                            "path = NULL, cmdline = NULL, record = ? WHERE id = ?",
-                            (time.time(), dump.deleted_rule or UNKNOWN_RULE, freed or 0, counted, dump_id))
-        return self.get(dump_id)
+            if self.db.execute("DELETE FROM dumps WHERE id = ? AND deleting = 1", (dump_id,)).rowcount:
+                self.db.execute(_COUNT_DELETIONS, (done.deleted_rule, 1, done.freed_bytes))
+        return done
 
     def finish_deletions(self) -> list[Dump]:
-        """Completes deletions a kill interrupted; returns their tombstones."""
+        """Completes deletions a kill interrupted; returns the rows they removed."""
         pending = [d.id for d in self.all(include_deleting=True) if d.deleting]
         return [t for t in map(self._finish_delete, pending) if t is not None]
 

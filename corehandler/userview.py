@@ -103,7 +103,7 @@ def refresh(store: Store, uids: Iterable[int] | None = None) -> None:
         if uids is None:
             published = {int(n[:-5]) for n in os.listdir(users) if n.endswith(".json") and n[:-5].isdigit()}
             uids = published | {r[0] for r in store.db.execute(
-                "SELECT DISTINCT uid FROM dumps WHERE uid > 0 AND deleted_at IS NULL AND deleting = 0")}
+                "SELECT DISTINCT uid FROM dumps WHERE uid > 0 AND deleting = 0")}
         for uid in sorted(set(uids)):
             try:
                 _publish(store, uid)

@@ -15,7 +15,7 @@ import pytest
 
 from corehandler import paths
 
-from support import host_core
+from support import cbuild, host_core
 
 def _is_root() -> bool:
     return os.geteuid() == 0
@@ -77,7 +77,7 @@ def csplice() -> Path:
 
 @pytest.fixture
 def feeder() -> Path:
-    return _built(paths.feeder_path())
+    return cbuild.feeder()
 
 
 @pytest.fixture

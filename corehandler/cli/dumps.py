@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from corehandler import compress, facts, retention, userview
+from corehandler import compress, retention, spool, userview
 from corehandler.cli.common import emit, load
 from corehandler.cli.selection import add_match_options, open_dumps, select
 from corehandler.errors import CorehandlerError, NoMatchError, NotRootError, SystemFailure, UsageError
@@ -58,7 +58,7 @@ def register(commands) -> None:
 
 def signal_name(number: int | None) -> str:
     """The name as coredumpctl lists it (SEGV for 11); "-" when the record has none."""
-    name = facts.signal_name(number)
+    name = spool.signal_name(number)
     return "-" if name is None else name.removeprefix("SIG")
 
 

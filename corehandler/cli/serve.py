@@ -9,13 +9,12 @@ import sys
 
 from corehandler.cli.common import load
 from corehandler.config import write_csplice_settings
-from corehandler.daemon import Daemon, Settings, replay_rows, settings_from_config
+from corehandler.daemon import Daemon, Settings, settings_from_config
 from corehandler.errors import CorehandlerError
 from corehandler.install import csplice_version
 from corehandler.journal import JournalObserver
 from corehandler.metrics import MetricsObserver
 from corehandler.paths import csplice_path
-from corehandler.store import Store
 
 log = logging.getLogger("corehandler.serve")
 
@@ -34,13 +33,8 @@ def observers_for(config, paths, store_limit) -> tuple[list, list[str]]:
     if config.journal.enabled:
         observers.append(JournalObserver())
     if config.metrics.enabled or config.metrics.textfile:
-        metrics = MetricsObserver.from_config(config.metrics, store_dir=paths.store_dir, state_dir=paths.state_dir,
+        metrics = MetricsObserver.from_config(config.metrics, state_dir=paths.state_dir,
                                               store_limit_bytes=store_limit, csplice_version=_csplice_version())
-        # Counters continue from what the index holds, tombstones of deleted dumps included, so a restart
-        # does not read as a reset.
-        if paths.index_path.exists():
-            with Store(paths.state_dir, readonly=True) as store:
-                metrics.seed(replay_rows(store, paths.spool_dir))
         if config.metrics.enabled:
             try:
                 metrics.serve(config.metrics.listen, config.metrics.port)

@@ -3,8 +3,9 @@
 # root):
 #   /usr/lib/corehandler/            a private virtualenv on Debian's python3.11 holding corehandler and its
 #                                    dependencies from PyPI (Debian 12's python3-pydantic is v1; we need v2)
-#   /usr/libexec/corehandler/        csplice and feeder, built by CMake through the wheel build; the path
-#                                    core_pattern names, short and outside the virtualenv
+#   /usr/libexec/corehandler/        csplice, built and installed there by CMake; the path core_pattern
+#                                    names, short and outside the virtualenv (the wheel built for the
+#                                    virtualenv carries no csplice, only that path: CMakeLists.txt)
 #   /usr/bin/corehandler             a wrapper running the CLI with that interpreter
 # Versions are pinned in packaging/deb/constraints.txt, so a rebuild gets the same dependencies.
 set -eu
@@ -19,14 +20,15 @@ rm -rf "$venv" "$destdir$libexec"
 "$python" -m venv --without-pip "$venv"
 # Debian's pip drives the private interpreter, so no pip lands in the package.
 "$python" -m pip --python "$venv/bin/python3" install --no-compile --no-cache-dir --disable-pip-version-check \
-    --no-warn-script-location --constraint packaging/deb/constraints.txt .
+    --no-warn-script-location --constraint packaging/deb/constraints.txt \
+    --config-settings=cmake.define.CSPLICE_LIBEXEC_DIR=$libexec .
 
-site=$venv/lib/python3.11/site-packages
-mkdir -p "$destdir$libexec"
-mv "$site/corehandler/libexec/csplice" "$site/corehandler/libexec/feeder" "$destdir$libexec/"
-rmdir "$site/corehandler/libexec"
-# corehandler.paths looks beside the package first; both names reach the same binaries.
-ln -sr "$destdir$libexec" "$site/corehandler/libexec"
+# csplice on its own, with dpkg's hardening flags from the environment (debian/rules exports them).
+cmake -S . -B build/csplice -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr \
+    -DCMAKE_INSTALL_LIBEXECDIR=libexec >/dev/null
+cmake --build build/csplice --target csplice -j2
+DESTDIR=$destdir cmake --install build/csplice >/dev/null
+test -x "$destdir$libexec/csplice"
 
 # The virtualenv was built under DESTDIR: drop what names the build directory (pip's console scripts, which
 # /usr/bin/corehandler replaces; the activate scripts; pip's record of where it installed from) and any

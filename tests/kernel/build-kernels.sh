@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: MIT
 #
 # Builds the two kernels of the qemu matrix from Debian's linux-source-6.1: "stock" and "patched" (with the
-# COREDUMP_USE_PIPE vmsplice patch, seed 004; the kernel's code, not ours, so it is passed in, never copied).
+# COREDUMP_USE_PIPE vmsplice patch, see README.md; the kernel's code, not ours, so it is passed in, never copied).
 #
 #   tests/kernel/build-kernels.sh [--patch FILE] [--cache DIR] [--jobs N] [stock|patched ...]
 #

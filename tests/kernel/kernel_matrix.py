@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from support import cbuild
 from support.crash import build_crasher
 
 from corehandler.install import SPECIFIERS
@@ -83,19 +84,18 @@ def _require_static(binary: Path) -> Path:
 
 
 def _run(cmd: list[str]) -> None:
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise MatrixError(f"{' '.join(cmd)} failed:\n{(done.stdout + done.stderr)[-2000:]}")
+    try:
+        cbuild.run(cmd)
+    except cbuild.BuildError as e:
+        raise MatrixError(str(e)) from None
 
 
 def build_csplice_static(cache: Path) -> Path:
     """The project's csplice, configured with -DCSPLICE_STATIC=ON, once per source version."""
-    sources = sorted(p for p in (REPO / "csplice").iterdir() if p.is_file()) + [REPO / "CMakeLists.txt"]
-    build = cache / f"csplice-static-{_digest(*(p.name.encode() + p.read_bytes() for p in sources))}"
-    binary = build / "csplice" / "csplice"
-    if not binary.exists():
-        _run(["cmake", "-S", str(REPO), "-B", str(build), "-DCSPLICE_STATIC=ON", "-DCMAKE_BUILD_TYPE=Release"])
-        _run(["cmake", "--build", str(build), "--target", "csplice", "-j2"])
+    try:
+        binary = cbuild.build_target("csplice", cache, "-DCSPLICE_STATIC=ON")
+    except cbuild.BuildError as e:
+        raise MatrixError(str(e)) from None
     return _require_static(binary)
 
 

@@ -1,4 +1,4 @@
-"""csplice under real kernels: Linux 6.1 stock and with the COREDUMP_USE_PIPE vmsplice patch (seed 004), each
+"""csplice under real kernels: Linux 6.1 stock and with the COREDUMP_USE_PIPE vmsplice patch (README.md), each
 booted under qemu (TCG) with an initramfs whose PID 1 crashes processes through csplice and checks every core.
 
 Images: COREHANDLER_KERNEL_DIR (relative to the repository root, e.g. ../shared/kernel) or the cache of

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from corehandler import paths
 
+from support import cbuild
 from support.record_schema import check_record
 
 MiB = 1 << 20
@@ -62,7 +63,7 @@ def hash_file(path: Path, limit: int | None = None) -> str:
 def expected_digest(size: int, zero_regions: bool, pid: int, limit: int | None = None) -> str:
     """sha256 of what the feeder pushes for these options (or of its first `limit` bytes), streamed from
     `feeder --emit /dev/stdout` so a GiB never sits in the test's memory or on disk."""
-    cmd = [str(paths.feeder_path()), "--size", str(size), "--pid", str(pid), "--emit", "/dev/stdout"]
+    cmd = [str(cbuild.feeder()), "--size", str(size), "--pid", str(pid), "--emit", "/dev/stdout"]
     if zero_regions:
         cmd.append("--zero-regions")
     with subprocess.Popen(cmd, stdout=subprocess.PIPE) as proc:
@@ -117,7 +118,7 @@ class Handler:
     env: dict = field(default_factory=dict)
     wrapper: list = field(default_factory=list)  # a command prefix, e.g. to run in another namespace
     csplice: Path = field(default_factory=paths.csplice_path)
-    feeder: Path = field(default_factory=paths.feeder_path)
+    feeder: Path = field(default_factory=cbuild.feeder)
 
     def __post_init__(self):
         self.base.mkdir(parents=True, exist_ok=True)

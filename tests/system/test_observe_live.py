@@ -7,7 +7,6 @@ import json
 import signal
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -61,13 +60,14 @@ def test_real_crashes_reach_prometheus_and_the_journal(csplice, tmp_path, host_c
     assert all(r["capture"]["complete"] for r in records)
     assert [r["proc"]["exe"] == str(crasher) for r in records] == [True, True, False]
     dumps = [(r, store_dump(r, spool, store)) for r in records]
-    with Store(tmp_path) as index:  # the store gauges are read from the index at scrape time
-        for r, s in dumps:
-            index.insert(row_from_record(r, status=s["status"], problem=None, path=Path(s["path"]).name,
-                                         raw_bytes=s["raw_bytes"], stored_bytes=s["compressed_bytes"], sha256=None))
 
     journald = PrivateJournald(tmp_path / "journald")
     journald.start()
+    with Store(tmp_path) as index:  # what the daemon indexes; the store series are read from it at scrape time
+        for record, stored in dumps:
+            index.insert(row_from_record(record, status=stored["status"], problem=None, path=None,
+                                         raw_bytes=stored["raw_bytes"], stored_bytes=stored["compressed_bytes"] or 0,
+                                         sha256=None))
     metrics = MetricsObserver(exe_label_allowlist=[crasher.name], state_dir=tmp_path)
     # The JournalObserver runs where the private journald's socket is /run/systemd/journal/socket.
     client = journald.client()
@@ -100,7 +100,7 @@ def test_real_crashes_reach_prometheus_and_the_journal(csplice, tmp_path, host_c
             pytest.approx(sum(throughputs), rel=1e-12)
         sizes = [r["capture"]["bytes"] for r in records]
         assert prometheus.scalar("corehandler_dump_size_bytes_sum") == sum(sizes)
-        assert prometheus.scalar("corehandler_store_dumps") == CRASHES
+        assert prometheus.scalar('corehandler_store_dumps{status="ok"}') == CRASHES
 
         entries = journald.wait_for(f"MESSAGE_ID={journal.MESSAGE_ID_DUMP}", count=CRASHES)
         by_id = {field_bytes(e, "COREHANDLER_ID").decode(): e for e in entries}

@@ -103,6 +103,12 @@ def test_lintian_finds_no_errors(deb):
     assert not re.search(r"^E: ", result.stdout, re.M), result.stdout
 
 
+def test_csplice_has_one_place_and_no_test_program_ships(deb):
+    files = run("dpkg-deb", "--contents", str(deb)).stdout
+    binaries = [line.split()[-1] for line in files.splitlines() if re.search(r"/(csplice|feeder)\b", line)]
+    assert binaries == [f".{CSPLICE}"], binaries  # no feeder, no link to csplice in the virtualenv
+
+
 def spool_record(exe: Path) -> dict | None:
     for path in (STATE / "spool").glob("*.json"):
         record = json.loads(path.read_text())
@@ -119,6 +125,10 @@ def test_install_crash_remove_purge(deb, clean_host, tmp_path_factory):
     assert package_state() == "installed"
     pattern = sysctl("kernel/core_pattern")
     assert pattern.startswith(f"|{CSPLICE} {SPECIFIERS}"), pattern
+    # The private environment finds csplice where the build said, without an environment variable.
+    where = "import os; os.environ.pop('COREHANDLER_LIBEXEC', None); from corehandler import paths; " \
+        "print(paths.csplice_path())"
+    assert run(PYTHON, "-I", "-c", where).stdout.strip() == CSPLICE  # -I: not the source tree in the cwd
     assert int(sysctl("kernel/core_pipe_limit")) >= 16
     conffiles = run("dpkg-query", "-W", "-f=${Conffiles}", "corehandler").stdout
     assert "/etc/corehandler/corehandler.toml" in conffiles and "/etc/logrotate.d/corehandler" in conffiles

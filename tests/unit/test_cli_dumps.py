@@ -19,6 +19,7 @@ from corehandler.daemon import Settings
 from corehandler.errors import EXIT_CONFIG, EXIT_NOMATCH, EXIT_SYSTEM, EXIT_USAGE
 from corehandler.metrics import MetricsObserver
 from corehandler.store import Store
+from support import cbuild
 from support.daemon_harness import Running, wait_for
 from support.spoolfeed import feed, write_settings
 
@@ -28,7 +29,7 @@ CLI = [sys.executable, "-P", "-m", "corehandler"]
 @pytest.fixture(scope="module")
 def filled(tmp_path_factory):
     """Four dumps: two of "alpha" (SIGSEGV, then SIGABRT), one "beta", one metadata-only "gamma" (SIGFPE)."""
-    feeder, csplice = paths.feeder_path(), paths.csplice_path()
+    feeder, csplice = cbuild.feeder(), paths.csplice_path()
     tmp = tmp_path_factory.mktemp("cli")
     state, etc = tmp / "state", tmp / "etc"
     (state / "spool").mkdir(parents=True)
@@ -258,19 +259,20 @@ def test_info_shows_the_cgroup_path_as_coredumpctl_does(text, shown):
 def test_the_daemon_sees_what_the_cli_did_at_the_next_scrape(tmp_path, capsys):
     """A `vacuum` and a corruption found by `info`, both from the CLI: the running daemon's store gauges
     read the index at scrape time, and its errors_total{kind="corrupt"} counts the mark once."""
-    feeder, csplice = paths.feeder_path(), paths.csplice_path()
+    feeder, csplice = cbuild.feeder(), paths.csplice_path()
     state, etc = tmp_path / "state", tmp_path / "etc"
     (state / "spool").mkdir(parents=True)
     etc.mkdir()
     settings = write_settings(tmp_path / "s.conf", state / "spool")
     for pid in (3101, 3102, 3103):
         feed(feeder, csplice, settings, size=(1 << 20) + pid, pid=pid, comm="gauge")
-    metrics = MetricsObserver(store_dir=state / "store", state_dir=state)
+    metrics = MetricsObserver(state_dir=state)
     base = ["--config-dir", str(etc), "--state-dir", str(state)]
 
     def sample(name, **labels):
-        return next((s.value for family in text_string_to_metric_families(metrics.exposition().decode())
-                     for s in family.samples if s.name == name and s.labels == labels), None)
+        """The sum over the series of that name whose labels include these."""
+        return sum(s.value for family in text_string_to_metric_families(metrics.exposition().decode())
+                   for s in family.samples if s.name == name and labels.items() <= s.labels.items())
 
     with Running(Settings(state, threads=1, sweep_interval=0.1), [metrics]):
         wait_for(lambda: sample("corehandler_store_dumps") == 3, what="three dumps indexed")

@@ -16,6 +16,7 @@ from corehandler import paths
 from corehandler.cli import main
 from corehandler.daemon import Settings
 from corehandler.errors import EXIT_NOMATCH, EXIT_USAGE
+from support import cbuild
 from support.daemon_harness import Running, wait_for
 from support.spoolfeed import feed, write_settings
 
@@ -38,7 +39,7 @@ def _fake_proc(root, pid, comm: bytes, exe: bytes | None = None):
 
 @pytest.fixture(scope="module")
 def named(tmp_path_factory):
-    feeder, csplice = paths.feeder_path(), paths.csplice_path()
+    feeder, csplice = cbuild.feeder(), paths.csplice_path()
     tmp = tmp_path_factory.mktemp("names")
     state, etc = tmp / "state", tmp / "etc"
     (state / "spool").mkdir(parents=True)

@@ -14,7 +14,7 @@ from support.csplice_harness import GiB, MiB, Handler, expected_digest, hash_fil
 
 MODES = ("write", "vmsplice")
 SIZES = (0, 1, 4095, 65537, 100 * MiB)
-# The seed's splice loop moved 16 pages a call; the enlarged pipe is what F_SETPIPE_SZ buys (1 MiB).
+# The 16-page splice loop moved 64 KiB a call; the enlarged pipe is what F_SETPIPE_SZ buys (1 MiB).
 TUNINGS = {
     "chunk16p": {"chunk_size": 16 * 4096, "pipe_size": 0},
     "pipe1m": {"chunk_size": 1 * MiB, "pipe_size": 1 * MiB},

@@ -222,10 +222,10 @@ def test_recovery_finishes_every_half_done_state(tmp_path, state, feeder, csplic
         wait_for(lambda: spool_empty(state), what="spool drained")
     rows = indexed(state)
     assert sorted(rows) == sorted([a["id"], b["id"], c["id"], stray])
-    # The finished deletion is reported once, as the killed daemon would have: the metrics count it.
+    # The finished deletion is reported once, as the killed daemon would have, and the index counts it.
     assert rec.of("deleted") == [("deleted", gone["id"], "max_use", 4096)]
     with Store(state) as s:
-        assert s.get(gone["id"]).deleted_rule == "max_use"
+        assert s.get(gone["id"]) is None and s.deletions() == {"max_use": (1, 4096)}
     assert rows[stray].status == "orphan" and rows[stray].raw_bytes == 65536
     assert sorted(os.listdir(store_dir)) == sorted(r.path for r in rows.values())
     for r in rows.values():

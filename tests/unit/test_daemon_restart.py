@@ -1,6 +1,7 @@
-"""The Prometheus counters across a daemon restart, on a temporary state dir: the metrics observer serve wires
-in is seeded from the index, tombstones of the dumps retention removed included, so no counter goes down
-(Prometheus would read that as a reset and increase() would count every dump again)."""
+"""The Prometheus series across a daemon restart, on a temporary state dir: what this daemon counted starts at
+zero with the process (Prometheus's rate() and increase() take the reset), while what the index holds (stored
+dumps, deletions by rule ever) is read from it at scrape time and carries on; and what a kill left unannounced
+is announced once."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from corehandler import retention
 from corehandler.cli import main
 from corehandler.cli.serve import observers_for
 from corehandler.config import Config
@@ -17,16 +19,13 @@ from corehandler.errors import EXIT_NOMATCH
 from corehandler.paths import Paths
 from corehandler.retention import Policy
 from corehandler.store import Store
-from support.daemon_harness import Running, wait_for
+from support.daemon_harness import Recorder, Running, wait_for
 from support.spoolfeed import feed, write_settings
 
 
-def counters(observer) -> dict[tuple[str, frozenset], float]:
-    """Every counter and histogram sample; the errors counter counts one daemon run by design."""
+def exposed(observer) -> dict[tuple[str, frozenset], float]:
     return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(observer.exposition().decode())
-            for s in family.samples
-            if s.name.endswith(("_total", "_count", "_sum", "_bucket")) and s.name != "corehandler_errors_total"}
+            for family in text_string_to_metric_families(observer.exposition().decode()) for s in family.samples}
 
 
 def total(samples: dict, name: str, **labels: str) -> float:
@@ -44,48 +43,50 @@ def setup(tmp_path):
     return state, settings, config, Paths(state_dir=state)
 
 
-def test_counters_continue_across_a_restart_after_deletions(tmp_path, feeder, csplice, capsys):
+def test_counters_restart_at_zero_and_the_index_series_carry_on(tmp_path, feeder, csplice, capsys):
     state, settings, config, paths = setup(tmp_path)
     daemon_settings = Settings(state, threads=1, sweep_interval=3600, policy=Policy(max_count=3))
 
     def run_until(done, metrics):
         with Running(daemon_settings, [metrics]):
-            wait_for(lambda: done(counters(metrics)), what="the dumps counted")
+            wait_for(lambda: done(exposed(metrics)), what="the dumps counted")
         metrics.close()
 
     records = [feed(feeder, csplice, settings, size=65536, pid=700 + i) for i in range(4)]
     (first,), problems = observers_for(config, paths, lambda: None)
     assert problems == []
     run_until(lambda c: total(c, "corehandler_retention_deletions_total") == 1, first)
-    before = counters(first)
+    before = exposed(first)
     assert total(before, "corehandler_dumps_total") == 4
     assert total(before, "corehandler_retention_deletions_total", rule="max_count") == 1
     with Store(state, readonly=True) as store:
         assert [d.id for d in store.all()] == [r["id"] for r in records[1:]]
-    assert len(os.listdir(state / "store")) == 3
+        freed = store.deletions()["max_count"][1]
+    assert len(os.listdir(state / "store")) == 3 and freed > 0
 
     # The restart: what serve does, on the index the first run left.
     (second,), _ = observers_for(config, paths, lambda: None)
-    seeded = counters(second)
-    assert seeded == before  # every counter, histogram bucket and sum exactly where it was
-    assert total(seeded, "corehandler_dumps_total") == 4  # not 3, the dumps still stored
+    restarted = exposed(second)
+    assert total(restarted, "corehandler_dumps_total") == 0  # counted by a process that is gone
+    assert total(restarted, "corehandler_capture_throughput_bytes_per_second_count") == 0
+    # Read from the index: the deletions ever, the dumps stored, the latest crash.
+    assert total(restarted, "corehandler_retention_deletions_total", rule="max_count") == 1
+    assert total(restarted, "corehandler_retention_freed_bytes_total", rule="max_count") == freed
+    assert total(restarted, "corehandler_store_dumps", status="ok") == 3
+    assert total(restarted, "corehandler_store_dumps") == 3
+    with Store(state, readonly=True) as store:
+        assert total(restarted, "corehandler_store_bytes") == store.totals()[0]
+    assert total(restarted, "corehandler_last_dump_timestamp_seconds") == records[-1]["timestamp"]
 
-    # And they go on from there: one more dump, one more deletion.
+    # And on from there: one more dump, one more deletion.
     feed(feeder, csplice, settings, size=65536, pid=710)
     run_until(lambda c: total(c, "corehandler_retention_deletions_total") == 2, second)
-    after = counters(second)
-    assert total(after, "corehandler_dumps_total") == 5
-    assert all(after.get(key, 0.0) >= value for key, value in before.items())
-    assert total(after, "corehandler_retention_freed_bytes_total", rule="max_count") > \
-        total(before, "corehandler_retention_freed_bytes_total", rule="max_count") > 0
-    # The store gauges count what is stored, not the tombstones.
-    gauges = {(s.name): s.value for f in text_string_to_metric_families(second.exposition().decode())
-              for s in f.samples if s.name in ("corehandler_store_dumps", "corehandler_store_bytes")}
-    with Store(state, readonly=True) as store:
-        assert gauges == {"corehandler_store_dumps": 3, "corehandler_store_bytes": store.totals()[0]}
-        assert len(store.history()) == 5
+    after = exposed(second)
+    assert total(after, "corehandler_dumps_total") == 1
+    assert total(after, "corehandler_retention_freed_bytes_total", rule="max_count") > freed
+    assert total(after, "corehandler_store_dumps") == 3
 
-    # The CLI sees the stored dumps only: a tombstone's id matches nothing.
+    # The CLI sees the stored dumps only: a deleted dump's id matches nothing.
     cli = ["--config-dir", str(tmp_path), "--state-dir", str(state)]
     assert main([*cli, "info", records[0]["id"]]) == EXIT_NOMATCH
     capsys.readouterr()
@@ -93,9 +94,9 @@ def test_counters_continue_across_a_restart_after_deletions(tmp_path, feeder, cs
     assert len(json.loads(capsys.readouterr().out)) == 3
 
 
-def test_what_a_kill_left_unannounced_is_counted_once_after_the_restart(tmp_path, feeder, csplice):
+def test_what_a_kill_left_unannounced_is_announced_once_after_the_restart(tmp_path, feeder, csplice):
     """A kill after indexing (the record still in the spool) and a kill after a deletion's mark: the restarted
-    daemon announces both, so the seed must leave them out, or the counters would go up by two."""
+    daemon announces both, and the index counts the deletion once."""
     state, settings, config, paths = setup(tmp_path)
     indexed, deleting = (feed(feeder, csplice, settings, size=65536, pid=720 + i) for i in range(2))
     record_file = state / "spool" / f"{indexed['id']}.json"
@@ -110,10 +111,41 @@ def test_what_a_kill_left_unannounced_is_counted_once_after_the_restart(tmp_path
         store.db.commit()
 
     (metrics,), _ = observers_for(config, paths, lambda: None)
-    with Running(Settings(state, threads=1, sweep_interval=3600), [metrics]):
+    recorder = Recorder()
+    with Running(Settings(state, threads=1, sweep_interval=3600), [metrics, recorder]):
         wait_for(lambda: not record_file.exists(), what="the cleanup redone")
     metrics.close()
-    after = counters(metrics)
-    assert total(after, "corehandler_dumps_total") == 2
+    assert [e[1] for e in recorder.of("ingested")] == [indexed["id"]]
+    assert recorder.of("deleted") == [("deleted", deleting["id"], "max_count", 4096)]
+    after = exposed(metrics)
+    assert total(after, "corehandler_dumps_total") == 1
     assert total(after, "corehandler_retention_deletions_total", rule="max_count") == 1
     assert total(after, "corehandler_retention_freed_bytes_total", rule="max_count") == 4096
+
+
+def test_dumps_a_kill_left_unfinished_are_finished_before_retention(tmp_path, feeder, csplice):
+    """Two dumps indexed but still in the spool (a kill before the cleanup) and a policy that keeps one: the
+    restarted daemon finishes both, then retention keeps the newest dump. While a record is still there, its
+    dump is retention's to keep (`vacuum` with the daemon down), or the leftover record would be indexed again
+    as a new, broken dump."""
+    state, settings, _, _ = setup(tmp_path)
+    records = [feed(feeder, csplice, settings, size=65536, pid=730 + i) for i in range(3)]
+    texts = {r["id"]: (state / "spool" / f"{r['id']}.json").read_text() for r in records[:2]}
+    with Running(Settings(state, threads=1, sweep_interval=3600)):
+        wait_for(lambda: not [n for n in os.listdir(state / "spool") if n.endswith(".json")],
+                 what="the dumps ingested")
+    for dump_id, text in texts.items():  # the cores are gone, the records back: as after the core_removed point
+        (state / "spool" / f"{dump_id}.json").write_text(text)
+
+    with Store(state) as store:
+        assert [(d.id, d.rule) for d in retention.vacuum(store, Policy(max_count=1))] == [
+            (records[2]["id"], "max_count")]
+        assert [d.id for d in store.all()] == list(texts)
+    recorder = Recorder()
+    with Running(Settings(state, threads=1, sweep_interval=3600, policy=Policy(max_count=1)), [recorder]):
+        wait_for(lambda: not [n for n in os.listdir(state / "spool") if n.endswith(".json")],
+                 what="the cleanups redone")
+    with Store(state, readonly=True) as store:
+        assert [(d.id, d.status) for d in store.all()] == [(records[1]["id"], "ok")]
+    assert [e[1] for e in recorder.of("ingested")] == list(texts)
+    assert [e[1] for e in recorder.of("deleted")] == [records[0]["id"]]

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from corehandler.metrics import MetricsObserver
-from corehandler.store import Store
+from corehandler.store import Store, row_from_record
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "packaging/grafana/corehandler-dashboard.json"
@@ -74,14 +74,17 @@ def rule_exprs() -> list[str]:
 
 def exported_names(tmp_path: Path) -> set[str]:
     """Every sample name the observer exports once each kind of event has happened."""
-    Store(tmp_path / "state").close()  # an index: the store gauges are read from it at scrape time
-    observer = MetricsObserver(store_dir=tmp_path, store_limit_bytes=lambda: 1 << 30, state_dir=tmp_path / "state")
+    observer = MetricsObserver(state_dir=tmp_path, store_limit_bytes=lambda: 1 << 30)
+    with Store(tmp_path) as store:  # a stored dump and a deleted one: the series read from the index
+        for n in (1, 2):
+            store.insert(row_from_record({"id": f"{n}-0123456789abcdef-{n}", "timestamp": n}, status="ok",
+                                         problem=None, path=None, raw_bytes=10, stored_bytes=5, sha256=None))
+        store.delete(store.get("1-0123456789abcdef-1"), "max_age")
     record = {"signal": 11, "timestamp": 1, "proc": {"exe": "/bin/x"},
               "capture": {"bytes": 10, "drained_bytes": 0, "ns": 1000, "throughput_bytes_per_second": 1e7,
                           "complete": True}, "handler": {"started_realtime_ns": 1}}
     observer.on_ingested(record, {"raw_bytes": 10, "compressed_bytes": 5, "compress_seconds": 0.1,
                                   "ingest_seconds": 0.2, "status": "ok"})
-    observer.on_deleted("id", "/bin/x", "max_age", 5)
     observer.on_error("ingest", "boom", None)
     observer.on_state(1, 2, 3)
     return {sample.name for family in observer.registry.collect() for sample in family.samples}

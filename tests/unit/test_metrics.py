@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import urllib.error
 import urllib.request
@@ -81,7 +80,6 @@ def test_counts_and_histograms_match_the_records(three_dumps):
     assert value(got, "corehandler_capture_duration_seconds_sum") == pytest.approx(sum(seconds))
     assert value(got, "corehandler_dump_size_bytes_sum") == 3 * MIB // 4 + 2 * MIB + MIB
     assert value(got, "corehandler_hold_duration_seconds_count") == 3
-    assert value(got, "corehandler_last_dump_timestamp_seconds") == max(r["timestamp"] for r in records)
 
     stored = [s for _, s in three_dumps if s["compressed_bytes"]]
     assert len(stored) == 2  # the dropped dump has no core to compress
@@ -113,44 +111,42 @@ def test_exe_label_only_for_the_allow_list(maker):
                      exe=label) == 1
 
 
-def test_seeding_from_the_index_continues_the_counters(three_dumps):
-    live = MetricsObserver()
-    feed(live, three_dumps)
-    live.on_deleted(three_dumps[0][0]["id"], None, "max_age", three_dumps[0][1]["compressed_bytes"])
+def test_store_series_are_read_from_the_index_at_each_scrape(tmp_path):
+    """No event needed: the stored dumps by status, their bytes, the latest crash and the deletions by rule
+    since the index was created come from the index as it is when scraped, whichever process wrote it."""
+    observer = MetricsObserver(state_dir=tmp_path)
+    names = {k[0] for k in samples(observer.exposition())}
+    assert not names & {"corehandler_store_dumps", "corehandler_retention_deletions_total"}  # no index yet
 
-    # The index as the daemon would hand it over: record JSON text, stored figures as columns, a tombstone.
-    rows = []
-    for i, (record, stored) in enumerate(three_dumps):
-        row = dict(stored, record=json.dumps(record))
-        if i == 0:
-            row.update(deleted_rule="max_age", freed_bytes=stored["compressed_bytes"])
-        rows.append(row)
-    restarted = MetricsObserver()
-    assert restarted.seed(rows) == 3
+    with Store(tmp_path) as store:
+        for n, status, stored in ((1, "ok", 10), (2, "truncated", 20), (3, "ok", 30), (4, "metadata_only", 0)):
+            record = {"schema": 1, "id": f"17960000000{n:05d}-0123456789abcdef-{n}", "timestamp": 1_700_000_000 + n}
+            store.insert(row_from_record(record, status=status, problem=None, path=f"{record['id']}.zst",
+                                         raw_bytes=100, stored_bytes=stored, sha256=None))
+        got = samples(observer.exposition())
+        assert {dict(k[1])["status"]: v for k, v in got.items() if k[0] == "corehandler_store_dumps"} == {
+            "ok": 2, "truncated": 1, "metadata_only": 1, "invalid": 0, "orphan": 0}
+        assert value(got, "corehandler_store_bytes") == 60
+        assert value(got, "corehandler_last_dump_timestamp_seconds") == 1_700_000_004
+        assert not [k for k in got if k[0] == "corehandler_retention_deletions_total"]
 
-    def counters(observer):
-        return {k: v for k, v in samples(observer.exposition()).items()
-                if k[0].endswith(("_total", "_count", "_sum", "_bucket")) and k[0] != "corehandler_errors_total"}
+        store.delete(store.get(f"17960000000{1:05d}-0123456789abcdef-1"), "max_age")
+        store.delete(store.get(f"17960000000{2:05d}-0123456789abcdef-2"), "max_use")
+    for scraper in (observer, MetricsObserver(state_dir=tmp_path)):  # the running daemon, and a restarted one
+        text = scraper.exposition().decode()
+        got = samples(text)
+        assert value(got, "corehandler_retention_deletions_total", rule="max_age") == 1
+        assert value(got, "corehandler_retention_deletions_total", rule="max_use") == 1
+        assert value(got, "corehandler_store_dumps", status="ok") == 1
+        assert value(got, "corehandler_store_bytes") == 30
+        assert "# TYPE corehandler_retention_deletions_total counter" in text
+        assert "# TYPE corehandler_store_dumps gauge" in text
 
-    assert counters(restarted) == counters(live)
-    assert value(samples(restarted.exposition()), "corehandler_retention_deletions_total", rule="max_age") == 1
 
-
-def test_seeding_from_rows_shaped_like_the_store_index(three_dumps):
-    """store.py's Dump.summary(): the record as a dict, stored_bytes, and no compression or ingest times."""
-    live = MetricsObserver()
-    feed(live, three_dumps)
-    rows = [{"id": r["id"], "record": r, "raw_bytes": s["raw_bytes"], "stored_bytes": s["compressed_bytes"] or 0,
-             "status": s["status"], "path": s["path"] and os.path.basename(s["path"])} for r, s in three_dumps]
-    restarted = MetricsObserver()
-    assert restarted.seed(rows) == 3
-    want, got = samples(live.exposition()), samples(restarted.exposition())
-    for name in ("corehandler_dumps_total", "corehandler_captured_bytes_total", "corehandler_compressed_bytes_total",
-                 "corehandler_capture_throughput_bytes_per_second_sum", "corehandler_compression_ratio_count",
-                 "corehandler_hold_duration_seconds_count", "corehandler_dump_size_bytes_sum"):
-        assert {k: v for k, v in got.items() if k[0] == name} == {k: v for k, v in want.items() if k[0] == name}
-    assert value(got, "corehandler_compress_duration_seconds_count") == 0
-    assert value(got, "corehandler_ingest_duration_seconds_count") == 0
+def test_counters_start_at_zero(tmp_path):
+    got = samples(MetricsObserver().exposition())
+    assert value(got, "corehandler_capture_throughput_bytes_per_second_count") == 0
+    assert not [k for k in got if k[0] == "corehandler_dumps_total"]
 
 
 def test_events_never_raise_and_count_observer_errors(maker):
@@ -158,10 +154,9 @@ def test_events_never_raise_and_count_observer_errors(maker):
     # Strange but readable: counted as a dump whose outcome is unknown, not as an error.
     observer.on_ingested({"capture": "not a mapping", "signal": "11"}, {"raw_bytes": "x"})
     observer.on_ingested(None, None)  # type: ignore[arg-type]
-    assert observer.seed([{"no": "record"}, {"record": "{not json"}]) == 0
-    observer.on_deleted("id", None, "max_use", "lots")  # type: ignore[arg-type]
+    observer.on_state("lots", 0, 0)  # type: ignore[arg-type]
     got = samples(observer.exposition())
-    assert value(got, "corehandler_errors_total", kind="observer") == 4
+    assert value(got, "corehandler_errors_total", kind="observer") == 2
     assert value(got, "corehandler_dumps_total", signal="unknown", outcome="unknown", reason="", exe="other") == 1
 
 
@@ -173,41 +168,23 @@ def test_errors_by_kind_start_at_zero(tmp_path):
     assert value(samples(observer.exposition()), "corehandler_errors_total", kind="disk_full") == 1
 
 
-def _index_row(n: int, stored_bytes: int) -> dict:
-    record = {"schema": 1, "id": f"1796000000000{n:03d}-0123456789abcdef-{n}", "pid": n, "uid": 1000,
-              "signal": 11, "timestamp": 1_700_000_000 + n}
-    return row_from_record(record, status="ok", problem=None, path=f"{record['id']}.zst", raw_bytes=100,
-                           stored_bytes=stored_bytes, sha256=None)
-
-
 def test_state_and_store_gauges(tmp_path):
-    """The store gauges come from the index at scrape time: what another process (`vacuum`, a corruption
-    mark) changed shows at the next scrape, with no daemon event in between."""
-    state = tmp_path / "state"
-    with Store(state) as store:
-        for n, size in ((1, 1000), (2, 234)):
-            store.insert(_index_row(n, size))
-    observer = MetricsObserver(store_dir=tmp_path, store_limit_bytes=lambda: 5000, state_dir=state)
-    observer.on_state(backlog=4, store_bytes=0, store_count=0)  # the event's figures no longer decide
+    (tmp_path / "store").mkdir()
+    observer = MetricsObserver(state_dir=tmp_path, store_limit_bytes=lambda: 5000)
+    observer.on_state(backlog=4, store_bytes=1234, store_count=7)
     got = samples(observer.exposition())
     assert value(got, "corehandler_ingest_backlog") == 4
-    assert value(got, "corehandler_store_bytes") == 1234
-    assert value(got, "corehandler_store_dumps") == 2
-    assert value(got, "corehandler_store_corrupt_dumps") == 0
     assert value(got, "corehandler_store_limit_bytes") == 5000
-    with Store(state) as store:  # as the CLI would: a deletion and a corruption mark, no event
-        first, second = store.all()
-        store.delete(first, "max_count")
-        store.mark_corrupt(second, "flipped bytes")
-    got = samples(observer.exposition())
-    assert value(got, "corehandler_store_bytes") == 234 and value(got, "corehandler_store_dumps") == 1
-    assert value(got, "corehandler_store_corrupt_dumps") == 1
-    st = os.statvfs(tmp_path)
+    st = os.statvfs(tmp_path / "store")
     assert value(got, "corehandler_store_filesystem_size_bytes") == st.f_blocks * st.f_frsize
     # A probe that fails gives no sample, never a failed scrape.
-    broken = MetricsObserver(store_dir=tmp_path / "gone", store_limit_bytes=lambda: 1 // 0)
-    names = {k[0] for k in samples(broken.exposition())}
-    assert "corehandler_store_limit_bytes" not in names and "corehandler_store_filesystem_size_bytes" not in names
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "index.sqlite").write_bytes(b"not a database" * 100)
+    for state_dir in (tmp_path / "gone", tmp_path / "broken"):
+        broken = MetricsObserver(state_dir=state_dir, store_limit_bytes=lambda: 1 // 0)
+        names = {k[0] for k in samples(broken.exposition())}
+        assert not names & {"corehandler_store_limit_bytes", "corehandler_store_filesystem_size_bytes",
+                            "corehandler_store_dumps"}
 
 
 def test_hold_time_uses_the_capture_end_when_the_record_has_it(maker):
@@ -255,9 +232,9 @@ def test_textfile_is_written_atomically_without_process_metrics(three_dumps, tmp
 
 def test_real_records_carry_the_release_time(maker):
     """csplice stamps the moment it let the process go, so hold time includes its start-up and metadata reads."""
-    from corehandler import facts
+    from corehandler import spool
 
     record = maker.make(256 * 1024)
     started, ended = record["handler"]["started_realtime_ns"], record["capture"]["ended_realtime_ns"]
-    assert facts.hold_seconds(record) == pytest.approx((ended - started) / 1e9, abs=1e-6)
+    assert spool.hold_seconds(record) == pytest.approx((ended - started) / 1e9, abs=1e-6)
     assert ended - started >= record["capture"]["ns"]

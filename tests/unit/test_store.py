@@ -143,34 +143,27 @@ def test_a_damaged_index_is_one_clear_error(tmp_path, readonly):
         Store(tmp_path, readonly=readonly)
 
 
-def test_delete_leaves_a_tombstone_no_user_query_sees(store):
-    for n in (1, 2):
+def test_delete_removes_the_row_and_counts_it_under_its_rule(store):
+    for n in (1, 2, 3):
         store.insert(_row(_record(n)))
         (store.store_dir / f"{_record(n)['id']}.zst").write_bytes(b"x" * 4096)
     gone = _record(1)
-    gone["proc"]["environ"] = ["SECRET=1"]
-    store.db.execute("UPDATE dumps SET record = ? WHERE id = ?", (json.dumps(gone), gone["id"]))
-    store.db.commit()
     freed = store.delete(store.get(gone["id"]), "max_age")
     assert freed >= 4096 and not (store.store_dir / f"{gone['id']}.zst").exists()
+    assert store.get(gone["id"]) is None  # nothing of the dump is kept: not its record, not its cmdline
 
-    live = [_record(2)["id"]]
+    live = [_record(2)["id"], _record(3)["id"]]
     assert [d.id for d in store.query()] == live and store.query(Filter(ids=(gone["id"],))) == []
     assert [d.id for d in store.all()] == live and [d.id for d in store.all(include_deleting=True)] == live
     assert [r[0] for r in store.sizes()] == live
-    assert store.totals() == (10, 1)
+    assert store.totals() == (20, 2) and store.by_status() == {"ok": (2, 20)}
     assert store.unindexed_files() == []
+    assert store.deletions() == {"max_age": (1, freed)}
 
-    tomb = store.get(gone["id"])
-    assert (tomb.deleted_rule, tomb.freed_bytes, tomb.path, tomb.cmdline) == ("max_age", freed, None, None)
-    assert tomb.deleted_at is not None and not tomb.deleting
-    # What the metrics replay, and nothing a user may regret keeping: no cmdline, no environ.
-    assert tomb.record == {"schema": 1, "id": gone["id"], "signal": 11, "comm": "app", "timestamp": gone["timestamp"],
-                           "capture": {}, "proc": {"exe": "/usr/bin/app"}}
-    assert (tomb.raw_bytes, tomb.stored_bytes, tomb.status) == (100, 10, "ok")  # the counted figures stay
-    assert [d.id for d in store.history()] == [gone["id"]] + live
-    # Ingest still knows the id: a replayed record is not indexed again.
-    assert store.insert(_row(_record(1))) is False
+    second = store.delete(store.get(_record(2)["id"]), "max_age")
+    store.delete(store.get(_record(3)["id"]), "max_count")
+    assert store.deletions() == {"max_age": (2, freed + second), "max_count": (1, 4096)}
+    assert store.totals() == (0, 0) and store.latest_crash() is None
     assert store.finish_deletions() == []
 
 
@@ -184,9 +177,10 @@ def test_a_kill_after_the_mark_completes_with_the_marked_rule_and_size(store):
                      (path.stat().st_blocks * 512, record["id"]))
     store.db.commit()
     path.unlink()
-    (tomb,) = store.finish_deletions()
-    assert (tomb.id, tomb.deleted_rule, tomb.freed_bytes) == (record["id"], "max_use", 8192)
+    (done,) = store.finish_deletions()
+    assert (done.id, done.deleted_rule, done.freed_bytes) == (record["id"], "max_use", 8192)
     assert store.finish_deletions() == [] and store.all(include_deleting=True) == []
+    assert store.deletions() == {"max_use": (1, 8192)}
 
 
 SCHEMA_1 = """
@@ -202,7 +196,7 @@ PRAGMA user_version=1;
 
 @pytest.mark.parametrize("readonly", [False, True])
 def test_a_schema_1_index_is_migrated_in_place(tmp_path, readonly):
-    """What a corehandler before tombstones wrote: one live row and one deletion a kill interrupted."""
+    """What corehandler wrote before schema 2: one live row and one deletion a kill interrupted."""
     (tmp_path / "store").mkdir()
     db = sqlite3.connect(tmp_path / "index.sqlite")
     db.executescript(SCHEMA_1)
@@ -220,19 +214,52 @@ def test_a_schema_1_index_is_migrated_in_place(tmp_path, readonly):
     with Store(tmp_path, readonly=readonly) as s:
         assert s.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert [d.id for d in s.query()] == [_record(1)["id"], odd["id"]]
-        assert [d.deleted_at for d in s.history()] == [None, None, None]
+        assert len(s.all(include_deleting=True)) == 3 and s.deletions() == {}
         # v0.1's rows: found by the name's real bytes, not marked corrupt
         [found] = s.query(Filter(comms=("bad\udcffname",)))
         assert found.id == odd["id"] and found.corrupt is None and s.query(Filter(comms=("bad\\xffname",))) == []
     with Store(tmp_path) as s:
-        (tomb,) = s.finish_deletions()  # schema 1 marked no rule and measured nothing: done now
-        assert (tomb.deleted_rule, tomb.freed_bytes) == (UNKNOWN_RULE, 4096)
+        (done,) = s.finish_deletions()  # schema 1 marked no rule and measured nothing: done now
+        assert (done.deleted_rule, done.freed_bytes) == (UNKNOWN_RULE, 4096)
         assert s.get(_record(1)["id"]).record == _record(1)
+        assert s.deletions() == {UNKNOWN_RULE: (1, 4096)}
+
+
+SCHEMA_2_TOMBSTONES = ", deleted_at REAL, deleted_rule TEXT, freed_bytes INTEGER, compress_seconds REAL, " \
+    "ingest_seconds REAL);"
+
+
+@pytest.mark.parametrize("readonly", [False, True])
+def test_a_schema_2_index_turns_its_tombstones_into_counts(tmp_path, readonly):
+    """v0.1 kept a tombstone row per deleted dump, for the metrics to replay: the migration counts them per rule
+    and drops them with their column; live rows and a deletion under way stay as they were."""
+    (tmp_path / "store").mkdir()
+    db = sqlite3.connect(tmp_path / "index.sqlite")
+    db.executescript(SCHEMA_1.replace("record TEXT NOT NULL);", "record TEXT NOT NULL" + SCHEMA_2_TOMBSTONES)
+                     .replace("user_version=1", "user_version=2"))
+    rows = [(1, None, None, None, 0), (2, 1.0, "max_age", 4096, 0), (3, 2.0, "max_age", 8192, 0),
+            (4, 3.0, None, 512, 0), (5, None, "max_use", 100, 1)]
+    for n, deleted_at, rule, freed, deleting in rows:
+        row = dict(_row(_record(n)), deleted_at=deleted_at, deleted_rule=rule, freed_bytes=freed, deleting=deleting)
+        db.execute(f"INSERT INTO dumps ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values()))
+    db.commit()
+    db.close()
+
+    with Store(tmp_path, readonly=readonly) as s:
+        assert s.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert "deleted_at" not in {r[1] for r in s.db.execute("PRAGMA table_info(dumps)")}
+        assert s.deletions() == {"max_age": (2, 4096 + 8192), UNKNOWN_RULE: (1, 512)}
+        assert [d.id for d in s.all(include_deleting=True)] == [_record(1)["id"], _record(5)["id"]]
+        assert s.get(_record(1)["id"]).record == _record(1)
+    with Store(tmp_path) as s:
+        (done,) = s.finish_deletions()
+        assert (done.id, done.deleted_rule, done.freed_bytes) == (_record(5)["id"], "max_use", 100)
+        assert s.deletions()["max_use"] == (1, 100)
 
 
 def test_a_dump_another_process_is_deleting_is_left_to_it(store):
     """The daemon's retention and `corehandler vacuum` may pick the same dump: the second deleter must not
-    overwrite the first one's rule and size (the tombstone's figures) nor count the deletion again."""
+    overwrite the first one's rule and size (what the deletion counts) nor count the deletion again."""
     record = _record(1)
     store.insert(_row(record))
     path = store.store_dir / f"{record['id']}.zst"
@@ -244,5 +271,6 @@ def test_a_dump_another_process_is_deleting_is_left_to_it(store):
         store.db.commit()
         assert other.delete(dump, "max_count") is None
     assert path.exists()
-    (tomb,) = store.finish_deletions()
-    assert (tomb.deleted_rule, tomb.freed_bytes) == ("max_use", 8192)
+    (done,) = store.finish_deletions()
+    assert (done.deleted_rule, done.freed_bytes) == ("max_use", 8192)
+    assert store.deletions() == {"max_use": (1, 8192)}

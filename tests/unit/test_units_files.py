@@ -143,3 +143,18 @@ def test_tmpfiles_creates_the_state_dirs_root_only(tmp_path):
     for sub, kind in (("", "state"), ("spool", "spool"), ("store", "store")):
         st = os.stat(tmp_path / "var/lib/corehandler" / sub)
         assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == DIR_MODES[kind] and st.st_uid == 0, sub
+
+
+
+def test_the_wheel_holds_csplice_in_one_place_and_no_test_program():
+    """csplice in the environment's libexec/corehandler (where corehandler.paths looks), nothing inside the
+    package, and no feeder anywhere: tests build it themselves (support/cbuild.py)."""
+    import corehandler
+    from corehandler import paths
+
+    if os.environ.get("COREHANDLER_LIBEXEC"):
+        pytest.skip("COREHANDLER_LIBEXEC points at a development build tree")
+    assert sorted(os.listdir(paths.libexec_dir())) == ["csplice"]
+    package = Path(corehandler.__file__).parent
+    assert not (package / "libexec").exists()
+    assert [p for p in package.rglob("*") if p.name in ("csplice", "feeder")] == []

@@ -19,6 +19,7 @@ from corehandler.cli import main
 from corehandler.daemon import Settings
 from corehandler.errors import EXIT_NOMATCH, EXIT_PERMISSION
 from corehandler.paths import DIR_MODES
+from support import cbuild
 from support.asuser import program_runnable_by, run_as, run_as_program
 from support.daemon_harness import Running, wait_for
 from support.spoolfeed import feed, write_settings
@@ -48,7 +49,7 @@ def published():
         settings = write_settings(base / "s.conf", state / "spool")
         shas, ids = {}, {}
         for pid, (uid, dumpable, comm) in CRASHES.items():
-            r = feed(paths.feeder_path(), paths.csplice_path(), settings, size=(1 << 20) + pid, pid=pid,
+            r = feed(cbuild.feeder(), paths.csplice_path(), settings, size=(1 << 20) + pid, pid=pid,
                      comm=comm, uid=uid, dumpable=dumpable)
             assert (r["uid"], r["dumpable"]) == (uid, dumpable)
             shas[pid] = hashlib.sha256((state / "spool" / r["core"]).read_bytes()).hexdigest()
