@@ -3,13 +3,20 @@
  * baselines: the simplest core_pattern handlers, for bench/capture.py to measure csplice against.
  *
  *   baselines rw FILE   read()/write() 64 KiB at a time from stdin into FILE: the plain loop csplice must match
- *   baselines null      splice() stdin to /dev/null: no file at all, so the kernel's own dump rate (the floor)
+ *   baselines null [PIPE_BYTES]   splice() stdin to /dev/null, the pipe first enlarged to PIPE_BYTES (csplice's
+ *                                 pipe_size): no file at all, so the kernel's own dump rate (the floor)
+ *   baselines odirect FILE BYTES  no pipe: writes BYTES of a pattern into FILE with O_DIRECT in 8 MiB blocks and
+ *                                 prints the seconds it took: the spool filesystem's own write rate (2nd floor)
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
+
+#define DIRECT_BLOCK (8 << 20)
 
 static int copy_rw(const char *path) {
         static char buf[64 * 1024];
@@ -28,22 +35,44 @@ static int copy_rw(const char *path) {
         return n < 0 || close(out) < 0;
 }
 
-static int to_null(void) {
+static int to_null(const char *pipe_bytes) {
         int out = open("/dev/null", O_WRONLY | O_CLOEXEC);
         ssize_t n;
 
         if (out < 0)
+                return 1;
+        if (pipe_bytes && fcntl(STDIN_FILENO, F_SETPIPE_SZ, atoi(pipe_bytes)) < 0)
                 return 1;
         while ((n = splice(STDIN_FILENO, NULL, out, NULL, 1 << 20, SPLICE_F_MOVE)) > 0)
                 ;
         return n < 0;
 }
 
+static int write_direct(const char *path, unsigned long long bytes) {
+        struct timespec t0, t1;
+        char *buf = aligned_alloc(4096, DIRECT_BLOCK);
+        int out = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+
+        if (!buf || out < 0)
+                return 1;
+        for (size_t i = 0; i < DIRECT_BLOCK; i++)
+                buf[i] = (char) (i * 7 + 1);
+        (void) clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (unsigned long long off = 0; off < bytes; off += DIRECT_BLOCK)
+                if (pwrite(out, buf, DIRECT_BLOCK, (off_t) off) != DIRECT_BLOCK)
+                        return 1;
+        (void) clock_gettime(CLOCK_MONOTONIC, &t1);
+        (void) printf("%.6f\n", (double) (t1.tv_sec - t0.tv_sec) + (double) (t1.tv_nsec - t0.tv_nsec) / 1e9);
+        return close(out) < 0;
+}
+
 int main(int argc, char *argv[]) {
         if (argc == 3 && strcmp(argv[1], "rw") == 0)
                 return copy_rw(argv[2]);
-        if (argc == 2 && strcmp(argv[1], "null") == 0)
-                return to_null();
-        (void) fprintf(stderr, "usage: baselines rw FILE | baselines null\n");
+        if ((argc == 2 || argc == 3) && strcmp(argv[1], "null") == 0)
+                return to_null(argc == 3 ? argv[2] : NULL);
+        if (argc == 4 && strcmp(argv[1], "odirect") == 0)
+                return write_direct(argv[2], strtoull(argv[3], NULL, 10));
+        (void) fprintf(stderr, "usage: baselines rw FILE | null [PIPE_BYTES] | odirect FILE BYTES\n");
         return 2;
 }

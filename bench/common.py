@@ -41,3 +41,59 @@ def machine() -> str:
 def filesystem_of(path: Path) -> str:
     out = subprocess.run(["df", "--output=fstype,source", str(path)], capture_output=True, text=True).stdout
     return " ".join(out.splitlines()[-1].split()) if out else "?"
+
+
+def spread(values) -> str:
+    """min–max, the spread a reader needs beside a median on a shared machine."""
+    return f"{min(values) * 1e3:.0f}–{max(values) * 1e3:.0f}"
+
+
+def page_cache_state() -> dict:
+    """The page cache's share of memory now (bytes), from /proc/meminfo, and the load average."""
+    info = {}
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        key, value = line.split(":", 1)
+        info[key] = int(value.split()[0]) * 1024
+    return {"ram_bytes": info["MemTotal"], "cached_bytes": info["Cached"], "dirty_bytes": info["Dirty"],
+            "free_bytes": info["MemFree"], "load": os.getloadavg()[0]}
+
+
+def describe_cache(state: dict) -> str:
+    g = 1 << 30
+    return (f"page cache {state['cached_bytes'] / g:.1f} GiB ({state['dirty_bytes'] / g:.2f} GiB dirty), "
+            f"{state['free_bytes'] / g:.1f} GiB free of {state['ram_bytes'] / g:.0f} GiB, load {state['load']:.2f}")
+
+
+def plot_holds(path: Path, title: str, panels: dict, labels: dict) -> None:
+    """One panel per entry of panels ({panel title: {method: {size_mib: [seconds]}}}): median hold against dump
+    size per handler, min-max as error bars, both axes logarithmic. Written as a PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = 2 if len(panels) > 1 else 1
+    rows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 4.8 * rows), squeeze=False)
+    for ax, (panel, series) in zip(axes.flat, panels.items()):
+        for method, by_size in series.items():
+            sizes = sorted(by_size)
+            meds = [median(by_size[s]) for s in sizes]
+            lo = [m - min(by_size[s]) for m, s in zip(meds, sizes)]
+            hi = [max(by_size[s]) - m for m, s in zip(meds, sizes)]
+            ax.errorbar(sizes, meds, yerr=[lo, hi], marker="o", capsize=3,
+                        label=labels.get(method, method).replace("*", ""))
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        sizes = sorted({s for by_size in series.values() for s in by_size})
+        ax.set_xticks(sizes, [str(s) for s in sizes])
+        ax.set_xlabel("dump size (MiB)")
+        ax.set_ylabel("hold (s): crash to reaped")
+        ax.set_title(panel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -6,20 +6,19 @@ listed?
    touched) and a typical program (a Python interpreter dying of SIGSEGV). Each is stored as the daemon does
    (compress.store_file: zstd, temp file, fsync, rename) at levels 1/3/6 with 1 and 2 threads; medians of
    --runs runs, speed also as a ratio against level 1 with one thread paired run by run.
-2. Crash to indexed: `corehandler serve` running, a crasher dies; the clock starts at the crash trigger and
-   stops when `corehandler list` would show the dump (its index row exists). The hold (the kernel holding the
-   crashed process: trigger to reaping) is measured in the same run.
-3. systemd-coredump with Compress=yes (--systemd-coredump): its socket served by systemd-socket-activate, a
-   standalone systemd-journald and its store in a private mount namespace (the host's journal and
-   /var/lib/systemd/coredump are untouched), core_pattern from its sysctl.d file. Hold of the same crash as a
-   ratio against csplice's hold, measured alternately in the same run.
+2. Crash to indexed: `corehandler serve` running with the default config (strategy auto), a crasher dies; the
+   clock starts at the crash trigger and stops when `corehandler list` would show the dump (its index row
+   exists). The hold (the kernel holding the crashed process: trigger to reaping) is measured in the same run,
+   and, alternating with it, systemd-coredump's hold of the same crash with its default Compress=yes (its own
+   store and journald in a private mount namespace, bench/sdcd.py; --no-systemd-coredump skips it).
 
-    python -P bench/compress.py [--runs 3] [--dense-mib 256] [--hold-mib 1024] [--systemd-coredump]
+    python -P bench/compress.py [--runs 3] [--dense-mib 256] [--indexed-mib 256 1024 4096] [--no-compression]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -36,7 +35,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from common import filesystem_of, machine, markdown_table, median, paired_ratio  # noqa: E402
+from common import (describe_cache, filesystem_of, machine, markdown_table, median, page_cache_state,  # noqa: E402
+                    paired_ratio, plot_holds)
+from sdcd import systemd_coredump  # noqa: E402
 
 from corehandler import compress, paths  # noqa: E402
 from corehandler.install import SPECIFIERS  # noqa: E402
@@ -150,121 +151,77 @@ def index_count(index: Path) -> int:
         return 0
 
 
-def bench_crash_to_indexed(crasher: Path, sizes: list[int], runs: int) -> str:
+def bench_crash_to_indexed(crasher: Path, sizes: list[int], runs: int, sdcd) -> tuple[str, dict]:
+    """csplice's hold and crash-to-indexed with the default config, and systemd-coredump's hold of the same
+    crash, alternating in the same run."""
     etc, state = WORK / "etc", WORK / "state"
     shutil.rmtree(state, ignore_errors=True)
     etc.mkdir(parents=True, exist_ok=True)
+    # The default config (strategy auto), limits and the free-space floors off: a benchmark is a crash storm.
     (etc / "corehandler.toml").write_text(
-        "[capture]\nmin_free = \"0\"\nmax_per_exe_per_minute = 0\nstrategy = \"rw\"\n[metrics]\nenabled = false\n"
+        "[capture]\nmin_free = \"0\"\nmax_per_exe_per_minute = 0\n[metrics]\nenabled = false\n"
         "[journal]\nenabled = false\n[retention]\nkeep_free = \"0\"\nmax_use = \"0\"\n")
-    set_pattern(f"|{paths.csplice_path()} {SPECIFIERS}")
+    ours = f"|{paths.csplice_path()} {SPECIFIERS}"
+    set_pattern(ours)
     daemon = subprocess.Popen([sys.executable, "-P", "-m", "corehandler", "--config-dir", str(etc),
                                "--state-dir", str(state), "serve"], stderr=subprocess.PIPE, text=True)
-    rows = []
+    rows, samples = [], {}
     try:
         while "Watching" not in daemon.stderr.readline():
             pass
         index = state / "index.sqlite"
         for mib in sizes:
-            holds, indexed = [], []
+            holds, indexed, theirs = [], [], []
             for _ in range(runs):
                 before = index_count(index)
+                set_pattern(ours)
                 t0, hold = timed_crash([str(crasher), "segv", str(mib)])
                 while index_count(index) <= before:
                     time.sleep(0.002)
                 indexed.append(time.monotonic() - t0)
                 holds.append(hold)
-            rows.append([f"{mib} MiB dense", median(holds), median(indexed), paired_ratio(indexed, holds)])
+                for f in (state / "store").rglob("*.zst"):
+                    f.unlink()  # keep the disk free; the index row stays
+                if sdcd:
+                    set_pattern(sdcd.pattern)
+                    theirs.append(timed_crash([str(crasher), "segv", str(mib)])[1])
+                    sdcd.wait_stored()
+            samples[mib] = {"csplice hold": holds, "csplice crash to indexed": indexed}
+            row = [f"{mib} MiB dense", ms(holds), ms(indexed), paired_ratio(indexed, holds)]
+            if sdcd:
+                samples[mib]["systemd-coredump hold (Compress=yes)"] = theirs
+                row += [ms(theirs), paired_ratio(indexed, theirs), paired_ratio(theirs, holds)]
+            rows.append(row)
+            print(f"indexed {mib} MiB: {row}", file=sys.stderr)
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(60)
-    return markdown_table(["crash", "hold s (median)", "crash to indexed s (median)", "indexed / hold"], rows)
+    header = ["crash", "csplice hold s", "crash to indexed s", "indexed ÷ hold"]
+    if sdcd:
+        header += ["systemd-coredump hold s", "indexed ÷ systemd-coredump hold (goal < 1)",
+                   "systemd-coredump hold ÷ csplice hold (goal ≥ 8)"]
+    return markdown_table(header, rows), samples
 
 
-# -- 3. systemd-coredump ------------------------------------------------------------------------------------
-
-SDCD_SCRIPT = r"""
-set -e
-mount -t tmpfs -o mode=0755 tmpfs /run/systemd/journal
-mkdir -p "$WORK/sdcd-store" "$WORK/sdcd-journal"
-mount --bind "$WORK/sdcd-store" /var/lib/systemd/coredump
-mount --bind "$WORK/sdcd-journal" /var/log/journal
-/lib/systemd/systemd-journald &
-for i in $(seq 100); do [ -S /run/systemd/journal/socket ] && break; sleep 0.05; done
-rm -f /run/systemd/coredump
-exec systemd-socket-activate --seqpacket -a -l /run/systemd/coredump /lib/systemd/systemd-coredump
-"""
+def _by_series(samples: dict) -> dict:
+    """{mib: {series: [s]}} -> {series: {mib: [s]}}, as plot_holds draws it."""
+    out: dict = {}
+    for mib, series in samples.items():
+        for name, values in series.items():
+            out.setdefault(name, {})[mib] = values
+    return out
 
 
-def sysctl_d_pattern() -> str:
-    for line in Path("/usr/lib/sysctl.d/50-coredump.conf").read_text().splitlines():
-        if line.startswith("kernel.core_pattern="):
-            return line.split("=", 1)[1]
-    raise RuntimeError("no core_pattern in 50-coredump.conf")
-
-
-def bench_systemd_coredump(crasher: Path, mib: int, runs: int) -> str:
-    spool = WORK / "hold" / "spool"
-    shutil.rmtree(WORK / "hold", ignore_errors=True)
-    shutil.rmtree(WORK / "sdcd-store", ignore_errors=True)
-    # Mount points for the private namespace; any we had to create are removed afterwards.
-    mount_points = [Path(d) for d in ("/var/lib/systemd/coredump", "/var/log/journal", "/run/systemd/journal")]
-    created = [d for d in mount_points if not d.exists()]
-    for d in created:
-        d.mkdir(parents=True)
-    # Its own session and a private mount namespace: the tmpfs and bind mounts vanish with it.
-    server = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", SDCD_SCRIPT],
-                              env=dict(os.environ, WORK=str(WORK)), start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        for _ in range(200):
-            if Path("/run/systemd/coredump").is_socket():
-                break
-            time.sleep(0.05)
-        else:
-            raise RuntimeError("systemd-socket-activate did not listen on /run/systemd/coredump")
-        sd_pattern = sysctl_d_pattern()
-        paths.CSPLICE_SETTINGS.write_text(csplice_conf(spool))
-        ours, theirs = [], []
-        argv = [str(crasher), "segv", str(mib)]
-        for i in range(runs):
-            set_pattern(f"|{paths.csplice_path()} {SPECIFIERS}")
-            ours.append(timed_crash(argv)[1])
-            wait_records(spool, i + 1)
-            for f in spool.glob("*.core"):
-                f.unlink()  # keep the disk free; the record stays for counting
-            set_pattern(sd_pattern)
-            before = len(list((WORK / "sdcd-store").glob("core.*")))
-            theirs.append(timed_crash(argv)[1])
-            deadline = time.monotonic() + 120
-            while len(list((WORK / "sdcd-store").glob("core.*"))) <= before and time.monotonic() < deadline:
-                time.sleep(0.05)
-            stored = sorted((WORK / "sdcd-store").glob("core.*"))
-            if len(stored) <= before:
-                raise RuntimeError("systemd-coredump stored nothing: " + server.stderr.read1(4096).decode())
-        names = [p.name for p in stored]
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(30)
-        Path("/run/systemd/coredump").unlink(missing_ok=True)
-        for d in created:
-            d.rmdir()
-    compressed = all(n.endswith((".zst", ".xz", ".lz4")) for n in names)
-    rows = [[f"{mib} MiB dense", "csplice (rw)", median(ours), 1.0],
-            [f"{mib} MiB dense", "systemd-coredump, Compress=yes" + ("" if compressed else " (NOT compressed!)"),
-             median(theirs), paired_ratio(theirs, ours)]]
-    shutil.rmtree(WORK / "sdcd-store", ignore_errors=True)
-    return markdown_table(["crash", "handler", "hold s (median)", "hold / csplice's"], rows) + \
-        f"\nsystemd-coredump stored {names[-1]}\n"
+def ms(values: list[float]) -> str:
+    return f"{median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--dense-mib", type=int, default=256)
-    p.add_argument("--indexed-mib", type=int, nargs="+", default=[16, 256])
-    p.add_argument("--hold-mib", type=int, default=1024)
-    p.add_argument("--systemd-coredump", action="store_true")
+    p.add_argument("--indexed-mib", type=int, nargs="+", default=[256, 1024, 4096])
+    p.add_argument("--no-systemd-coredump", dest="systemd_coredump", action="store_false")
     p.add_argument("--no-compression", dest="compression", action="store_false", help="skip part 1")
     p.add_argument("--no-indexed", dest="indexed", action="store_false", help="skip part 2")
     p.add_argument("--out", type=Path, default=HERE / "results" / "compress.md")
@@ -285,11 +242,14 @@ def main() -> int:
             for core in cores.values():
                 core.unlink()
             if a.indexed:
-                parts.append("## Crash to indexed, `corehandler serve` running (level 3, threads = CPUs)\n\n"
-                             + bench_crash_to_indexed(crasher, a.indexed_mib, a.runs))
-            if a.systemd_coredump:
-                parts.append("## Hold time against systemd-coredump (Compress=yes), same crash, same run\n\n"
-                             + bench_systemd_coredump(crasher, a.hold_mib, a.runs))
+                with systemd_coredump(WORK) if a.systemd_coredump else contextlib.nullcontext() as sdcd:
+                    text, samples = bench_crash_to_indexed(crasher, a.indexed_mib, a.runs, sdcd)
+                parts.append("## Crash to indexed against systemd-coredump's hold, `corehandler serve` running "
+                             "(default config: strategy auto, zstd level 3, threads = CPUs)\n\n"
+                             f"{describe_cache(page_cache_state())}; six other helpers build and test on this "
+                             "machine meanwhile.\n\n" + text + "\n![crash to indexed](compress.png)\n")
+                plot_holds(a.out.with_suffix(".png"), "csplice crash to indexed against systemd-coredump's hold "
+                           "(bench/compress.py)", {"dense": _by_series(samples)}, {})
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
     a.out.parent.mkdir(parents=True, exist_ok=True)

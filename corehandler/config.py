@@ -71,6 +71,14 @@ def _absolute_path(value) -> Path:
     return Path(os.path.normpath(value))
 
 
+def _socket_path(value) -> Path:
+    path = _absolute_path(value)
+    # The kernel's limit (sun_path) and its rule: a normalised absolute path, as core_pattern takes no quoting.
+    if len(str(path).encode()) >= 108 or any(c.isspace() for c in str(path)) or str(path) != value:
+        raise ValueError("must be a normalised absolute path without spaces, shorter than 108 bytes")
+    return path
+
+
 def _optional_absolute_path(value) -> str:
     if value == "":
         return value
@@ -99,12 +107,15 @@ class CaptureConfig(_Section):
     csplice's table of keys (`csplice --list-settings`) is checked against these fields by a test."""
 
     strategy: Literal[("auto", *STRATEGIES)] = Field(
-        "auto", description=" | ".join(("auto", *STRATEGIES)) + "; auto = what bench/ measured best for this kernel")
+        "auto", description=" | ".join(("auto", *STRATEGIES)) + "; auto = what bench/ measured best for this kernel "
+                            "(and direct for processes of direct_above or more)")
     chunk_size: Size(4096, 64 << 20) = Field(256 << 10, description="bytes per read/splice call (4K..64M)")
     pipe_size: Size(0, 1 << 30) = Field(1 << 20, description="enlarge the core pipe to this size (F_SETPIPE_SZ); 0 "
                                                        "keeps the kernel's")
     max_dump_size: Size() = Field(32 << 30, description="larger dumps are truncated here and flagged; 0 = no "
                                                         "limit")
+    direct_above: Size() = Field(0, description="with strategy auto, a process with this much resident memory "
+                                 "(VmRSS) or more is dumped with O_DIRECT writes (strategy direct); 0 = never")
     min_free: SizeOrPercent = Field(units.SizeOrPercent(percent=15.0), description="stop writing when the spool's"
                                     " filesystem has less free: a size or a percentage of it")
     max_pending: Count = Field(64, description="records waiting in the spool beyond which crashes are kept as "
@@ -116,6 +127,20 @@ class CaptureConfig(_Section):
     sparse: bool = Field(True, description="skip writing all-zero pages (the file stays sparse)")
     collect_environ: bool = Field(False, description="keep the crashed process's environment (may hold secrets)")
     collect_maps: bool = Field(False, description="keep the crashed process's /proc/PID/maps")
+
+
+class KernelConfig(_Section):
+    """How the kernel hands a dump to csplice (not csplice's per-crash settings: those are [capture])."""
+
+    mode: Literal["pipe", "socket", "auto"] = Field(
+        "pipe", description="pipe | socket | auto (install --mode overrides): the kernel runs csplice per crash, "
+        "or connects to csplice's listener, which can refuse a dump before it is written (Linux 6.17+); auto = "
+        "socket where the kernel has it and the listener answers")
+    socket_path: Annotated[Path, BeforeValidator(_socket_path), _Human(str)] = Field(
+        Path("/run/corehandler/capture/coredump.socket"), description="the coredump socket in socket mode "
+        "(absolute, shorter than 108 bytes; its directory is made root-only)")
+    socket_max_connections: int = Field(16, ge=1, le=4096, description="dumps the listener captures at once in "
+                                        "socket mode; more wait in the socket's backlog")
 
 
 class CompressionConfig(_Section):
@@ -150,13 +175,25 @@ class JournalConfig(_Section):
     enabled: bool = Field(True, description="log each dump to journald")
 
 
+class AnalysisConfig(_Section):
+    enabled: bool = Field(True, description="unwind every dump's threads (eu-stack) and compute its signature")
+    timeout: Duration(1, 3600) = Field(30.0, description="the analyser is killed after this; the dump is kept")
+    max_memory: Size(64 << 20, 1 << 40) = Field(2 << 30, description="address-space limit of the analyser")
+    max_threads: int = Field(64, ge=1, le=4096, description="threads kept per dump, the crashing one first")
+    max_frames: int = Field(64, ge=1, le=4096, description="frames kept per thread")
+    source_lines: bool = Field(False, description="source file:line per frame (eu-stack -s; slow where debug "
+                                                  "info is installed)")
+
+
 class Config(_Section):
     state_dir: AbsolutePath = Field(DEFAULT_STATE_DIR, description="spool, store and index live here")
     capture: CaptureConfig = CaptureConfig()
+    kernel: KernelConfig = KernelConfig()
     compression: CompressionConfig = CompressionConfig()
     retention: RetentionConfig = RetentionConfig()
     metrics: MetricsConfig = MetricsConfig()
     journal: JournalConfig = JournalConfig()
+    analysis: AnalysisConfig = AnalysisConfig()
 
     def paths(self, base: Paths) -> Paths:
         """base with this config's state_dir."""
@@ -255,6 +292,9 @@ def csplice_settings(config: Config, paths: Paths) -> dict[str, str]:
     settings |= {name: _csplice_value(getattr(capture, name)) for name in type(capture).model_fields}
     if capture.strategy == "auto":
         settings["strategy"] = choose_strategy(paths.proc_root)
+    else:
+        # An explicit strategy is used for every dump; only auto also chooses by the process's size.
+        settings["direct_above"] = "0"
     return settings
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from corehandler import compress, elfcore, retention, spool, userview
+from corehandler import analysis, analysis_index, compress, elfcore, retention, spool, userview
 from corehandler.errors import CorehandlerError
 from corehandler.inotify import IN_Q_OVERFLOW, Watch
 from corehandler.store import Store, row_from_record
@@ -46,6 +46,8 @@ class Settings:
     retention_interval: float = 3600.0
     sweep_interval: float = 30.0    # also picks up what inotify missed
     retry_interval: float = 60.0    # after a failed ingest (disk full, I/O error)
+    analysis_enabled: bool = True
+    analysis_limits: analysis.Limits = field(default_factory=analysis.Limits)
 
     @property
     def spool_dir(self) -> Path:
@@ -61,7 +63,12 @@ def settings_from_config(config, paths, **overrides) -> Settings:
     return Settings(state_dir=state_dir, compression=config.compression.enabled, level=config.compression.level,
                     threads=config.compression.threads,
                     policy=retention.policy_from_config(config.retention, total),
-                    retention_interval=config.retention.interval, **overrides)
+                    retention_interval=config.retention.interval, analysis_enabled=config.analysis.enabled,
+                    analysis_limits=analysis.Limits(timeout=config.analysis.timeout,
+                                                    memory_bytes=config.analysis.max_memory,
+                                                    threads=config.analysis.max_threads,
+                                                    frames=config.analysis.max_frames,
+                                                    source_lines=config.analysis.source_lines), **overrides)
 
 
 class Stopping(Exception):
@@ -113,6 +120,7 @@ class Daemon:
         self.reload = reload
         self.observer_failures = 0
         self._retry_at: dict[str, float] = {}
+        self._analysing: analysis.Running | None = None
         self._stop = threading.Event()
         self._reload_pending = False
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -213,6 +221,9 @@ class Daemon:
         status, problems = _status(record, info, core_missing)
 
         stored = None
+        # The analyser reads the raw core while compression below reads it too: crash->indexed is the longer
+        # of the two, not their sum.
+        self._start_analysis(dump_id, record, raw, status)
         if info is not None:
             try:
                 stored = compress.store_file(raw, s.state_dir / "store", dump_id, enabled=s.compression,
@@ -229,6 +240,7 @@ class Daemon:
                 self.report_error("compress", f"{e}; the raw dump stays in the spool", dump_id)
                 raise _Retry() from e
             self._checkpoint("stored")
+        self._finish_analysis(dump_id, record, status)
 
         row = row_from_record(record, status=status, problem="; ".join(problems) or None,
                               path=stored.path.name if stored else None,
@@ -245,6 +257,45 @@ class Daemon:
         self._finish(dump)
         return True
 
+    # -- analysis (corehandler/analysis.py) ---------------------------------------------------------------------
+
+    def _start_analysis(self, dump_id: str, record: dict, raw: Path, status: str) -> None:
+        if self.settings.analysis_enabled and status in ("ok", "truncated"):
+            analysis_index.mark_pending(self.store, dump_id)
+            self._analysing = analysis.start(raw, record, self.settings.analysis_limits)
+
+    def _finish_analysis(self, dump_id: str, record: dict, status: str) -> None:
+        running, self._analysing = self._analysing, None
+        if running is not None:
+            result = analysis.finish(running)
+        elif not self.settings.analysis_enabled:
+            result = analysis.skipped(record, "analysis disabled ([analysis] enabled = false)")
+        else:
+            result = analysis.skipped(record, f"no core to analyse ({status})")
+        analysis_index.put(self.store, dump_id, result)
+        if result["state"] == analysis.TIMEOUT:  # a failed unwind is a fact of the dump, a hang is ours
+            self.report_error("analysis", f"Analysis of {dump_id}: {result['state']}: "
+                              f"{'; '.join(result['problems'][:3]) or 'no frames'}; the dump is kept", dump_id)
+
+    def _cancel_analysis(self) -> None:
+        running, self._analysing = self._analysing, None
+        if running is not None:
+            analysis.cancel(running)
+
+    def _analyse_indexed(self) -> None:
+        """Dumps indexed without an analysis: analysed now if their raw core is still in the spool (a kill
+        after indexing), else marked skipped. Before sweep, which removes such raw cores."""
+        for dump_id, state in analysis_index.unanalysed(self.store):
+            raw = spool.core_path(self.settings.spool_dir, dump_id)
+            dump = self.store.get(dump_id)
+            if self.settings.analysis_enabled and raw.exists() and dump.status in ("ok", "truncated"):
+                result = analysis.analyse(raw, dump.record, self.settings.analysis_limits)
+            else:
+                why = "killed mid-analysis" if state == analysis_index.PENDING else "indexed before analysis existed"
+                result = analysis.skipped(dump.record, f"raw core gone before it was analysed ({why})")
+            analysis_index.put(self.store, dump_id, result)
+            log.info("Analysis of %s, indexed earlier: %s", dump_id, result["state"])
+
     def _finish(self, dump) -> None:
         """Removes the raw files of an indexed dump and tells the observers, with the figures of its index row
         (the same whether this daemon indexed it or a killed one did)."""
@@ -258,7 +309,7 @@ class Daemon:
             "id": dump.id, "path": str(path) if path else None, "raw_bytes": dump.raw_bytes,
             "compressed_bytes": dump.stored_bytes, "compress_seconds": dump.compress_seconds or 0.0,
             "ingest_seconds": dump.ingest_seconds or 0.0, "ingested_at": dump.ingested_at, "status": dump.status,
-            "problem": dump.problem})
+            "problem": dump.problem, "analysis": analysis_index.analysis_for(self.store, dump.id)})
 
     def _try_ingest(self, dump_id: str) -> bool:
         if self._retry_at.get(dump_id, 0) > time.monotonic():
@@ -266,13 +317,16 @@ class Daemon:
         try:
             done = self.ingest(dump_id)
         except _Retry as e:
+            self._cancel_analysis()
             self._retry_at[dump_id] = time.monotonic() + self.settings.retry_interval
             if isinstance(e.__cause__, compress.DiskFullError):
                 self.retain()  # keep_free may make room for the retry
             return False
         except Stopping:
+            self._cancel_analysis()
             return False
         except Exception as e:
+            self._cancel_analysis()
             log.exception("Ingest of %s failed", dump_id)
             self.report_error("ingest", f"Ingest of {dump_id} failed: {e}; retrying later", dump_id)
             self._retry_at[dump_id] = time.monotonic() + self.settings.retry_interval
@@ -313,6 +367,7 @@ class Daemon:
         for tmp in self.store.temp_files():
             log.warning("Removing %s, left by an interrupted compression", tmp.name)
             tmp.unlink(missing_ok=True)
+        self._analyse_indexed()
         # Dumps a kill left indexed but not cleaned up: finished first, so the retention passes of the sweep
         # plan with every one of them done.
         for dump_id in spool.committed_ids(self.settings.spool_dir):
@@ -390,6 +445,9 @@ class Daemon:
         s.spool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         lock = self._lock()
         self.store = Store(s.state_dir)
+        analysis_index.ensure(self.store.db)
+        if s.analysis_enabled:
+            analysis.sandbox()  # probed now, not in the first dump's analysis time
         watch = Watch(s.spool_dir)
         try:
             log.info("Watching %s (compression %s, level %d)", s.spool_dir,

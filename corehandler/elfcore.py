@@ -7,6 +7,7 @@ reads. Problems are returned, not raised: a bad core is still kept, flagged with
 from __future__ import annotations
 
 import os
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -221,3 +222,66 @@ def _inspect(fd: int, info: CoreInfo) -> None:
         info.status = STATUS_OK if notes and info.pid is not None else STATUS_INVALID
         if notes and info.pid is None:
             info.problems.append("no NT_PRSTATUS note")
+
+
+NT_GNU_BUILD_ID = 3
+MAX_FILE_NOTES_BYTES = 1 << 20
+
+
+def iter_notes(data: bytes, end: str):
+    """(owner, type, desc) of each note in a note segment's bytes, up to the first one that does not fit."""
+    pos = 0
+    while pos + 12 <= len(data):
+        namesz, descsz, ntype = struct.unpack_from(end + "III", data, pos)
+        name_at = pos + 12
+        desc_at = name_at + ((namesz + 3) & ~3)
+        if desc_at + descsz > len(data):
+            return
+        yield data[name_at:name_at + namesz].rstrip(b"\0"), ntype, data[desc_at:desc_at + descsz]
+        pos = desc_at + ((descsz + 3) & ~3)
+
+
+def file_notes(path: Path | str) -> list[tuple[bytes, int, bytes]]:
+    """(owner, type, desc) of every note in an ELF file's PT_NOTE segments (an executable or library, not a
+    core), at most MAX_FILE_NOTES_BYTES of them; [] for a file that is not ELF. Raises OSError when the
+    file cannot be opened or read."""
+    # Non-blocking and regular files only: the path comes from a crashed process, which may have left a FIFO
+    # or a device under it since.
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return []
+        ident = _read_at(fd, 0, 16)
+        layout = _LAYOUTS.get(ident[4]) if len(ident) == 16 and ident[:4] == ELFMAG else None
+        if layout is None:
+            return []
+        end = "<" if ident[5] == ELFDATA2LSB else ">"
+        ehsize = struct.calcsize(end + layout.ehdr)
+        raw = _read_at(fd, 0, ehsize)
+        if len(raw) < ehsize:
+            return []
+        fields = struct.unpack(end + layout.ehdr, raw)
+        e_phoff, e_phentsize, e_phnum = fields[5], fields[9], fields[10]
+        phsize = struct.calcsize(end + layout.phdr)
+        if e_phentsize < phsize or e_phnum > 4096:
+            return []
+        table = _read_at(fd, e_phoff, e_phnum * e_phentsize)
+        notes, budget = [], MAX_FILE_NOTES_BYTES
+        for i in range(len(table) // e_phentsize):
+            p = dict(zip(layout.phdr_fields, struct.unpack_from(end + layout.phdr, table, i * e_phentsize)))
+            if p["type"] != PT_NOTE or budget <= 0:
+                continue
+            data = _read_at(fd, p["offset"], min(p["filesz"], budget))
+            budget -= len(data)
+            notes += iter_notes(data, end)
+        return notes
+    finally:
+        os.close(fd)
+
+
+def file_build_id(path: Path | str) -> str | None:
+    """The GNU build-id of an ELF file as hex, None when it has none. Raises OSError like file_notes."""
+    for owner, ntype, desc in file_notes(path):
+        if owner == b"GNU" and ntype == NT_GNU_BUILD_ID and desc:
+            return desc.hex()
+    return None

@@ -13,13 +13,18 @@ install, as root:
   6. calls start_daemon(paths) when given (the CLI passes the supervisor's start where systemd is absent).
 uninstall puts the saved values back, exactly, if the live pattern is still ours, and removes the sysctl.d
 file. Dumps in the state directory are left alone.
+
+Modes (install --mode, else [kernel] mode): pipe ("|csplice %P ...", the default), socket ("@@" + the
+listener's socket on Linux 6.17+, "@" on 6.16) and auto (socket where the kernel has the handshake and the
+listener answers, else pipe). In socket mode the listener is started and seen listening before core_pattern
+points at it, since the kernel drops dumps silently when nobody listens. Falling back to pipe mode is decided
+here, once: `--mode socket` fails when the listener does not come up, `--mode auto` installs pipe mode then.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import sqlite3
 import stat
 import subprocess
@@ -27,8 +32,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from corehandler import listener, spool, supervise, sysctl
 from corehandler import paths as paths_mod
-from corehandler import spool, supervise, sysctl
 from corehandler.atomicfile import write_atomic
 from corehandler.config import Config, render_csplice_settings, write_csplice_settings
 from corehandler.errors import HandlerConflictError, NotRootError, SystemFailure, UnsafePathError
@@ -57,10 +62,9 @@ def _sysctl_root(paths: Paths) -> Path:
     return paths.proc_root / "sys"
 
 
-def kernel_version(release: str) -> tuple[int, int]:
-    """(major, minor) of a release string such as "6.18.44-fc-v657"; (0, 0) if it does not parse."""
-    m = re.match(r"(\d+)\.(\d+)", release)
-    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+kernel_version = listener.kernel_version
+MODES = ("pipe", "socket", "auto")
+LISTEN_TIMEOUT = 5.0  # the listener must be listening this soon after it was started
 
 
 def core_pattern_for(csplice: Path, kernel_release: str) -> str:
@@ -76,17 +80,28 @@ def core_pattern_for(csplice: Path, kernel_release: str) -> str:
 
 
 def handler_program(pattern: str) -> str | None:
-    """The program of a pipe pattern ("|/usr/lib/x %p" -> "/usr/lib/x"), None for a file pattern."""
+    """The program of a pipe pattern ("|/usr/lib/x %p" -> "/usr/lib/x"), the socket of a socket pattern
+    ("@@/run/x.socket" -> "/run/x.socket"), None for a file pattern."""
+    if pattern.startswith("@"):
+        return listener.socket_path_of(pattern)
     if not pattern.startswith("|"):
         return None
     words = pattern[1:].split()
     return words[0] if words else ""
 
 
-def is_ours(pattern: str) -> bool:
-    """True for a csplice pipe pattern, whichever installation of corehandler wrote it."""
+def is_ours(pattern: str, socket_path: Path | None = None) -> bool:
+    """True for a csplice pipe pattern, whichever installation of corehandler wrote it, or a socket pattern on
+    our socket_path (a socket's path is all the pattern says of its server)."""
+    if pattern.startswith("@"):
+        return socket_path is not None and listener.socket_path_of(pattern) == str(socket_path)
     program = handler_program(pattern)
     return program is not None and Path(program).name == "csplice"
+
+
+def mode_of(pattern: str) -> str | None:
+    """"pipe" or "socket" for our patterns' shapes, None for a file pattern."""
+    return "socket" if pattern.startswith("@") else "pipe" if pattern.startswith("|") else None
 
 
 def check_handler_path(path: Path) -> Path:
@@ -165,16 +180,25 @@ def _live(paths: Paths) -> dict[str, str]:
 
 
 def install(config: Config, paths: Paths, *, csplice: Path | None = None, force: bool = False,
-            start_daemon: Callable[[Paths], object] | None = None, write_sysctl_d: bool = True) -> dict:
-    """Makes csplice the live and persistent core handler (see the module docstring); returns what it did."""
+            start_daemon: Callable[[Paths], object] | None = None, write_sysctl_d: bool = True,
+            mode: str | None = None, start_listener: Callable[[Paths, list[str]], object] | None = None,
+            stop_listener: Callable[[Paths], object] | None = None) -> dict:
+    """Makes csplice the live and persistent core handler (see the module docstring); returns what it did.
+
+    start_listener(paths, command) runs the socket listener (the CLI passes the supervisor); without it socket
+    mode expects something else (systemd's corehandler-capture.socket) to listen on capture.socket_path."""
     require_root("install")
     program = check_handler_path(csplice or paths_mod.csplice_path())
     version = csplice_version(program)
     root = _sysctl_root(paths)
+    socket_path = config.kernel.socket_path
+    mode = mode or config.kernel.mode
+    if mode not in MODES:
+        raise SystemFailure(f"unknown mode {mode!r}: one of {', '.join(MODES)}")
     pattern = core_pattern_for(program, sysctl.read("kernel.osrelease", root))
     live = _live(paths)
     current = live[sysctl.CORE_PATTERN]
-    if handler_program(current) is not None and not is_ours(current) and not force:
+    if handler_program(current) is not None and not is_ours(current, socket_path) and not force:
         raise HandlerConflictError(f"another core handler is installed ({handler_program(current)}): "
                                    f"`corehandler install --force` replaces it and uninstall puts it back")
 
@@ -182,8 +206,8 @@ def install(config: Config, paths: Paths, *, csplice: Path | None = None, force:
     # Values saved before an earlier install into this state dir are the ones uninstall must restore, even if
     # that install used another csplice path. Another installation's csplice with nothing saved here (a second
     # state dir, scripts/setup's /opt copy) is a handler like any other: saved, so uninstall puts it back.
-    already_ours = is_ours(current) and (handler_program(current) == str(program)
-                                         or _previous_path(paths).exists())
+    already_ours = is_ours(current, socket_path) and (handler_program(current) in (str(program), str(socket_path))
+                                                      or _previous_path(paths).exists())
     if not already_ours:
         try:
             write_atomic(_previous_path(paths), json.dumps({**live, "saved_at": time.time()}, indent=1).encode(),
@@ -192,6 +216,9 @@ def install(config: Config, paths: Paths, *, csplice: Path | None = None, force:
             raise SystemFailure(f"cannot save the current kernel settings in {_previous_path(paths)}: "
                                 f"{e.strerror}") from None
     write_csplice_settings(config, paths)
+    listening = None
+    if mode != "pipe":
+        pattern, listening = _socket_mode(config, paths, program, mode, start_listener, stop_listener) or (pattern, None)
     pipe_limit = str(max(PIPE_LIMIT, _int_or_zero(live[sysctl.CORE_PIPE_LIMIT])))
     values = {sysctl.CORE_PATTERN: pattern, sysctl.CORE_PIPE_LIMIT: pipe_limit}
     # A package ships its own sysctl.d file (/usr/lib/sysctl.d); a second one in /etc would outlive its removal.
@@ -208,10 +235,36 @@ def install(config: Config, paths: Paths, *, csplice: Path | None = None, force:
         raise
     if start_daemon is not None:
         start_daemon(paths)
-    return {"core_pattern": pattern, "core_pipe_limit": pipe_limit, "csplice": str(program),
+    if mode_of(pattern) == "pipe" and stop_listener is not None:
+        stop_listener(paths)  # a listener from an earlier socket-mode install serves nobody now
+    return {"mode": mode_of(pattern), "listening": listening, "core_pattern": pattern, "core_pipe_limit": pipe_limit, "csplice": str(program),
             "csplice_version": version, "replaced": None if already_ours else current, "previous_saved": not already_ours,
             "sysctl_d": None if sysctl_d is None else str(sysctl_d), "settings": str(paths.csplice_settings), "state_dir": str(paths.state_dir),
             "daemon_started": start_daemon is not None}
+
+
+def _socket_mode(config: Config, paths: Paths, program: Path, mode: str,
+                 start_listener: Callable[[Paths, list[str]], object] | None,
+                 stop_listener: Callable[[Paths], object] | None) -> tuple[str, bool] | None:
+    """The socket pattern once the listener listens; None when mode auto falls back to pipe mode."""
+    prefix = listener.socket_prefix(paths.proc_root)
+    socket_path = config.kernel.socket_path
+    # auto wants the handshake: plain "@" cannot refuse a dump, which is socket mode's point.
+    if prefix is None or (mode == "auto" and prefix != "@@"):
+        if mode == "auto":
+            return None
+        raise SystemFailure(f"this kernel ({sysctl.read('kernel.osrelease', _sysctl_root(paths))}) has no "
+                            f"socket core_pattern (Linux 6.16+, with the handshake 6.17+): use --mode pipe")
+    if start_listener is not None:
+        start_listener(paths, listener.command(program, socket_path, config.kernel.socket_max_connections))
+    if not listener.wait_listening(socket_path, LISTEN_TIMEOUT, paths.proc_root):
+        if mode == "auto":
+            if stop_listener is not None:
+                stop_listener(paths)
+            return None
+        raise SystemFailure(f"nothing listens on {socket_path} (the listener's log is in {paths.log_dir}): "
+                            f"core_pattern left as it was; `--mode pipe` works without a listener")
+    return listener.socket_pattern(prefix, socket_path), True
 
 
 def _restore_quietly(values: dict[str, str], root: Path) -> None:
@@ -226,14 +279,15 @@ def _int_or_zero(text: str) -> int:
     return int(text) if text.strip().isdigit() else 0
 
 
-def uninstall(paths: Paths, *, stop_daemon: Callable[[Paths], object] | None = None) -> dict:
+def uninstall(paths: Paths, *, stop_daemon: Callable[[Paths], object] | None = None,
+              socket_path: Path | None = None, stop_listener: Callable[[Paths], object] | None = None) -> dict:
     """Restores the saved core_pattern and core_pipe_limit if ours is live, and removes the sysctl.d file."""
     require_root("uninstall")
     root = _sysctl_root(paths)
     previous = read_previous(paths)
     current = sysctl.read(sysctl.CORE_PATTERN, root)
     restored = None
-    if is_ours(current):
+    if is_ours(current, socket_path):
         restored = {name: (previous or KERNEL_DEFAULTS)[name] for name in KERNEL_DEFAULTS}
         # The pattern first: once it is not ours, no new crash reaches csplice.
         sysctl.write(sysctl.CORE_PATTERN, restored[sysctl.CORE_PATTERN], root)
@@ -243,6 +297,9 @@ def uninstall(paths: Paths, *, stop_daemon: Callable[[Paths], object] | None = N
     _previous_path(paths).unlink(missing_ok=True)
     if stop_daemon is not None:
         stop_daemon(paths)
+    # After the pattern: the listener goes only once no new crash can come to it.
+    if stop_listener is not None:
+        stop_listener(paths)
     return {"was_installed": restored is not None, "restored": restored,
             "restored_from": None if restored is None else ("saved" if previous else "kernel defaults"),
             "left_alone": None if restored is not None else current, "sysctl_d_removed": removed,
@@ -299,6 +356,27 @@ def _settings_summary(config: Config, paths: Paths) -> dict:
     return {"path": str(path), "state": "current" if current else "differs from the config (reinstall or reload)"}
 
 
+def capture_state(config: Config, paths: Paths) -> dict:
+    """The mode the live core_pattern gives (None when it is not ours), whether the socket listener listens,
+    and the socket peers refused: cheap enough for every metrics scrape."""
+    pattern = sysctl.read(sysctl.CORE_PATTERN, _sysctl_root(paths))
+    socket_path = config.kernel.socket_path
+    mode = mode_of(pattern) if is_ours(pattern, socket_path) else None
+    return {"mode": mode, "listening": mode == "socket" and listener.listening(socket_path, paths.proc_root),
+            "refused_peers": spool.refused_count(paths.spool_dir)}
+
+
+def _listener_summary(config: Config, paths: Paths, mode: str | None) -> dict | None:
+    """In socket mode: whether anything listens on the socket (if not, the kernel drops dumps silently)."""
+    if mode != "socket":
+        return None
+    found = supervise.status(paths, supervise.LISTENER)
+    path = config.kernel.socket_path
+    return {"socket_path": str(path), "listening": listener.listening(path, paths.proc_root),
+            "supervised": found.running, "pid": found.daemon_pid, "log_file": found.log_file,
+            "refused_peers": spool.refused_count(paths.spool_dir)}
+
+
 def status(config: Config, paths: Paths, *, csplice: Path | None = None) -> dict:
     """What is installed and how the spool and store stand; never changes anything, needs no root."""
     root = _sysctl_root(paths)
@@ -318,11 +396,19 @@ def status(config: Config, paths: Paths, *, csplice: Path | None = None) -> dict
         previous = read_previous(paths)
     except SystemFailure as e:
         previous = {"error": e.message}
+    pattern = live[sysctl.CORE_PATTERN]
+    installed = is_ours(pattern, config.kernel.socket_path)
+    mode = mode_of(pattern) if installed else None
+    if mode == "socket":
+        prefix = listener.socket_prefix(paths.proc_root)
+        expected = prefix and listener.socket_pattern(prefix, config.kernel.socket_path)
     return {
-        "installed": is_ours(live[sysctl.CORE_PATTERN]),
-        "core_pattern": live[sysctl.CORE_PATTERN],
+        "installed": installed,
+        "mode": mode,
+        "listener": _listener_summary(config, paths, mode),
+        "core_pattern": pattern,
         "core_pattern_expected": expected,
-        "core_pattern_matches": expected is not None and live[sysctl.CORE_PATTERN] == expected,
+        "core_pattern_matches": expected is not None and pattern == expected,
         "core_pipe_limit": pipe_limit,
         "core_pipe_limit_ok": pipe_limit > 0,
         "sysctl_d": {"path": str(sysctl.sysctl_d_file(paths.sysctl_d)), "exists": persistent is not None,

@@ -32,7 +32,7 @@ from typing import Any, TextIO
 
 from systemd import journal
 
-from corehandler import spool
+from corehandler import analysis, spool
 from corehandler.printable import display
 
 log = logging.getLogger(__name__)
@@ -240,7 +240,51 @@ def dump_entry(record: Mapping[str, Any], stored: Mapping[str, Any]) -> Fields:
     errors = record.get("errors")
     if isinstance(errors, list) and errors:
         _put(f, "COREHANDLER_RECORD_ERRORS", "\n".join(str(e) for e in errors))
+    analysis_fields(f, stored.get("analysis"))
     return f
+
+
+# The stack trace appended to MESSAGE is the crashing thread's, at most this many bytes (journald's default
+# field limit is 64 MiB, but an entry that large helps nobody).
+MAX_TRACE_BYTES = 16 << 10
+
+
+def analysis_fields(f: Fields, result: Mapping[str, Any] | None) -> None:
+    """The analysis (corehandler/analysis.py) as systemd-coredump spells it where it has a field (COREDUMP_UNIT,
+    COREDUMP_SLICE, COREDUMP_PACKAGE_*, the trace in MESSAGE), COREHANDLER_* for the rest."""
+    if not result:
+        return
+    ident = result.get("identity") or {}
+    exe = result.get("exe") or {}
+    threads = result.get("threads") or []
+    if threads:
+        trace = "\n".join(analysis.thread_lines(threads[0]))
+        if len(trace) > MAX_TRACE_BYTES:
+            trace = trace[:MAX_TRACE_BYTES] + "\n... (cut)"
+        f["MESSAGE"] += "\n\n" + trace
+        _put(f, "COREHANDLER_STACK_TRACE", trace)
+    _put(f, "COREDUMP_CGROUP", ident.get("cgroup"))
+    _put(f, "COREDUMP_UNIT", ident.get("unit"))
+    _put(f, "COREDUMP_USER_UNIT", ident.get("user_unit"))
+    _put(f, "COREDUMP_SLICE", ident.get("slice"))
+    package = exe.get("package") or {}
+    _put(f, "COREDUMP_PACKAGE_NAME", package.get("name"))
+    _put(f, "COREDUMP_PACKAGE_VERSION", package.get("version"))
+    if package:
+        _put(f, "COREDUMP_PACKAGE_JSON", json.dumps(package, sort_keys=True))
+    _put(f, "COREHANDLER_ANALYSIS", result.get("state"))
+    _put(f, "COREHANDLER_ANALYSIS_SECONDS", _seconds(spool.number(result, "seconds")))
+    if result.get("problems"):
+        _put(f, "COREHANDLER_ANALYSIS_PROBLEMS", "\n".join(result["problems"]))
+    _put(f, "COREHANDLER_SIGNATURE", result.get("signature"))
+    _put(f, "COREHANDLER_SIGNATURE_ID", result.get("signature_id"))
+    _put(f, "COREHANDLER_EXACT_KEY", result.get("exact_key"))
+    _put(f, "COREHANDLER_BUILD_ID", exe.get("build_id"))
+    _put(f, "COREHANDLER_EXE_ON_DISK", exe.get("state"))
+    _put(f, "COREHANDLER_CRASHING_TID", result.get("crashing_tid"))
+    for key in ("runtime", "container_id", "container_name", "image", "pod_uid", "pod_name", "pod_namespace",
+                "machine", "pid_in_namespace"):
+        _put(f, f"COREHANDLER_{key.upper()}", ident.get(key))
 
 
 def deleted_entry(dump_id: str, exe: str | None, rule: str, freed_bytes: int) -> Fields:

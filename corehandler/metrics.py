@@ -26,6 +26,7 @@ from prometheus_client.exposition import ThreadingWSGIServer, generate_latest, s
 from prometheus_client.process_collector import ProcessCollector
 
 from corehandler import __version__, spool
+from corehandler.analysis_metrics import AnalysisMetrics
 from corehandler.atomicfile import write_atomic
 from corehandler.store import STATUSES, Store, StoreError
 
@@ -35,7 +36,7 @@ DEFAULT_LISTEN = "127.0.0.1"
 DEFAULT_PORT = 9577
 # Label value for executables not on the allow-list: one series for all of them keeps cardinality bounded.
 OTHER_EXE = "other"
-ERROR_KINDS = ("ingest", "compress", "disk_full", "corrupt", "config", "observer")
+ERROR_KINDS = ("ingest", "compress", "disk_full", "corrupt", "config", "observer", "analysis")
 
 # 256 KiB .. 64 GiB in powers of two: a small daemon's core to the largest dump the default limits allow.
 SIZE_BUCKETS = tuple(float(2**k) for k in range(18, 37))
@@ -53,7 +54,8 @@ class MetricsObserver:
     def __init__(self, *, exe_label_allowlist: Iterable[str] = (), textfile: str | os.PathLike | None = None,
                  state_dir: str | os.PathLike | None = None,
                  store_limit_bytes: Callable[[], int | None] | None = None,
-                 csplice_version: str | None = None) -> None:
+                 csplice_version: str | None = None, capture_probe: Callable[[], Mapping[str, Any]] | None = None
+                 ) -> None:
         # No _created series: they double the exposition, and Prometheus ignores them unless told otherwise.
         disable_created_metrics()
         self._allow = tuple(name for name in exe_label_allowlist if name)
@@ -102,6 +104,11 @@ class MetricsObserver:
             {"version": __version__, "csplice_version": csplice_version or "",
              "python_version": platform.python_version()})
         r.register(_StoreCollector(state_dir, store_limit_bytes))
+        if capture_probe is not None:
+            r.register(_CaptureCollector(capture_probe))
+        self.socket_rejects = Counter("corehandler_socket_rejects", "Dumps csplice refused over the coredump "
+                                      "socket before the kernel wrote them, by reason", ["reason"], registry=r)
+        self.analysis = AnalysisMetrics(r, state_dir)
         self._server: ThreadingWSGIServer | None = None
 
     @classmethod
@@ -137,6 +144,7 @@ class MetricsObserver:
     def on_ingested(self, record: Mapping[str, Any], stored: Mapping[str, Any]) -> None:
         with self._guard("on_ingested"):
             self._count_dump(record, stored)
+            self.analysis.count(stored)
 
     def on_error(self, kind: str, message: str, dump_id: str | None) -> None:
         with self._guard("on_error"):
@@ -171,6 +179,8 @@ class MetricsObserver:
         signal = spool.signal_name(spool.signal_number(record)) or "unknown"
         exe = self.exe_label(spool.exe(record))
         self.dumps.labels(signal, outcome, reason, exe).inc()
+        if spool.socket_rejected(record):
+            self.socket_rejects.labels(reason).inc()
         cap = spool.capture(record)
         kept = spool.number(cap, "bytes") or 0.0
         self.captured_bytes.labels(exe).inc(kept)
@@ -306,3 +316,34 @@ class _StoreCollector:
             freed.add_metric([rule], size)
         yield removed
         yield freed
+
+
+class _CaptureCollector:
+    """How the kernel reaches csplice, at scrape time: the mode, whether the socket listener listens (the kernel
+    drops dumps silently when not), and the socket peers csplice refused. probe() returns a mapping with
+    "mode" ("pipe", "socket" or None when corehandler is not the handler), "listening" and "refused_peers"."""
+
+    def __init__(self, probe: Callable[[], Mapping[str, Any]]) -> None:
+        self.probe = probe
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        try:
+            state = self.probe()
+        except Exception as err:
+            log.debug("metrics: capture probe failed: %s", err)
+            return
+        mode = GaugeMetricFamily("corehandler_capture_mode", "1 for the way the kernel hands csplice its dumps "
+                                 "(pipe, socket; none when corehandler is not the core handler)", labels=["mode"])
+        for name in ("pipe", "socket", "none"):
+            mode.add_metric([name], 1.0 if (state.get("mode") or "none") == name else 0.0)
+        yield mode
+        if state.get("mode") == "socket":
+            yield GaugeMetricFamily("corehandler_listener_up", "1 while csplice's coredump socket listener "
+                                    "listens; at 0 the kernel drops every dump silently",
+                                    value=1.0 if state.get("listening") else 0.0)
+        yield CounterMetricFamily("corehandler_socket_refused_peers", "Connections to the coredump socket from "
+                                  "a peer that is not a task being dumped: refused, nothing stored",
+                                  value=float(state.get("refused_peers") or 0))

@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 RECORD_SCHEMA = 1
 RATE_DIR = ".rate"
 RATE_WINDOW_SEC = 60
+# csplice counts socket peers it refused (not a task being dumped: nothing else is stored for them) here.
+REFUSED_FILE = ".refused"
 # csplice creates .tmp.<id>.core and only then takes its lock: a file this young may not be locked yet.
 ORPHAN_MIN_AGE_SEC = 5.0
 # A .tmp.<id>.json never outlives csplice by more than the time to write it; older ones are leftovers.
@@ -109,6 +111,15 @@ def _old_enough(path: Path, now: float, min_age: float) -> bool:
         return now - path.stat().st_mtime >= min_age
     except FileNotFoundError:
         return False
+
+
+def refused_count(spool_dir: Path) -> int:
+    """Socket peers csplice refused since the spool was made; 0 when none were (or the count is unreadable)."""
+    try:
+        text = (spool_dir / REFUSED_FILE).read_text()
+    except (OSError, UnicodeDecodeError):
+        return 0
+    return int(text) if text.strip().isdigit() else 0
 
 
 def find_orphans(spool_dir: Path, now: float | None = None, min_age: float = ORPHAN_MIN_AGE_SEC) -> list[Orphan]:
@@ -256,6 +267,12 @@ def outcome(record: Mapping[str, Any], stored: Mapping[str, Any] | None = None) 
     if cap.get("complete"):
         return COMPLETE, ""
     return UNKNOWN, ""
+
+
+def socket_rejected(record: Mapping[str, Any]) -> bool:
+    """True when csplice refused the dump over the coredump socket, so the kernel never wrote it."""
+    sock = capture(record).get("socket")
+    return isinstance(sock, Mapping) and sock.get("rejected") is True
 
 
 def signal_number(record: Mapping[str, Any]) -> int | None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from corehandler import match, spool
+from corehandler import analysis_index, match, spool
 from corehandler.errors import EXIT_PERMISSION, CorehandlerError
 from corehandler.match import Filter  # noqa: F401 (the store's query takes one; callers import it from here)
 from corehandler.paths import DIR_MODES
@@ -390,6 +390,7 @@ class Store:
         with self.db:
             if self.db.execute("DELETE FROM dumps WHERE id = ? AND deleting = 1", (dump_id,)).rowcount:
                 self.db.execute(_COUNT_DELETIONS, (done.deleted_rule, 1, done.freed_bytes))
+            analysis_index.forget(self.db, dump_id)
         return done
 
     def finish_deletions(self) -> list[Dump]:

@@ -9,6 +9,10 @@ of kernel matter, because they fill the core pipe differently:
   the process's own pages into the pipe, so a handler that never copies them again (splice) saves the only
   copy left.
 
+The per-kernel choice is for ordinary dumps. `direct` (O_DIRECT writes from a reader/writer ring) is chosen per
+crash by csplice itself, from the process's VmRSS against capture.direct_above (off by default: where the disk
+writes slower than the kernel dumps, bench/results/capture.md measured it holding big crashes longer than rw).
+
 STRATEGIES is the Python side's one list of the strategy names; csplice's (strategy_table in
 csplice/settings.c, printed by `csplice --list-strategies`) is compared with it by a test.
 """
@@ -18,7 +22,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-STRATEGIES = ("rw", "splice", "rw2", "splice2")
+STRATEGIES = ("rw", "splice", "rw2", "splice2", "direct")
 
 # On a patched kernel vmsplice_to_pipe() is exported for the coredump code: a global text symbol. On a stock
 # kernel it is static and inlined into the vmsplice syscall, so it is absent or a local 't'.

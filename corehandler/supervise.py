@@ -9,6 +9,11 @@ The supervisor is a fresh interpreter started by a double fork and setsid, so it
 installer that started it (no terminal, no inherited descriptors, no threads) and is re-parented to init.
 It holds an exclusive flock on its pid file for its whole life: "is it running" is a lock test, never a guess
 from a pid that may have been reused. Its own lines and the daemon's stdout/stderr go to one log file.
+
+The same supervisor runs the coredump socket's listener (`csplice --listen`) in socket mode, as a second
+service with its own pid and log files (LISTENER). While it is down the kernel drops dumps silently, so it
+restarts fast (0.1 s doubling to 5 s). It never changes core_pattern: falling back to pipe mode is the
+installer's decision (`install --mode auto`), made once, not a flip behind the admin's back on every failure.
 """
 
 from __future__ import annotations
@@ -33,6 +38,23 @@ LOG_FILE = "corehandler.log"
 
 BACKOFF_FIRST = 1.0
 BACKOFF_MAX = 60.0
+
+
+@dataclass(frozen=True)
+class Service:
+    """What one supervisor runs: its files in run_dir and log_dir, and how fast it restarts a failed child."""
+
+    name: str
+    pid_file: str
+    child_pid_file: str
+    log_file: str
+    backoff_first: float
+    backoff_max: float
+
+
+DAEMON = Service("corehandler", PID_FILE, SERVE_PID_FILE, LOG_FILE, BACKOFF_FIRST, BACKOFF_MAX)
+LISTENER = Service("capture", "capture.pid", "capture-listener.pid", "capture.log", 0.1, 5.0)
+SERVICES = {service.name: service for service in (DAEMON, LISTENER)}
 STABLE_AFTER = 60.0  # a daemon that stayed up this long starts the backoff afresh
 KILL_AFTER = 10.0  # the daemon's grace time between SIGTERM and SIGKILL (systemd's TimeoutStopSec is 90)
 POLL = 0.2
@@ -73,12 +95,12 @@ def serve_command(config_dir: Path | None = None, state_dir: Path | None = None)
     return command + ["serve"]
 
 
-def _pid_file(paths: Paths) -> Path:
-    return paths.run_dir / PID_FILE
+def _pid_file(paths: Paths, service: Service = DAEMON) -> Path:
+    return paths.run_dir / service.pid_file
 
 
-def _log_file(paths: Paths) -> Path:
-    return paths.log_dir / LOG_FILE
+def _log_file(paths: Paths, service: Service = DAEMON) -> Path:
+    return paths.log_dir / service.log_file
 
 
 def _read_pid(path: Path) -> int | None:
@@ -106,8 +128,8 @@ def _lock_held(pid_file: Path) -> bool:
     return False
 
 
-def status(paths: Paths) -> Status:
-    pid_file = _pid_file(paths)
+def status(paths: Paths, service: Service = DAEMON) -> Status:
+    pid_file = _pid_file(paths, service)
     running = _lock_held(pid_file)
     pid = daemon_pid = None
     if running:
@@ -115,19 +137,19 @@ def status(paths: Paths) -> Status:
         deadline = time.monotonic() + 2.0
         while (pid := _read_pid(pid_file)) is None and time.monotonic() < deadline:
             time.sleep(0.01)
-        daemon_pid = _read_pid(paths.run_dir / SERVE_PID_FILE)
-    return Status(running, pid, daemon_pid, str(pid_file), str(_log_file(paths)))
+        daemon_pid = _read_pid(paths.run_dir / service.child_pid_file)
+    return Status(running, pid, daemon_pid, str(pid_file), str(_log_file(paths, service)))
 
 
 def start(paths: Paths, config_dir: Path | None = None, *, command: list[str] | None = None,
-          timeout: float = 10.0, kill_after: float = KILL_AFTER) -> Status:
+          timeout: float = 10.0, kill_after: float = KILL_AFTER, service: Service = DAEMON) -> Status:
     """Starts the supervised daemon unless it is already running; returns its status either way.
 
     `command` replaces `corehandler serve` (tests run a harmless program); `kill_after` is the daemon's
     grace time between SIGTERM and SIGKILL when stopped. Raises SuperviseError, with the
     end of the log file, if the supervisor does not report that it started the daemon within `timeout`.
     """
-    current = status(paths)
+    current = status(paths, service)
     if current.running:
         return current
     if command is None:
@@ -140,9 +162,9 @@ def start(paths: Paths, config_dir: Path | None = None, *, command: list[str] | 
         os.chmod(paths.log_dir, 0o750)
     except OSError as err:
         raise SuperviseError(f"cannot prepare {err.filename} for the supervised daemon: {err.strerror}") from None
-    log_file = _log_file(paths)
+    log_file = _log_file(paths, service)
     argv = [sys.executable, "-m", "corehandler.supervise", "run", "--run-dir", str(paths.run_dir),
-            "--log-file", str(log_file), "--kill-after", str(kill_after)]
+            "--log-file", str(log_file), "--kill-after", str(kill_after), "--service", service.name]
     ready_r, ready_w = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover - runs in the forked children, which end in exec or _exit
@@ -161,14 +183,15 @@ def start(paths: Paths, config_dir: Path | None = None, *, command: list[str] | 
     finally:
         os.close(ready_r)
     if message.startswith("already running"):  # another start() won the race: that one is ours too
-        return status(paths)
+        return status(paths, service)
     if not message.startswith("ready "):
         # It said why and is on its way out (or said nothing in time): let it finish so that no half-started
         # supervisor is seen by the next status().
-        _wait_unlocked(paths, timeout)
+        _wait_unlocked(paths, timeout, service)
         reason = message.strip() or f"it reported nothing within {timeout:g} s"
-        raise SuperviseError(f"could not start the supervised daemon: {reason} (log: {log_file}){_tail(log_file)}")
-    return status(paths)
+        raise SuperviseError(f"could not start the supervised {service.name}: {reason} (log: {log_file})"
+                             f"{_tail(log_file)}")
+    return status(paths, service)
 
 
 def _detach_and_exec(argv: list[str], log_file: Path, keep_fd: int) -> None:  # pragma: no cover - child
@@ -214,27 +237,27 @@ def _tail(log_file: Path, lines: int = 5) -> str:
     return "".join("\n  " + line for line in text)
 
 
-def stop(paths: Paths, timeout: float = KILL_AFTER + 5.0) -> bool:
+def stop(paths: Paths, timeout: float = KILL_AFTER + 5.0, service: Service = DAEMON) -> bool:
     """Stops the supervisor and its daemon; True if they were running.
 
     SIGTERM to the supervisor, which passes it on and gives the daemon KILL_AFTER seconds; a supervisor
     still alive after `timeout` is killed with its whole process group (the daemon is in it).
     """
-    current = status(paths)
+    current = status(paths, service)
     if not current.running or current.pid is None:
-        _remove_pid_files(paths)
+        _remove_pid_files(paths, service)
         return False
     _signal(current.pid, signal.SIGTERM)
-    if not _wait_unlocked(paths, timeout):
+    if not _wait_unlocked(paths, timeout, service):
         try:
             os.killpg(current.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        if not _wait_unlocked(paths, 5.0):
+        if not _wait_unlocked(paths, 5.0, service):
             raise SuperviseError(f"the supervisor (pid {current.pid}) survived SIGKILL")
     # It releases the lock as its last act; wait for the exit itself, so that "stopped" means gone.
     _wait_exited(current.pid, 5.0)
-    _remove_pid_files(paths)
+    _remove_pid_files(paths, service)
     return True
 
 
@@ -254,9 +277,9 @@ def _signal(pid: int, signum: int) -> None:
         pass
 
 
-def _wait_unlocked(paths: Paths, timeout: float) -> bool:
+def _wait_unlocked(paths: Paths, timeout: float, service: Service = DAEMON) -> bool:
     deadline = time.monotonic() + timeout
-    while _lock_held(_pid_file(paths)):
+    while _lock_held(_pid_file(paths, service)):
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.05)
@@ -275,8 +298,8 @@ def _wait_exited(pid: int, timeout: float) -> None:
         time.sleep(0.02)
 
 
-def _remove_pid_files(paths: Paths) -> None:
-    for name in (PID_FILE, SERVE_PID_FILE):
+def _remove_pid_files(paths: Paths, service: Service = DAEMON) -> None:
+    for name in (service.pid_file, service.child_pid_file):
         (paths.run_dir / name).unlink(missing_ok=True)
 
 
@@ -284,8 +307,10 @@ def _remove_pid_files(paths: Paths) -> None:
 
 
 class _Supervisor:
-    def __init__(self, run_dir: Path, command: list[str], ready_fd: int | None, kill_after: float):
+    def __init__(self, run_dir: Path, command: list[str], ready_fd: int | None, kill_after: float,
+                 service: Service = DAEMON):
         self.run_dir = run_dir
+        self.service = service
         self.kill_after = kill_after
         self.command = command
         self.ready_fd = ready_fd
@@ -312,11 +337,11 @@ class _Supervisor:
 
     def run(self) -> int:
         self.run_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-        lock = os.open(self.run_dir / PID_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        lock = os.open(self.run_dir / self.service.pid_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            self._ready(f"already running (pid {_read_pid(self.run_dir / PID_FILE)})")
+            self._ready(f"already running (pid {_read_pid(self.run_dir / self.service.pid_file)})")
             return 1
         os.ftruncate(lock, 0)
         os.write(lock, f"{os.getpid()}\n".encode())
@@ -325,12 +350,12 @@ class _Supervisor:
         try:
             return self._loop()
         finally:
-            (self.run_dir / SERVE_PID_FILE).unlink(missing_ok=True)
-            (self.run_dir / PID_FILE).unlink(missing_ok=True)
+            (self.run_dir / self.service.child_pid_file).unlink(missing_ok=True)
+            (self.run_dir / self.service.pid_file).unlink(missing_ok=True)
             os.close(lock)
 
     def _loop(self) -> int:
-        backoff = BACKOFF_FIRST
+        backoff = self.service.backoff_first
         while self.stop_requested_at is None:
             started = time.monotonic()
             self.log("starting: " + " ".join(self.command))
@@ -341,10 +366,10 @@ class _Supervisor:
                 self.log(f"cannot run {self.command[0]}: {err.strerror}")
                 self._ready(f"cannot run {self.command[0]}: {err.strerror}")
                 return 1
-            (self.run_dir / SERVE_PID_FILE).write_text(f"{self.child.pid}\n")
+            (self.run_dir / self.service.child_pid_file).write_text(f"{self.child.pid}\n")
             self._ready(f"ready {os.getpid()} {self.child.pid}\n")
             returncode = self._wait_child()
-            (self.run_dir / SERVE_PID_FILE).unlink(missing_ok=True)
+            (self.run_dir / self.service.child_pid_file).unlink(missing_ok=True)
             if self.stop_requested_at is not None:
                 self.log(f"stopped; the daemon {_describe(returncode)}")
                 return 0
@@ -352,10 +377,10 @@ class _Supervisor:
                 self.log("the daemon exited cleanly without being asked to; not restarting it")
                 return 0
             if time.monotonic() - started >= STABLE_AFTER:
-                backoff = BACKOFF_FIRST
+                backoff = self.service.backoff_first
             self.log(f"the daemon {_describe(returncode)}; restarting it in {backoff:g} s")
             self._sleep(backoff)
-            backoff = min(backoff * 2, BACKOFF_MAX)
+            backoff = min(backoff * 2, self.service.backoff_max)
         self.log("stopped")
         return 0
 
@@ -401,11 +426,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--log-file", type=Path, required=True)
     run.add_argument("--ready-fd", type=int, default=None)
     run.add_argument("--kill-after", type=float, default=KILL_AFTER)
+    run.add_argument("--service", choices=sorted(SERVICES), default=DAEMON.name)
     run.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.verb == "run":
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
-        return _Supervisor(args.run_dir, command, args.ready_fd, args.kill_after).run()
+        return _Supervisor(args.run_dir, command, args.ready_fd, args.kill_after, SERVICES[args.service]).run()
     paths = Paths()
     try:
         if args.verb == "start":

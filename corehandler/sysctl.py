@@ -4,7 +4,9 @@ boot)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import os
 from pathlib import Path
 
@@ -14,6 +16,9 @@ from corehandler.errors import SystemFailure
 SYSCTL_ROOT = Path("/proc/sys")
 CORE_PATTERN = "kernel.core_pattern"
 CORE_PIPE_LIMIT = "kernel.core_pipe_limit"
+# Whoever changes core_pattern for a while (doctor --probe, the tests, the benchmarks) holds this lock: the
+# setting is global, no two may overlap.
+CORE_PATTERN_LOCK = Path("/run/lock/corehandler-core-pattern.lock")
 # After distributions' 50-coredump.conf (systemd) in name order, so ours wins at boot where both exist.
 SYSCTL_D_NAME = "50-corehandler.conf"
 
@@ -94,3 +99,17 @@ def remove_sysctl_d(sysctl_d: Path) -> bool:
     except OSError as e:
         raise SystemFailure(f"cannot remove {path}: {e.strerror}") from None
     return True
+
+
+@contextlib.contextmanager
+def core_pattern_exclusive(root: Path = SYSCTL_ROOT, lock: Path = CORE_PATTERN_LOCK):
+    """Holds the host-wide core_pattern lock; on every exit puts back core_pattern and core_pipe_limit as found."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        saved = {name: read(name, root) for name in (CORE_PATTERN, CORE_PIPE_LIMIT)}
+        try:
+            yield saved
+        finally:
+            for name, value in saved.items():
+                write(name, value, root)

@@ -14,6 +14,8 @@
 #define SPACE_CHECK_EVERY (16ULL << 20)
 #define RING_SLOTS 4
 #define RING_SLOT_BYTES (1ULL << 20)
+/* direct: the architecture's measurement (8 MiB aligned buffers, a second thread writing them O_DIRECT). */
+#define DIRECT_SLOT_BYTES (8ULL << 20)
 
 volatile sig_atomic_t capture_timed_out;
 
@@ -59,8 +61,9 @@ static bool block_is_zero(const char *p, size_t len) {
         return p[0] == 0 && memcmp(p, p + 1, len - 1) == 0;
 }
 
-/* Writes buf at offset off; with sparse, pages that are all zero are skipped and left as holes. */
-static int write_at(int fd, const char *buf, size_t len, uint64_t off, bool sparse) {
+/* Writes buf at offset off; with sparse, pages that are all zero are skipped and left as holes. On failure
+ * *ret_done says how much of buf's start is in the file all the same (written, or a hole). */
+static int write_at(int fd, const char *buf, size_t len, uint64_t off, bool sparse, size_t *ret_done) {
         size_t i = 0;
 
         while (i < len) {
@@ -82,12 +85,14 @@ static int write_at(int fd, const char *buf, size_t len, uint64_t off, bool spar
                         if (n < 0) {
                                 if (errno == EINTR)
                                         continue;
+                                *ret_done = start;
                                 return -errno;
                         }
                         start += (size_t) n;
                 }
                 i = end;
         }
+        *ret_done = len;
         return 0;
 }
 
@@ -128,6 +133,7 @@ static int capture_rw(Capture *c) {
         for (;;) {
                 size_t want = next_len(c, c->written, chunk);
                 const char *stop = stop_reason(c, c->written, &next_check, want);
+                size_t done;
                 ssize_t n;
                 int r;
 
@@ -142,13 +148,13 @@ static int capture_rw(Capture *c) {
                         set_failure(c, n == -ETIMEDOUT ? "timeout" : "read_error", (int) n);
                         break;
                 }
-                r = write_at(c->out_fd, buf, (size_t) n, c->written, c->settings->sparse);
+                r = write_at(c->out_fd, buf, (size_t) n, c->written, c->settings->sparse, &done);
+                c->written += done;
                 if (r < 0) {
                         set_failure(c, "write_error", r);
-                        c->drained += (uint64_t) n; /* read, not kept */
+                        c->drained += (uint64_t) n - done; /* read, not kept */
                         break;
                 }
-                c->written += (uint64_t) n;
         }
         free(buf);
         return 0;
@@ -201,17 +207,57 @@ static int start_writer(pthread_t *ret, void *(*fn)(void *), void *userdata) {
         return r;
 }
 
-/* ---- read()/write() with a reader and a writer thread ---- */
+/* ---- read()/write() with a reader and a writer thread: rw2, and direct with O_DIRECT writes ---- */
 
 typedef struct Ring {
         Capture *c;
         pthread_mutex_t lock;
         pthread_cond_t changed;
+        size_t slot_bytes;
+        bool direct;    /* out_fd has O_DIRECT: every write a whole number of blocks from an aligned slot */
         char *slot[RING_SLOTS];
         size_t len[RING_SLOTS];
         unsigned head, tail, count;
         bool eof, stop;
 } Ring;
+
+static int set_direct(int fd, bool on) {
+        int flags = fcntl(fd, F_GETFL);
+
+        if (flags < 0)
+                return -errno;
+        return fcntl(fd, F_SETFL, on ? flags | O_DIRECT : flags & ~O_DIRECT) < 0 ? -errno : 0;
+}
+
+/* Writes one slot; *ret_done as for write_at(). With O_DIRECT a short last slot goes out padded to a whole
+ * block (the reader zeroed the padding; capture_run's ftruncate cuts it off again). While the disk falls behind
+ * the pipe (the reader is about to wait for a free slot), the slot goes through the page cache instead: holding
+ * the crashed process for the disk would be worse than the cache it takes. A filesystem that took the flag but
+ * refuses the write gets this and every later write through the page cache. */
+static int ring_write(Ring *ring, unsigned i, unsigned backlog, size_t *ret_done) {
+        Capture *c = ring->c;
+        bool direct = ring->direct && backlog < RING_SLOTS - 1;
+        int r;
+
+        if (ring->direct) {
+                r = set_direct(c->out_fd, direct);
+                if (r < 0)
+                        return r;
+        }
+        if (direct) {
+                r = write_at(c->out_fd, ring->slot[i], (ring->len[i] + BLOCK - 1) / BLOCK * BLOCK, c->written,
+                             c->settings->sparse, ret_done);
+                *ret_done = MIN(*ret_done, ring->len[i]);
+                if (r != -EINVAL || *ret_done > 0)
+                        return r;
+                ring->direct = false;
+                r = set_direct(c->out_fd, false);
+                if (r < 0)
+                        return r;
+                log_full(LOG_NOTICE, "O_DIRECT write refused, writing through the page cache");
+        }
+        return write_at(c->out_fd, ring->slot[i], ring->len[i], c->written, c->settings->sparse, ret_done);
+}
 
 static void *ring_writer(void *userdata) {
         Ring *ring = userdata;
@@ -219,8 +265,9 @@ static void *ring_writer(void *userdata) {
         uint64_t next_check = 0;
 
         for (;;) {
-                unsigned i;
+                unsigned i, backlog;
                 const char *stop;
+                size_t done = 0;
                 int r;
 
                 (void) pthread_mutex_lock(&ring->lock);
@@ -231,6 +278,7 @@ static void *ring_writer(void *userdata) {
                         return NULL;
                 }
                 i = ring->tail;
+                backlog = ring->count - 1 + !ring->eof; /* slots waiting behind this one, the reader's included */
                 (void) pthread_mutex_unlock(&ring->lock);
 
                 /* A timeout stops the reading; what was read is in memory and is written out. */
@@ -241,11 +289,11 @@ static void *ring_writer(void *userdata) {
                         set_failure(c, stop, 0);
                         r = -ENOSPC;
                 } else
-                        r = write_at(c->out_fd, ring->slot[i], ring->len[i], c->written, c->settings->sparse);
+                        r = ring_write(ring, i, backlog, &done);
+                /* What made it into the file stays in the record, even from a slot that failed half way. */
+                c->written += done;
                 if (r < 0)
                         set_failure(c, "write_error", r);
-                else
-                        c->written += ring->len[i];
 
                 (void) pthread_mutex_lock(&ring->lock);
                 ring->tail = (ring->tail + 1) % RING_SLOTS;
@@ -259,48 +307,42 @@ static void *ring_writer(void *userdata) {
         }
 }
 
-static int capture_rw2(Capture *c) {
-        Ring ring = { .c = c, .lock = PTHREAD_MUTEX_INITIALIZER, .changed = PTHREAD_COND_INITIALIZER };
+/* The reader side, shared by rw2 and direct: fills whole slots from the pipe and hands them to the writer. */
+static int ring_capture(Capture *c, Ring *ring) {
         size_t chunk = (size_t) c->settings->chunk_size;
         uint64_t queued = 0;
         pthread_t writer;
         int r = 0;
 
-        /* On the kernel's 64 KiB pipe the idle reader thread wakes for about every page the kernel writes, on
-         * the other CPU: bench/capture.py measured a 1 GiB crash held 2.6 s there against 0.8 s on 1 MiB. */
-        if (c->settings->pipe_size == 0)
-                (void) fcntl(c->in_fd, F_SETPIPE_SZ, (int) RING_SLOT_BYTES);
-
         for (unsigned i = 0; i < RING_SLOTS; i++) {
-                ring.slot[i] = aligned_alloc(BLOCK, RING_SLOT_BYTES);
-                if (!ring.slot[i])
+                ring->slot[i] = aligned_alloc(BLOCK, ring->slot_bytes);
+                if (!ring->slot[i])
                         r = -ENOMEM;
         }
         if (r == 0)
-                r = start_writer(&writer, ring_writer, &ring);
+                r = start_writer(&writer, ring_writer, ring);
         if (r < 0) {
                 for (unsigned i = 0; i < RING_SLOTS; i++)
-                        free(ring.slot[i]);
+                        free(ring->slot[i]);
                 return r;
         }
 
-        c->strategy = strategy_to_string(STRATEGY_RW2);
         for (bool done = false; !done;) {
                 unsigned i;
                 size_t fill = 0;
 
-                (void) pthread_mutex_lock(&ring.lock);
-                while (ring.count == RING_SLOTS && !ring.stop)
-                        (void) pthread_cond_wait(&ring.changed, &ring.lock);
-                i = ring.head;
-                done = ring.stop;
-                (void) pthread_mutex_unlock(&ring.lock);
+                (void) pthread_mutex_lock(&ring->lock);
+                while (ring->count == RING_SLOTS && !ring->stop)
+                        (void) pthread_cond_wait(&ring->changed, &ring->lock);
+                i = ring->head;
+                done = ring->stop;
+                (void) pthread_mutex_unlock(&ring->lock);
                 if (done)
                         break;
 
                 /* Fill a whole slot before handing it over: fewer wakeups of the writer. */
-                while (fill < RING_SLOT_BYTES) {
-                        size_t want = next_len(c, queued + fill, MIN(chunk, RING_SLOT_BYTES - fill));
+                while (fill < ring->slot_bytes) {
+                        size_t want = next_len(c, queued + fill, MIN(chunk, ring->slot_bytes - fill));
                         ssize_t n;
 
                         if (want == 0) {
@@ -315,7 +357,7 @@ static int capture_rw2(Capture *c) {
                                 done = true;
                                 break;
                         }
-                        n = read_some(c->in_fd, ring.slot[i] + fill, want);
+                        n = read_some(c->in_fd, ring->slot[i] + fill, want);
                         if (n <= 0) {
                                 if (n < 0)
                                         set_failure(c, n == -ETIMEDOUT ? "timeout" : "read_error", (int) n);
@@ -325,28 +367,65 @@ static int capture_rw2(Capture *c) {
                         fill += (size_t) n;
                 }
                 queued += fill;
+                /* The padding an O_DIRECT write of a short last slot carries: zeros, not a previous slot's bytes. */
+                if (fill % BLOCK)
+                        memset(ring->slot[i] + fill, 0, BLOCK - fill % BLOCK);
 
-                (void) pthread_mutex_lock(&ring.lock);
+                (void) pthread_mutex_lock(&ring->lock);
                 if (fill > 0) {
-                        ring.len[i] = fill;
-                        ring.head = (ring.head + 1) % RING_SLOTS;
-                        ring.count++;
+                        ring->len[i] = fill;
+                        ring->head = (ring->head + 1) % RING_SLOTS;
+                        ring->count++;
                 }
-                (void) pthread_cond_broadcast(&ring.changed);
-                (void) pthread_mutex_unlock(&ring.lock);
+                (void) pthread_cond_broadcast(&ring->changed);
+                (void) pthread_mutex_unlock(&ring->lock);
         }
 
-        (void) pthread_mutex_lock(&ring.lock);
-        ring.eof = true;
-        (void) pthread_cond_broadcast(&ring.changed);
-        (void) pthread_mutex_unlock(&ring.lock);
+        (void) pthread_mutex_lock(&ring->lock);
+        ring->eof = true;
+        (void) pthread_cond_broadcast(&ring->changed);
+        (void) pthread_mutex_unlock(&ring->lock);
         (void) pthread_join(writer, NULL);
         /* Slots the writer refused after a stop were read from the pipe: account for them. */
         c->drained += queued - c->written;
 
         for (unsigned i = 0; i < RING_SLOTS; i++)
-                free(ring.slot[i]);
+                free(ring->slot[i]);
         return 0;
+}
+
+static int capture_rw2(Capture *c) {
+        Ring ring = { .c = c, .lock = PTHREAD_MUTEX_INITIALIZER, .changed = PTHREAD_COND_INITIALIZER,
+                      .slot_bytes = RING_SLOT_BYTES };
+
+        /* On the kernel's 64 KiB pipe the idle reader thread wakes for about every page the kernel writes, on
+         * the other CPU: bench/capture.py measured a 1 GiB crash held 2.6 s there against 0.8 s on 1 MiB. */
+        if (c->settings->pipe_size == 0)
+                (void) fcntl(c->in_fd, F_SETPIPE_SZ, (int) RING_SLOT_BYTES);
+        c->strategy = strategy_to_string(STRATEGY_RW2);
+        return ring_capture(c, &ring);
+}
+
+/* rw2 with O_DIRECT writes from big slots. A big dump written through the page cache waits for page allocation
+ * and reclaim (on a VM that returned its free memory to the host, for the host too) and evicts the server's
+ * working set; written O_DIRECT, it costs the disk's write rate and a few reused buffers. Small dumps are
+ * faster through the page cache (bench/results/capture.md), hence capture_choose(). */
+static int capture_direct(Capture *c) {
+        Ring ring = { .c = c, .lock = PTHREAD_MUTEX_INITIALIZER, .changed = PTHREAD_COND_INITIALIZER,
+                      .slot_bytes = DIRECT_SLOT_BYTES, .direct = true };
+        int r;
+
+        /* Filesystems without direct I/O (ramfs, some FUSE) refuse the flag: nothing moved yet, fall back. */
+        r = set_direct(c->out_fd, true);
+        if (r < 0)
+                return r;
+        if (c->settings->pipe_size == 0)
+                (void) fcntl(c->in_fd, F_SETPIPE_SZ, (int) RING_SLOT_BYTES);
+        c->strategy = strategy_to_string(STRATEGY_DIRECT);
+        r = ring_capture(c, &ring);
+        /* Later reads and writes of the core (its ELF magic, a fallback to rw) are small and unaligned. */
+        (void) set_direct(c->out_fd, false);
+        return r;
 }
 
 /* ---- splice() stdin -> private pipe -> file, the second hop in its own thread ---- */
@@ -465,6 +544,12 @@ static int capture_splice2(Capture *c) {
         return r;
 }
 
+Strategy capture_choose(const Settings *s, uint64_t expected_bytes) {
+        if (s->direct_above > 0 && expected_bytes >= s->direct_above)
+                return STRATEGY_DIRECT;
+        return s->strategy;
+}
+
 uint64_t capture_drain(int in_fd) {
         static char buf[64 * 1024];
         uint64_t total = 0;
@@ -503,18 +588,21 @@ void capture_run(Capture *c) {
                 [STRATEGY_SPLICE] = capture_splice,
                 [STRATEGY_RW2] = capture_rw2,
                 [STRATEGY_SPLICE2] = capture_splice2,
+                [STRATEGY_DIRECT] = capture_direct,
         };
+        Strategy strategy;
         int r;
 
-        if (c->settings->pipe_size > 0 &&
+        if (c->settings->pipe_size > 0 && !c->from_socket &&
             fcntl(c->in_fd, F_SETPIPE_SZ, (int) c->settings->pipe_size) < 0)
                 log_full(LOG_NOTICE, "Failed to resize the core pipe to %llu bytes, ignoring: %m",
                          (unsigned long long) c->settings->pipe_size);
 
-        r = table[c->settings->strategy](c);
-        if (r < 0 && c->settings->strategy != STRATEGY_RW) {
+        strategy = capture_choose(c->settings, c->expected_bytes);
+        r = table[strategy](c);
+        if (r < 0 && strategy != STRATEGY_RW) {
                 (void) log_errno(LOG_NOTICE, r, "Strategy %s refused (%m), falling back to rw",
-                                 strategy_to_string(c->settings->strategy));
+                                 strategy_to_string(strategy));
                 r = capture_rw(c);
         }
         if (r < 0)
@@ -524,10 +612,11 @@ void capture_run(Capture *c) {
         if (ftruncate(c->out_fd, (off_t) c->written) < 0)
                 (void) log_errno(LOG_WARNING, errno, "Failed to set the core file's size, ignoring: %m");
 
-        if (!capture_timed_out)
+        if (!capture_timed_out && !(c->from_socket && c->truncated))
                 c->drained += capture_drain(c->in_fd);
         /* Nothing left after the limit means the dump was exactly the limit; only a drain that ran to EOF
          * can tell, not one the timeout skipped. */
-        if (c->truncated && strcmp(c->truncated, "max_dump_size") == 0 && c->drained == 0 && !capture_timed_out)
+        if (c->truncated && strcmp(c->truncated, "max_dump_size") == 0 && c->drained == 0 && !capture_timed_out &&
+            !c->from_socket)
                 c->truncated = NULL;
 }

@@ -10,6 +10,8 @@ typedef struct Capture {
         int in_fd;
         int out_fd;
         const Settings *settings;
+        bool from_socket;       /* socket mode: no pipe to resize, and after a stop closing releases the process */
+        uint64_t expected_bytes; /* what the process had resident before the dump (VmRSS); 0 if unknown */
 
         uint64_t written;       /* bytes of the dump in out_fd (holes included), always == its size */
         uint64_t drained;       /* bytes read past a stop and thrown away */
@@ -25,6 +27,9 @@ extern volatile sig_atomic_t capture_timed_out;
  * are refused), stops at the size limit and the free-space floor, then drains whatever is left so the
  * kernel releases the process. Nothing to return: every failure is recorded in c, for the record. */
 void capture_run(Capture *c);
+
+/* The strategy for a dump of about expected_bytes: direct from direct_above on, else the configured one. */
+Strategy capture_choose(const Settings *s, uint64_t expected_bytes);
 
 /* Reads in_fd to EOF and discards it, the fastest way available; returns the bytes discarded. */
 uint64_t capture_drain(int in_fd);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * csplice: the kernel.core_pattern pipe handler.
+ * csplice: the kernel.core_pattern handler, for a pipe ("|csplice %P ...") or the coredump socket
+ * ("@@/run/corehandler/capture/coredump.socket", served by `csplice --listen`, see listen.c and socket.c).
  *
  * The kernel runs us as root, with no environment, once per crash, and holds the crashed process until we
  * have read the whole core from stdin. So: make ourselves safe, read the metadata while /proc/PID is still
@@ -9,13 +10,14 @@
  *
  * Exit codes (the kernel ignores them; they are for people running csplice by hand and for tests):
  *   0  a record was committed (complete, truncated or metadata-only)
- *   64 usage: no arguments
+ *   64 usage: no arguments, or a socket peer that is not a task being dumped (nothing stored)
+ *   73 the spool could not be opened or written: the dump was drained and lost, see the kernel log
+ *   74 the record could not be committed
  *
  * Run by hand with one option, it prints a table the control plane is checked against and exits:
  * --version, --list-specifiers (the argv it takes, optional ones in brackets), --list-strategies,
  * --list-settings (every csplice.conf key with its built-in default, as a settings file).
- *   73 the spool could not be opened or written: the dump was drained and lost, see the kernel log
- *   74 the record could not be committed
+ * `csplice --listen PATH ...` is socket mode's accept loop (listen.c).
  */
 #include <fcntl.h>
 #include <signal.h>
@@ -27,6 +29,7 @@
 #include <unistd.h>
 
 #include "capture.h"
+#include "listen.h"
 #include "log.h"
 #include "procinfo.h"
 #include "record.h"
@@ -89,11 +92,20 @@ static void make_id(Crash *c) {
                         c->boot_id[0] ? c->boot_id : "0000000000000000", pid < 0 ? 0 : pid);
 }
 
-/* Admission: the reason to keep only metadata, or NULL to capture. Checked before the first byte is read. */
+/* Admission: the reason to keep only metadata, or NULL to capture. Checked before the first byte is read (in
+ * socket mode before the kernel writes it). */
 static const char *admit(Crash *c, int spool_fd) {
         const Settings *s = &c->settings;
+        uint64_t estimate = c->socket_mode ? socket_estimate_bytes(c) : 0;
         const char *key;
         int r;
+
+        /* RLIMIT_CORE means what it means for a core file: 0 is "no core", in both modes (docs/design.md). */
+        if (crash_arg_number(c, ARG_RLIMIT) == 0)
+                return "rlimit_core";
+        /* Only the socket can refuse a dump before it is written; a pipe truncates it at the limit instead. */
+        if (s->max_dump_size > 0 && estimate > s->max_dump_size)
+                return "max_dump_size";
 
         if (s->max_pending > 0) {
                 r = spool_count_pending(spool_fd, s->max_pending);
@@ -110,7 +122,7 @@ static const char *admit(Crash *c, int spool_fd) {
                 else if ((uint64_t) r > s->max_per_exe_per_minute)
                         return "max_per_exe_per_minute";
         }
-        r = capture_space_ok(spool_fd, s, 0);
+        r = capture_space_ok(spool_fd, s, estimate);
         if (r < 0)
                 (void) log_errno(LOG_WARNING, r, "Failed to check free space, ignoring: %m");
         else if (r == 0)
@@ -124,7 +136,8 @@ static uint64_t record_reserve(const Crash *c) {
         const ProcInfo *p = &c->proc;
 
         return 64 * 1024 + 6 * ((uint64_t) p->cmdline_len + p->environ_len + (p->status ? strlen(p->status) : 0) +
-                                (p->cgroup ? strlen(p->cgroup) : 0) + (p->maps ? strlen(p->maps) : 0));
+                                (p->cgroup ? strlen(p->cgroup) : 0) + (p->maps ? strlen(p->maps) : 0) +
+                                (p->oci_config ? strlen(p->oci_config) : 0) + sizeof p->ns);
 }
 
 static int commit_record(Crash *c, int spool_fd, SpoolRecord *rec) {
@@ -185,10 +198,29 @@ static bool list_table(const char *opt) {
         return true;
 }
 
+/* A smaller RLIMIT_CORE than max_dump_size cuts the capture there, like the kernel's own core files. Returns
+ * the configured limit, for restore_limit(). */
+static uint64_t apply_rlimit(Crash *c) {
+        long long rlimit = crash_arg_number(c, ARG_RLIMIT); /* -1 for RLIM_INFINITY, past LLONG_MAX */
+        uint64_t configured = c->settings.max_dump_size;
+
+        if (rlimit > 0 && (configured == 0 || (uint64_t) rlimit < configured))
+                c->settings.max_dump_size = (uint64_t) rlimit;
+        return configured;
+}
+
+static void restore_limit(Crash *c, uint64_t configured) {
+        if (c->settings.max_dump_size != configured && c->capture.truncated &&
+            strcmp(c->capture.truncated, "max_dump_size") == 0)
+                c->capture.truncated = "rlimit_core";
+        c->settings.max_dump_size = configured;
+}
+
 int main(int argc, char *argv[]) {
         Crash c = {};
         SpoolRecord record = { .fd = -1 };
         const char *settings_path, *proc_root;
+        uint64_t configured_limit;
         int in_fd, spool_fd, core_fd = -1, r;
 
         /* The kernel's first argument is %P, a number: an option only ever comes from a person or a test. */
@@ -197,9 +229,17 @@ int main(int argc, char *argv[]) {
 
         /* First, log to a safe place, since we don't know what crashed and it might be the journal. */
         log_open();
+        /* The accept loop comes back here only in a child, with one connection on stdin and no arguments. */
+        if (argc >= 2 && strcmp(argv[1], "--listen") == 0) {
+                r = listener_run(argc - 2, argv + 2);
+                if (r != 0)
+                        return r < 0 ? EXIT_USAGE : 0;
+                argc = 1;
+        }
         c.started_ns = now_ns(CLOCK_REALTIME);
         in_fd = make_safe();
-        if (argc < 2) {
+        c.socket_mode = socket_is_connection(in_fd);
+        if (argc < 2 && !c.socket_mode) {
                 char usage[128];
 
                 format_specifiers(usage, sizeof usage);
@@ -208,7 +248,7 @@ int main(int argc, char *argv[]) {
         }
         for (int i = 1; i < argc && i - 1 < _ARG_MAX; i++)
                 c.argv[i - 1] = argv[i][0] ? argv[i] : NULL;
-        if (argc - 1 < _ARG_REQUIRED)
+        if (argc - 1 < _ARG_REQUIRED && !c.socket_mode)
                 log_full(LOG_WARNING, "Only %d of %d core_pattern arguments given, recording what there is",
                          argc - 1, _ARG_REQUIRED);
 
@@ -224,6 +264,17 @@ int main(int argc, char *argv[]) {
                 (void) alarm((unsigned) MIN(c.settings.timeout, 86400ULL));
         }
 
+        /* Only the kernel feeds us: a socket peer must be a task being dumped. Nothing is stored for others. */
+        if (c.socket_mode) {
+                r = socket_identify(in_fd, &c, proc_root);
+                if (r < 0) {
+                        (void) log_errno(LOG_ERR, r, "Refusing a coredump socket peer that is not a task being "
+                                         "dumped, nothing stored: %m");
+                        socket_count_refused(c.settings.spool_dir);
+                        return EXIT_USAGE;
+                }
+        }
+
         /* Metadata before the dump: once the pipe is drained the kernel may reap the process. */
         read_boot_id(&c, proc_root);
         r = procinfo_collect(&c.proc, proc_root, crash_arg_int(&c, ARG_PID), crash_arg_int(&c, ARG_PIDFD),
@@ -237,7 +288,10 @@ int main(int argc, char *argv[]) {
         if (spool_fd < 0) {
                 (void) log_errno(LOG_ERR, spool_fd, "Failed to open spool %s, dump of PID %s lost: %m",
                                  c.settings.spool_dir, c.argv[ARG_PID] ?: "?");
-                (void) capture_drain(in_fd);
+                if (c.socket.handshake)
+                        (void) socket_answer(in_fd, &c.socket, false);
+                else
+                        (void) capture_drain(in_fd);
                 return EXIT_CANTCREAT;
         }
 
@@ -245,7 +299,13 @@ int main(int argc, char *argv[]) {
         if (r < 0 && r != -EOPNOTSUPP)
                 (void) log_errno(LOG_WARNING, r, "Failed to create the record file, trying again after the dump: %m");
 
-        c.dropped = admit(&c, spool_fd);
+        c.dropped = c.socket.error ? "socket_error" : admit(&c, spool_fd);
+        /* Socket mode answers the kernel now: a refused dump is never written and its process is let go. */
+        if (c.socket_mode && socket_answer(in_fd, &c.socket, !c.dropped) < 0 && !c.dropped)
+                c.dropped = "socket_error";
+        if (c.socket.error)
+                log_full(LOG_WARNING, "Coredump socket exchange with PID %s failed (%s)", c.argv[ARG_PID] ?: "?",
+                         c.socket.error);
         if (!c.dropped) {
                 core_fd = spool_create_core(spool_fd, c.id);
                 if (core_fd < 0) {
@@ -258,15 +318,19 @@ int main(int argc, char *argv[]) {
         if (core_fd >= 0) {
                 char magic[4];
 
-                c.capture = (Capture) { .in_fd = in_fd, .out_fd = core_fd, .settings = &c.settings };
+                c.capture = (Capture) { .in_fd = in_fd, .out_fd = core_fd, .settings = &c.settings,
+                                        .from_socket = c.socket_mode,
+                                        .expected_bytes = procinfo_rss_bytes(&c.proc) };
+                configured_limit = apply_rlimit(&c);
                 capture_run(&c.capture);
+                restore_limit(&c, configured_limit);
                 c.elf_magic = pread(core_fd, magic, sizeof magic, 0) == sizeof magic &&
                               memcmp(magic, "\177ELF", 4) == 0;
                 c.has_core = true;
                 if (!c.elf_magic)
                         log_full(LOG_WARNING, "Dump of PID %s is not an ELF file (%llu bytes), keeping it as it is",
                                  c.argv[ARG_PID] ?: "?", (unsigned long long) c.capture.written);
-        } else
+        } else if (!c.socket.handshake)
                 c.capture.drained = capture_drain(in_fd);
         c.capture_end_ns = now_ns(CLOCK_MONOTONIC);
         c.released_ns = now_ns(CLOCK_REALTIME);
@@ -279,7 +343,10 @@ int main(int argc, char *argv[]) {
         else if (c.capture.truncated)
                 log_full(LOG_WARNING, "Dump of PID %s truncated at %llu bytes (%s)", c.argv[ARG_PID] ?: "?",
                          (unsigned long long) c.capture.written, c.capture.truncated);
-        if (c.dropped)
+        if (c.dropped && c.socket.handshake)
+                log_full(LOG_WARNING, "Dump of PID %s refused (%s) before the kernel wrote it, recording metadata only",
+                         c.argv[ARG_PID] ?: "?", c.dropped);
+        else if (c.dropped)
                 log_full(LOG_WARNING, "Dump of PID %s not kept (%s), %llu bytes discarded, recording metadata only",
                          c.argv[ARG_PID] ?: "?", c.dropped, (unsigned long long) c.capture.drained);
 

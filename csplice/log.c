@@ -73,3 +73,7 @@ unsigned log_error_count(void) {
 const char *log_error_get(unsigned i) {
         return i < n_errors ? errors[i] : NULL;
 }
+
+void log_forget_errors(void) {
+        n_errors = 0;
+}

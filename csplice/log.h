@@ -16,3 +16,6 @@ int log_errno(int prio, int err, const char *fmt, ...) __attribute__((format(pri
 /* Warnings and errors logged so far, for the spool record. */
 unsigned log_error_count(void);
 const char *log_error_get(unsigned i);
+
+/* Forgets them: a listener's child starts its crash's record with none of the listener's. */
+void log_forget_errors(void);

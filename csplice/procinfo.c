@@ -77,6 +77,71 @@ static void read_optional(int dirfd, const char *name, size_t max, char **ret, s
                 (void) log_errno(LOG_WARNING, r, "Failed to read /proc/PID/%s, ignoring: %m", name);
 }
 
+const char *const proc_ns_names[PROC_NS_COUNT] = { "cgroup", "ipc", "mnt", "net", "pid", "time", "user", "uts" };
+
+static void read_namespaces(ProcInfo *p, int dirfd) {
+        char name[16];
+
+        for (size_t i = 0; i < PROC_NS_COUNT; i++) {
+                ssize_t n;
+
+                (void) snprintf(name, sizeof name, "ns/%s", proc_ns_names[i]);
+                n = readlinkat(dirfd, name, p->ns[i], sizeof p->ns[i] - 1);
+                p->ns[i][n > 0 ? n : 0] = '\0';
+        }
+}
+
+static bool is_hex(char c) {
+        return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+}
+
+/* The innermost 64-hex-digit container id in a cgroup text (".../cri-containerd-ID.scope", "/docker/ID"),
+ * or false. Only hex digits are copied, so the id is safe in a path. */
+static bool container_id(const char *cgroup, char id[65]) {
+        bool found = false;
+
+        for (const char *q = cgroup; *q; q++) {
+                size_t n = 0;
+
+                if (q != cgroup && is_hex(q[-1]))
+                        continue;
+                while (n < 65 && is_hex(q[n]))
+                        n++;
+                if (n == 64) {
+                        memcpy(id, q, 64);
+                        id[64] = '\0';
+                        found = true;
+                }
+        }
+        return found;
+}
+
+/* Where containerd (CRI namespace k8s.io, Docker's moby, the default one), CRI-O and rootful Podman keep a
+ * running container's OCI bundle. Reading a file there asks no runtime anything: a few failed opens at worst. */
+static const char *const oci_bundle_paths[] = {
+        "/run/containerd/io.containerd.runtime.v2.task/k8s.io/%s/config.json",
+        "/run/containerd/io.containerd.runtime.v2.task/moby/%s/config.json",
+        "/run/containerd/io.containerd.runtime.v2.task/default/%s/config.json",
+        "/run/containers/storage/overlay-containers/%s/userdata/config.json",
+        "/var/lib/containers/storage/overlay-containers/%s/userdata/config.json",
+        "/run/docker/containerd/daemon/io.containerd.runtime.v1.linux/moby/%s/config.json",
+};
+
+static void read_oci_config(ProcInfo *p) {
+        /* Tests point this at a fake tree; the kernel passes no environment. */
+        const char *root = getenv("CSPLICE_BUNDLE_ROOT") ?: "";
+        char id[65], rel[PATH_MAX], path[PATH_MAX];
+
+        if (!p->cgroup || !container_id(p->cgroup, id))
+                return;
+        for (size_t i = 0; i < ELEMENTSOF(oci_bundle_paths); i++) {
+                (void) snprintf(rel, sizeof rel, oci_bundle_paths[i], id);
+                (void) snprintf(path, sizeof path, "%s%s", root, rel);
+                if (read_bounded_at(AT_FDCWD, path, PROC_OCI_CONFIG_MAX, &p->oci_config, NULL) >= 0)
+                        return;
+        }
+}
+
 int procinfo_collect(ProcInfo *p, const char *proc_root, pid_t pid, int pidfd, time_t crash_time,
                      const Settings *s) {
         char path[PATH_MAX], link[PATH_MAX], *stat = NULL;
@@ -109,6 +174,8 @@ int procinfo_collect(ProcInfo *p, const char *proc_root, pid_t pid, int pidfd, t
         read_optional(dirfd, "cmdline", PROC_FILE_MAX, &p->cmdline, &p->cmdline_len);
         read_optional(dirfd, "status", PROC_FILE_MAX, &p->status, NULL);
         read_optional(dirfd, "cgroup", PROC_FILE_MAX, &p->cgroup, NULL);
+        read_namespaces(p, dirfd);
+        read_oci_config(p);
         if (s->collect_environ)
                 read_optional(dirfd, "environ", PROC_FILE_MAX, &p->environ, &p->environ_len);
         if (s->collect_maps)
@@ -133,4 +200,16 @@ int procinfo_collect(ProcInfo *p, const char *proc_root, pid_t pid, int pidfd, t
                 log_full(LOG_WARNING, "PID %d is not the crashed process any more (checked by %s)", (int) pid,
                          p->verified_by);
         return 0;
+}
+
+uint64_t procinfo_rss_bytes(const ProcInfo *p) {
+        const char *line;
+        unsigned long long kib;
+
+        if (!p->status)
+                return 0;
+        line = strstr(p->status, "\nVmRSS:");
+        if (!line || sscanf(line + strlen("\nVmRSS:"), "%llu kB", &kib) != 1 || kib > UINT64_MAX / 1024)
+                return 0;
+        return (uint64_t) kib * 1024;
 }

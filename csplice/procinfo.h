@@ -8,6 +8,12 @@
 
 #include "settings.h"
 
+/* The namespaces whose inode numbers the record keeps, in this order (procinfo.c's proc_ns_names). */
+#define PROC_NS_COUNT 8
+extern const char *const proc_ns_names[PROC_NS_COUNT];
+/* How much of an OCI config.json is read: its annotations come before the long "linux" section. */
+#define PROC_OCI_CONFIG_MAX (64 * 1024)
+
 typedef struct ProcInfo {
         char *exe;
         char *comm;
@@ -18,11 +24,16 @@ typedef struct ProcInfo {
         char *environ;      /* only if collect_environ */
         size_t environ_len;
         char *maps;         /* only if collect_maps */
+        char ns[PROC_NS_COUNT][48]; /* readlinks of /proc/PID/ns/<name> ("pid:[4026531836]"), "" if unreadable */
+        char *oci_config;   /* the first bytes of the container's OCI bundle config.json, when found */
         unsigned long long start_ticks;
         const char *verified_by; /* "pidfd", "start_time" or NULL */
         bool verified;
         bool available;     /* /proc/PID could be opened at all */
 } ProcInfo;
+
+/* The process's resident memory (VmRSS of its status, read before the dump) in bytes; 0 if unknown. */
+uint64_t procinfo_rss_bytes(const ProcInfo *p);
 
 /* Reads what the record needs of proc_root/PID, before the dump is touched, while the kernel keeps the
  * crashed process around. Each file that can't be read is logged and left NULL; returns -errno only when

@@ -77,6 +77,11 @@ static void write_proc(Json *j, const ProcInfo *p, const Settings *s) {
                 json_null(j, "cmdline");
         json_string(j, "status", p->status);
         json_string(j, "cgroup", p->cgroup);
+        json_begin(j, "ns");
+        for (size_t i = 0; i < PROC_NS_COUNT; i++)
+                json_string(j, proc_ns_names[i], p->ns[i][0] ? p->ns[i] : NULL);
+        json_end(j);
+        json_string(j, "oci_config", p->oci_config);
         if (s->collect_environ) {
                 if (p->environ)
                         json_strv(j, "environ", p->environ, p->environ_len);
@@ -92,11 +97,33 @@ static void write_proc(Json *j, const ProcInfo *p, const Settings *s) {
         json_end(j);
 }
 
+/* The kernel's side of the socket exchange: null in pipe mode. */
+static void write_socket(Json *j, const Crash *c) {
+        const SocketFacts *f = &c->socket;
+
+        if (!c->socket_mode) {
+                json_null(j, "socket");
+                return;
+        }
+        json_begin(j, "socket");
+        json_bool(j, "handshake", f->handshake);
+        json_u64(j, "request_size", f->req_size);
+        json_u64(j, "request_mask", f->req_mask);
+        json_u64(j, "ack_mask", f->ack_mask);
+        json_bool(j, "rejected", f->handshake && f->ack_mask != 0 && !(f->ack_mask & 1));
+        json_number_or_null(j, "mark", f->mark);
+        json_u64(j, "coredump_mask", f->coredump_mask);
+        json_string(j, "error", f->error);
+        json_end(j);
+}
+
 static void write_capture(Json *j, const Crash *c) {
         const Capture *cap = &c->capture;
         uint64_t ns = c->capture_end_ns - c->capture_begin_ns;
 
         json_begin(j, "capture");
+        json_string(j, "mode", c->socket_mode ? "socket" : "pipe");
+        write_socket(j, c);
         json_string(j, "strategy", cap->strategy);
         json_u64(j, "bytes", cap->written);
         json_u64(j, "drained_bytes", cap->drained);

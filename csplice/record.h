@@ -7,6 +7,7 @@
 #include "capture.h"
 #include "procinfo.h"
 #include "settings.h"
+#include "socket.h"
 #include "spool.h"
 
 /* The core_pattern argv, in this order after the program name. Required ones first, new ones only appended:
@@ -44,6 +45,8 @@ typedef struct Crash {
         uint64_t capture_end_ns;
         uint64_t released_ns;      /* CLOCK_REALTIME once the pipe is drained: the process is let go */
         bool elf_magic;
+        bool socket_mode;          /* the dump came over the coredump socket, not a pipe */
+        SocketFacts socket;
 } Crash;
 
 /* Parses a numeric argument; -1 when absent, not a number or out of range. */

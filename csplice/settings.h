@@ -18,6 +18,7 @@ typedef enum Strategy {
         STRATEGY_SPLICE,  /* the 16-page splice loop: splice() stdin -> file, chunk_size at a time */
         STRATEGY_RW2,     /* read()/write() with a reader and a writer thread over a ring of buffers */
         STRATEGY_SPLICE2, /* splice() stdin -> private pipe, a second thread splices it -> file */
+        STRATEGY_DIRECT,  /* rw2 with 8 MiB slots written O_DIRECT, through the page cache while the disk lags */
         _STRATEGY_MAX,
 } Strategy;
 
@@ -35,6 +36,7 @@ typedef struct Settings {
         uint64_t chunk_size;       /* bytes per system call */
         uint64_t pipe_size;        /* bytes, F_SETPIPE_SZ on the core pipe; 0 leaves the kernel's size */
         uint64_t max_dump_size;    /* bytes; 0: no limit */
+        uint64_t direct_above;     /* bytes: a process with at least this VmRSS is captured with direct; 0: never */
         SizeOrPercent min_free;    /* free-space floor of the spool's filesystem */
         uint64_t max_pending;      /* records in the spool not yet ingested; 0: no limit */
         uint64_t max_per_exe_per_minute; /* 0: no limit */

@@ -34,6 +34,7 @@ COMMAND_MODULES = (
     "corehandler.cli.config",
     "corehandler.cli.dumps",
     "corehandler.cli.serve",
+    "corehandler.cli.doctor",
 )
 DEFAULT_COMMAND = "list"
 

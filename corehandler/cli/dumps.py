@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from corehandler import compress, retention, spool, userview
+from corehandler.cli import crashview
 from corehandler.cli.common import emit, load
 from corehandler.cli.selection import add_match_options, open_dumps, select
 from corehandler.errors import CorehandlerError, NoMatchError, NotRootError, SystemFailure, UsageError
@@ -33,11 +34,13 @@ from corehandler.userview import UserView
 def register(commands) -> None:
     p = commands.add("list", run_list, help="list stored dumps (the default verb)")
     add_match_options(p)
+    crashview.add_list_options(p)
 
     p = commands.add("info", run_info, help="everything known about matching dumps; exits 6 if a stored "
                      "file is corrupt")
     add_match_options(p)
     p.add_argument("--no-verify", action="store_true", help="skip decompressing the stored file to check it")
+    crashview.add_info_options(p)
 
     p = commands.add("dump", run_dump, help="write the newest matching core, byte-identical to the capture, "
                      "once it has verified")
@@ -131,15 +134,23 @@ def _json(d: Dump, state: str, problem: str | None, **extra) -> dict:
 
 def run_list(args: argparse.Namespace) -> int:
     with open_dumps(args) as dumps:
-        rows = [(d, *file_state(dumps, d, verify=False)) for d in select(args, dumps)]
-    if args.json:
-        emit(args, [_json(d, state, problem, record=None) for d, state, problem in rows], "")
+        found = select(args, dumps)
+        rows = [(d, *file_state(dumps, d, verify=False)) for d in found]
+        # The analysis is in the index (root's); a user's view has none.
+        signatures = crashview.signatures(dumps, found) if isinstance(dumps, Store) else {}
+    if args.group:
+        groups = crashview.groups(found, signatures)
+        emit(args, groups, crashview.group_table(groups))
         return 0
-    table = [("TIME", "PID", "UID", "SIG", "STATUS", "COREFILE", "SIZE", "ID", "EXE")]
+    if args.json:
+        emit(args, [_json(d, state, problem, record=None, **crashview.list_json(signatures.get(d.id)))
+                    for d, state, problem in rows], "")
+        return 0
+    table = [("TIME", "PID", "UID", "SIG", "STATUS", "COREFILE", "SIZE", "ID", "SIGNATURE", "EXE")]
     for d, state, _ in rows:
         table.append((_time(d.crashed_at), str(d.pid if d.pid is not None else "-"),
                       str(d.uid if d.uid is not None else "-"), signal_name(d.signal), _status(d, state), state,
-                      human_size(d.raw_bytes) if d.path else "-", d.id,
+                      human_size(d.raw_bytes) if d.path else "-", d.id, crashview.signature_cell(signatures.get(d.id)),
                       display(d.exe) if d.exe else f"({display(d.comm)})" if d.comm else "-"))
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]) - 1)]
     print("\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in table))
@@ -148,7 +159,7 @@ def run_list(args: argparse.Namespace) -> int:
 
 # -- info ------------------------------------------------------------------------------------------------------
 
-def _info_lines(dumps: Dumps, d: Dump, state: str, problem: str | None) -> list[str]:
+def _info_lines(dumps: Dumps, d: Dump, state: str, problem: str | None, all_threads: bool = False) -> list[str]:
     r = d.record
     proc = r.get("proc") or {}
     capture = r.get("capture") or {}
@@ -176,9 +187,13 @@ def _info_lines(dumps: Dumps, d: Dump, state: str, problem: str | None) -> list[
         fields.append(("Core File", state + (f": {problem}" if problem else "")))
     for e in r.get("errors") or []:
         fields.append(("Error", str(e)))
+    result = crashview.result(dumps, d) if isinstance(dumps, Store) else None
+    fields += crashview.info_fields(result)
     width = max(len(k) for k, _ in fields)
+    trace = crashview.trace_lines(result, all_threads) if result else []
     # Every value through display: the process chose its comm, cmdline, exe, cgroup and hostname.
-    return [f"{k.rjust(width)}: {display(v)}" for k, v in fields if v is not None]
+    return [f"{k.rjust(width)}: {display(v)}" for k, v in fields if v is not None] + \
+        ([""] + [" " * (width + 2) + line if line else "" for line in trace] if trace else [])
 
 
 def run_info(args: argparse.Namespace) -> int:
@@ -186,9 +201,10 @@ def run_info(args: argparse.Namespace) -> int:
         out = []
         for d in select(args, dumps):
             state, problem = file_state(dumps, d, verify=not args.no_verify)
-            out.append((d, state, problem, _info_lines(dumps, d, state, problem)))
-    emit(args, [_json(d, state, problem) for d, state, problem, _ in out],
-         "\n\n".join("\n".join(lines) for *_, lines in out))
+            out.append((d, state, problem, _info_lines(dumps, d, state, problem, args.all_threads),
+                        crashview.info_json(dumps, d) if isinstance(dumps, Store) else {}))
+    emit(args, [_json(d, state, problem, **analysed) for d, state, problem, _, analysed in out],
+         "\n\n".join("\n".join(lines) for *_, lines, _ in out))
     corrupt = [d.id for d, state, *_ in out if state == "corrupt"]
     if corrupt:
         raise compress.VerifyError(f"the stored file of {len(corrupt)} of {len(out)} dumps is corrupt: "

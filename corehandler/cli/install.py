@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
 from pathlib import Path
 
 from corehandler import install, supervise
@@ -18,6 +19,10 @@ def register(commands) -> None:
                         "one installed with this package)")
     parser.add_argument("--no-daemon", action="store_true",
                         help="do not start the daemon (crashes wait in the spool until it runs)")
+    parser.add_argument("--mode", choices=install.MODES, default=None,
+                        help="pipe: the kernel runs csplice per crash (the default); socket: the kernel connects to "
+                        "csplice's listener, which can refuse a dump before it is written (Linux 6.17+); auto: "
+                        "socket where the kernel has it and the listener answers, else pipe (default: [kernel] mode)")
     parser.add_argument("--package", action="store_true",
                         help="for the Debian package's scripts: replace another handler (as --force), leave the "
                         "sysctl.d file and the daemon to the package")
@@ -41,15 +46,43 @@ def _manages_daemon(args: argparse.Namespace) -> bool:
     return not (args.no_daemon or getattr(args, "package", False) or _systemd_runs_daemon())
 
 
+def _systemd_runs_listener() -> bool:
+    return supervise.systemd_is_pid1() and any((d / "corehandler-capture.socket").exists() for d in UNIT_DIRS)
+
+
+CAPTURE_SOCKET_UNIT = "corehandler-capture.socket"
+
+
+def _start_listener(paths, command: list[str]):
+    if _systemd_runs_listener():
+        # The unit's ListenStream is the listener's path; one csplice per connection (Accept=yes).
+        return subprocess.run(["systemctl", "enable", "--now", CAPTURE_SOCKET_UNIT], check=False)
+    # Whatever ran before (another socket path, an older csplice) is replaced: the command is the config's now.
+    supervise.stop(paths, service=supervise.LISTENER)
+    return supervise.start(paths, command=command, service=supervise.LISTENER)
+
+
+def _stop_listener(paths) -> bool:
+    if _systemd_runs_listener():
+        return subprocess.run(["systemctl", "disable", "--now", CAPTURE_SOCKET_UNIT], check=False).returncode == 0
+    return supervise.stop(paths, service=supervise.LISTENER)
+
+
 def run_install(args: argparse.Namespace) -> int:
     config, paths = load(args)
     start = (lambda p: supervise.start(p, args.config_dir)) if _manages_daemon(args) else None
+    # Under systemd the listener is corehandler-capture.socket (Accept=yes); elsewhere the supervisor runs it.
+    own_listener = not getattr(args, "package", False)
     done = install.install(config, paths, csplice=args.csplice, force=args.force or args.package,
-                           start_daemon=start, write_sysctl_d=not args.package)
+                           start_daemon=start, write_sysctl_d=not args.package, mode=args.mode,
+                           start_listener=_start_listener if own_listener else None,
+                           stop_listener=_stop_listener if own_listener else None)
     boot = f", also in {done['sysctl_d']} for the next boot" if done["sysctl_d"] else ""
-    lines = [f"corehandler installed: core_pattern = {done['core_pattern']}",
+    lines = [f"corehandler installed in {done['mode']} mode: core_pattern = {done['core_pattern']}",
              f"  core_pipe_limit = {done['core_pipe_limit']}{boot}",
              f"  csplice {done['csplice_version']} settings in {done['settings']}, dumps under {done['state_dir']}"]
+    if args.mode == "auto" and done["mode"] == "pipe":
+        lines.append("  socket mode unavailable (kernel without the handshake, or the listener did not answer)")
     if done["replaced"] is not None:
         lines.append(f"  replaced core_pattern {done['replaced']!r}; `corehandler uninstall` restores it")
     if done["daemon_started"]:
@@ -61,8 +94,9 @@ def run_install(args: argparse.Namespace) -> int:
 
 
 def run_uninstall(args: argparse.Namespace) -> int:
-    _, paths = load(args)
-    done = install.uninstall(paths, stop_daemon=supervise.stop if _manages_daemon(args) else None)
+    config, paths = load(args)
+    done = install.uninstall(paths, stop_daemon=supervise.stop if _manages_daemon(args) else None,
+                             socket_path=config.kernel.socket_path, stop_listener=_stop_listener)
     if done["restored"] is not None:
         restored = done["restored"]
         lines = [f"corehandler uninstalled: core_pattern = {restored['kernel.core_pattern']}, core_pipe_limit = "
@@ -79,6 +113,16 @@ def _installed_line(st: dict) -> str:
     if not st["installed"]:
         return "no"
     return "yes" if st["core_pattern_matches"] else "yes, but a different csplice or specifiers than this one's"
+
+
+def _listener_line(entry: dict | None) -> str | None:
+    if entry is None:
+        return None
+    if entry["listening"]:
+        how = f"supervised, pid {entry['pid']}" if entry["supervised"] else "not supervised by corehandler"
+        return f"listening on {entry['socket_path']} ({how}); {entry['refused_peers']} non-kernel peers refused"
+    return (f"NOT LISTENING on {entry['socket_path']}: the kernel DROPS EVERY DUMP SILENTLY until it is back "
+            f"(log: {entry['log_file']}; `corehandler install --mode pipe` needs no listener)")
 
 
 def _sysctl_d_line(entry: dict) -> str:
@@ -109,7 +153,7 @@ def run_status(args: argparse.Namespace) -> int:
     handler = st["csplice"]
     pipe_note = "" if st["core_pipe_limit_ok"] else " (0: /proc/PID may vanish before csplice reads it)"
     lines = [
-        f"installed:        {_installed_line(st)}",
+        f"installed:        {_installed_line(st)}" + (f", {st['mode']} mode" if st["mode"] else ""),
         f"core_pattern:     {st['core_pattern']}",
         f"core_pipe_limit:  {st['core_pipe_limit']}{pipe_note}",
         f"sysctl.d:         {st['sysctl_d']['path']}: {_sysctl_d_line(st['sysctl_d'])}",
@@ -119,5 +163,8 @@ def run_status(args: argparse.Namespace) -> int:
         f"store:            {_store_line(st['store'])}",
         f"daemon:           {st['daemon']['state']}",
     ]
+    listener_line = _listener_line(st["listener"])
+    if listener_line:
+        lines.insert(2, f"listener:         {listener_line}")
     emit(args, st, "\n".join(lines))
     return 0

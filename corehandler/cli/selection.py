@@ -13,6 +13,7 @@ import os
 import signal as signals
 
 from corehandler import match
+from corehandler.cli import crashview
 from corehandler.cli.common import load
 from corehandler.errors import NoMatchError, UsageError
 from corehandler.printable import display
@@ -32,6 +33,7 @@ def add_match_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--signal", metavar="SIG", help="only dumps caused by this signal (number or name)")
     p.add_argument("-1", dest="last", action="store_const", const=1, help="only the newest matching dump")
     p.add_argument("-n", dest="last", type=_count, metavar="N", help="only the newest N matching dumps")
+    crashview.add_filter_options(p)
 
 
 def _count(text: str) -> int:
@@ -75,7 +77,8 @@ def build_filter(args: argparse.Namespace) -> Filter:
                        since=parse_time(args.since) if args.since else None,
                        until=parse_time(args.until) if args.until else None,
                        signal=parse_signal(args.signal) if args.signal else None,
-                       last=getattr(args, "last", None))
+                       # -n applies after the analysis filters, in select
+                       last=None if crashview.filtering(args) else getattr(args, "last", None))
 
 
 def open_dumps(args: argparse.Namespace) -> Store | UserView:
@@ -91,6 +94,10 @@ def open_dumps(args: argparse.Namespace) -> Store | UserView:
 
 def select(args: argparse.Namespace, dumps: Store | UserView) -> list[Dump]:
     found = dumps.query(build_filter(args))
+    if crashview.filtering(args):
+        if not isinstance(dumps, Store):
+            raise UsageError("--signature, --unit, --container and --pod read the analysis in the index, root's")
+        found = crashview.apply_filters(args, dumps, found, getattr(args, "last", None))
     if not found:
         raise NoMatchError("no dumps match" + (f" {' '.join(map(display, args.match))}" if args.match else ""))
     return found

@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 
+from corehandler import install
 from corehandler.cli.common import load
 from corehandler.config import write_csplice_settings
 from corehandler.daemon import Daemon, Settings, settings_from_config
@@ -34,7 +35,8 @@ def observers_for(config, paths, store_limit) -> tuple[list, list[str]]:
         observers.append(JournalObserver())
     if config.metrics.enabled or config.metrics.textfile:
         metrics = MetricsObserver.from_config(config.metrics, state_dir=paths.state_dir,
-                                              store_limit_bytes=store_limit, csplice_version=_csplice_version())
+                                              store_limit_bytes=store_limit, csplice_version=_csplice_version(),
+                                              capture_probe=lambda: install.capture_state(config, paths))
         if config.metrics.enabled:
             try:
                 metrics.serve(config.metrics.listen, config.metrics.port)

@@ -7,8 +7,9 @@ import contextlib
 import fcntl
 from pathlib import Path
 
-# They are global, so no two users may overlap, even across separate pytest runs and benchmarks.
-CORE_PATTERN_LOCK = Path("/run/lock/corehandler-core-pattern.lock")
+# One lock for the tests, the benchmarks and doctor --probe: core_pattern is global.
+from corehandler.sysctl import CORE_PATTERN_LOCK
+
 SYSCTLS = ("kernel/core_pattern", "kernel/core_pipe_limit")
 
 

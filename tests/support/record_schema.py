@@ -8,16 +8,22 @@ from corehandler.install import PIDFD_SPECIFIER, SPECIFIERS as _ARGV
 from corehandler.strategy import STRATEGIES
 
 SPECIFIERS = tuple(spec.removeprefix("%") for spec in (*_ARGV.split(), PIDFD_SPECIFIER))
-TRUNCATED_REASONS = (None, "max_dump_size", "min_free", "timeout", "read_error", "write_error")
-DROPPED_REASONS = (None, "max_pending", "max_per_exe_per_minute", "min_free", "create_failed")
+TRUNCATED_REASONS = (None, "max_dump_size", "min_free", "timeout", "read_error", "write_error", "rlimit_core")
+DROPPED_REASONS = (None, "max_pending", "max_per_exe_per_minute", "min_free", "create_failed", "rlimit_core",
+                   "max_dump_size", "socket_error")
+SOCKET_ERRORS = (None, "peer_gone", "bad_request_size", "bad_ack_size", "kernel_unsupported", "reject_unsupported",
+                 "short_ack", "short_mark", "ack_refused", "read_error")
+SOCKET = {"handshake": bool, "request_size": int, "request_mask": int, "ack_mask": int, "rejected": bool,
+          "mark": (int, type(None)), "coredump_mask": int, "error": (str, type(None))}
 ID_RE = re.compile(r"^[0-9]+-[0-9a-f]{16}-[0-9]+(\.[0-9]+)?$")
 SETTINGS = {
     "source": str, "from_file": bool, "error": (str, type(None)), "spool_dir": str, "strategy": str,
-    "chunk_size": int, "pipe_size": int, "max_dump_size": int, "min_free": (int, str),
+    "chunk_size": int, "pipe_size": int, "max_dump_size": int, "direct_above": int, "min_free": (int, str),
     "max_pending": int, "max_per_exe_per_minute": int, "timeout": int, "fsync": bool, "sparse": bool,
     "collect_environ": bool, "collect_maps": bool,
 }
 
+NAMESPACES = ("cgroup", "ipc", "mnt", "net", "pid", "time", "user", "uts")
 OptStr = (str, type(None))
 OptInt = (int, type(None))
 
@@ -68,6 +74,11 @@ def check_record(rec: dict) -> None:
         _typed(proc, "environ", (list, type(None)), "proc")
     if "maps" in proc:
         _typed(proc, "maps", OptStr, "proc")
+    _typed(proc, "ns", dict, "proc")
+    _check(set(proc["ns"]) == set(NAMESPACES), f"ns keys {sorted(proc['ns'])}")
+    for key in NAMESPACES:
+        _typed(proc["ns"], key, OptStr, "proc.ns")
+    _typed(proc, "oci_config", OptStr, "proc")
     if proc["available"]:
         _typed(proc, "start_ticks", int, "proc")
     _typed(proc, "verified_by", OptStr, "proc")
@@ -81,6 +92,16 @@ def check_record(rec: dict) -> None:
         _typed(cap, key, int, "capture")
         _check(cap[key] >= 0, f"capture.{key} < 0")
     _typed(cap, "throughput_bytes_per_second", (int, float), "capture")
+    _typed(cap, "mode", str, "capture")
+    _check(cap["mode"] in ("pipe", "socket"), f"capture.mode {cap['mode']!r}")
+    _typed(cap, "socket", (dict, type(None)), "capture")
+    _check((cap["socket"] is None) == (cap["mode"] == "pipe"), "capture.socket vs capture.mode")
+    if cap["socket"] is not None:
+        _check(set(cap["socket"]) == set(SOCKET), f"capture.socket keys {sorted(cap['socket'])}")
+        for key, types in SOCKET.items():
+            _typed(cap["socket"], key, types, "capture.socket")
+        _check(cap["socket"]["error"] in SOCKET_ERRORS, f"capture.socket.error {cap['socket']['error']!r}")
+        _check(not cap["socket"]["rejected"] or cap["dropped"], "rejected but not dropped")
     for key in ("complete", "truncated", "dropped", "elf_magic"):
         _typed(cap, key, bool, "capture")
     _typed(cap, "truncated_reason", OptStr, "capture")

@@ -61,7 +61,8 @@ def pids(out: str) -> list[int]:
 def test_list_is_the_default_verb(capsys, filled):
     code, out, _ = run(capsys, filled)
     assert code == 0
-    assert out.splitlines()[0].split() == ["TIME", "PID", "UID", "SIG", "STATUS", "COREFILE", "SIZE", "ID", "EXE"]
+    assert out.splitlines()[0].split() == ["TIME", "PID", "UID", "SIG", "STATUS", "COREFILE", "SIZE", "ID",
+                                          "SIGNATURE", "EXE"]
     assert pids(out) == [3001, 3002, 3003, 3004]
     assert "metadata_only  none" in out.splitlines()[4]
 
@@ -108,7 +109,7 @@ def test_usage_errors(capsys, filled, argv):
 def test_info_human_and_json(capsys, filled):
     code, out, _ = run(capsys, filled, "info", "beta")
     assert code == 0
-    fields = dict(line.strip().split(": ", 1) for line in out.splitlines())
+    fields = dict(line.strip().split(": ", 1) for line in out.split("\n\n")[0].splitlines())
     assert fields["PID"] == "3003 (beta)" and fields["Signal"] == "11 (SEGV)" and fields["Status"] == "ok"
     assert fields["Core File"] == "present" and "compressed" in fields["Storage"]
     code, out, _ = run(capsys, filled, "--json", "info", "gamma")

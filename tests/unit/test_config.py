@@ -239,7 +239,7 @@ def test_render_csplice_settings(paths):
     s = parse_settings(render_csplice_settings(c, c.paths(paths)))
     assert s == {
         "spool_dir": "/var/lib/corehandler/spool", "strategy": "splice", "chunk_size": str(256 << 10), "pipe_size": str(1 << 20),
-        "max_dump_size": str(1 << 30), "min_free": "13%", "max_pending": "64",
+        "max_dump_size": str(1 << 30), "direct_above": "0", "min_free": "13%", "max_pending": "64",
         "max_per_exe_per_minute": "16", "timeout": "2", "fsync": "no", "sparse": "yes",
         "collect_environ": "no", "collect_maps": "yes",
     }
@@ -253,6 +253,10 @@ def test_auto_strategy_is_resolved_by_choose_strategy(paths, monkeypatch):
     monkeypatch.setattr(config_mod, "choose_strategy", lambda root: seen.append(root) or "rw2")
     s = parse_settings(render_csplice_settings(Config(), paths))
     assert s["strategy"] == "rw2" and seen == [paths.proc_root]
+    # auto also picks direct for big processes; an explicit strategy is used for every dump.
+    assert s["direct_above"] == "0"  # off by default (bench/results/capture.md)
+    s = parse_settings(render_csplice_settings(Config.model_validate({"capture": {"direct_above": "2G"}}), paths))
+    assert s["direct_above"] == str(2 << 30)
 
 
 def test_write_csplice_settings_is_atomic_and_0644(paths):

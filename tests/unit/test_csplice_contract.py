@@ -48,6 +48,6 @@ def test_the_rendered_file_is_read_back_as_written(csplice, tmp_path):
     settings = handler.feed(4096).record["handler"]["settings"]
     assert settings["error"] is None and settings["from_file"]
     assert {k: settings[k] for k in config.CaptureConfig.model_fields} == {
-        "strategy": "splice", "chunk_size": 128 << 10, "pipe_size": 0, "max_dump_size": 5 << 20, "min_free": "1%",
-        "max_pending": 0, "max_per_exe_per_minute": 0, "timeout": 90, "fsync": True, "sparse": False,
+        "strategy": "splice", "chunk_size": 128 << 10, "pipe_size": 0, "max_dump_size": 5 << 20, "direct_above": 0,
+        "min_free": "1%", "max_pending": 0, "max_per_exe_per_minute": 0, "timeout": 90, "fsync": True, "sparse": False,
         "collect_environ": False, "collect_maps": False}

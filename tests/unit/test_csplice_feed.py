@@ -55,8 +55,9 @@ def test_capture_is_byte_identical(handler, mode, strategy, size, zero_regions, 
 
 
 @pytest.mark.parametrize("sparse", (True, False))
-def test_zero_regions_become_holes_only_when_sparse(handler, sparse):
-    handler.configure(strategy="rw", sparse=sparse)
+@pytest.mark.parametrize("strategy", ("rw", "rw2", "direct"))
+def test_zero_regions_become_holes_only_when_sparse(handler, strategy, sparse):
+    handler.configure(strategy=strategy, sparse=sparse)
     result = handler.feed(32 * MiB, zero_regions=True)
     assert_identical(result, 32 * MiB, True)
     allocated = result.core.stat().st_blocks * 512

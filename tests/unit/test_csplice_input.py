@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from corehandler import identity
 from support.csplice_harness import Handler, core_args, make_fake_proc, rate_file, spool_files
 
 NO_SUCH_PID = 2**22 + 7  # above the largest pid_max Linux allows
@@ -138,3 +139,34 @@ def test_hostile_names_round_trip_and_stay_in_the_spool(handler, tmp_path, name)
     assert {k: v for k, v in after.items() if not k.startswith("h/spool")} == \
         {k: v for k, v in outside.items() if not k.startswith("h/spool")}
 
+
+
+def test_namespaces_and_the_oci_bundle_are_read(handler, tmp_path):
+    """procinfo.c keeps /proc/PID/ns/* readlinks and, for a cgroup naming a container, the first bytes of its
+    OCI bundle's config.json (here a fake containerd tree under CSPLICE_BUNDLE_ROOT)."""
+    cid = "ab" * 32
+    proc_root = make_fake_proc(tmp_path / "proc", 4242, b"fakeproc", [b"x"], b"/usr/bin/x")
+    (proc_root / "4242" / "cgroup").write_text(f"0::/kubepods.slice/kubepods-pod1234.slice/cri-containerd-{cid}.scope\n")
+    (proc_root / "4242" / "ns").mkdir()
+    os.symlink("pid:[4026532300]", proc_root / "4242" / "ns" / "pid")
+    os.symlink("mnt:[4026531841]", proc_root / "4242" / "ns" / "mnt")
+    bundle = tmp_path / "run" / f"run/containerd/io.containerd.runtime.v2.task/k8s.io/{cid}"
+    bundle.mkdir(parents=True)
+    config = '{"annotations": {"io.kubernetes.cri.container-name": "web"}, "linux": {"x": "' + "y" * 100000 + '"}}'
+    (bundle / "config.json").write_text(config)
+    handler.env.update(CSPLICE_PROC_ROOT=str(proc_root), CSPLICE_BUNDLE_ROOT=str(tmp_path / "run"))
+    proc = handler.feed(4096, pid=4242).record["proc"]
+    assert proc["ns"]["pid"] == "pid:[4026532300]" and proc["ns"]["mnt"] == "mnt:[4026531841]"
+    assert proc["ns"]["net"] is None and set(proc["ns"]) == {"cgroup", "ipc", "mnt", "net", "pid", "time", "user",
+                                                              "uts"}
+    assert proc["oci_config"] == config[:64 * 1024]
+    ident = identity.identify({"proc": proc})
+    assert (ident["runtime"], ident["container_id"], ident["container_name"]) == ("containerd", cid, "web")
+    assert ident["namespaces"]["pid"] == 4026532300
+
+
+def test_no_container_no_bundle_read(handler, tmp_path):
+    proc_root = make_fake_proc(tmp_path / "proc", 4242, b"fakeproc", [b"x"], b"/usr/bin/x")
+    handler.env.update(CSPLICE_PROC_ROOT=str(proc_root), CSPLICE_BUNDLE_ROOT=str(tmp_path / "none"))
+    proc = handler.feed(4096, pid=4242).record["proc"]
+    assert proc["oci_config"] is None and all(v is None for v in proc["ns"].values())

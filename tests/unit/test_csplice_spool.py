@@ -46,11 +46,12 @@ def start_stalled(handler: Handler, first: bytes):
     raise AssertionError(f"no .tmp core appeared: {spool_files(handler.spool)}")
 
 
-@pytest.mark.parametrize("strategy", ("rw", "splice", "rw2", "splice2"))
+@pytest.mark.parametrize("strategy", ("rw", "splice", "rw2", "splice2", "direct"))
 def test_live_capture_is_locked_and_only_the_json_commits(handler, strategy):
-    # rw2 hands over whole 1 MiB slots: feed exactly that much so the partial file shows.
+    # rw2 and direct hand over whole slots (1 and 8 MiB): feed exactly that much so the partial file shows.
+    size = 8 * MiB if strategy == "direct" else MiB
     handler.configure(strategy=strategy, chunk_size=65536)
-    proc, w, tmp = start_stalled(handler, b"\x7fELF" + b"x" * (MiB - 4))
+    proc, w, tmp = start_stalled(handler, b"\x7fELF" + b"x" * (size - 4))
     try:
         assert not lockable(tmp), "a live capture's .tmp core must be locked"
         names = spool_files(handler.spool)
@@ -60,7 +61,7 @@ def test_live_capture_is_locked_and_only_the_json_commits(handler, strategy):
     assert proc.wait(timeout=30) == 0
     (record,) = handler.records().values()
     core = handler.spool / record["core"]
-    assert core.stat().st_size == MiB and lockable(core)
+    assert core.stat().st_size == size and lockable(core)
     assert not [n for n in spool_files(handler.spool) if n.startswith(".tmp")]
 
 

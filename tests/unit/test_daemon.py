@@ -76,7 +76,7 @@ def test_ingest_complete_truncated_and_metadata_only(tmp_path, state, feeder, cs
     assert s["status"] == "ok" and s["raw_bytes"] == 3 << 20 and s["compressed_bytes"] == rows[ok["id"]].stored_bytes
     assert s["path"] == str(state / "store" / rows[ok["id"]].path) and s["ingest_seconds"] >= s["compress_seconds"]
     assert set(s) == {"id", "path", "raw_bytes", "compressed_bytes", "compress_seconds", "ingest_seconds",
-                      "ingested_at", "status", "problem"}
+                      "ingested_at", "status", "problem", "analysis"}
     assert rec.of("state")[-1][1:] == (0, sum(r.stored_bytes for r in rows.values()), 3)
     assert rec.of("error") == [] and rec.events[-1] == ("close",)
 

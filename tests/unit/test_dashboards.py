@@ -74,7 +74,8 @@ def rule_exprs() -> list[str]:
 
 def exported_names(tmp_path: Path) -> set[str]:
     """Every sample name the observer exports once each kind of event has happened."""
-    observer = MetricsObserver(state_dir=tmp_path, store_limit_bytes=lambda: 1 << 30)
+    observer = MetricsObserver(state_dir=tmp_path, store_limit_bytes=lambda: 1 << 30,
+                               capture_probe=lambda: {"mode": "socket", "listening": True, "refused_peers": 1})
     with Store(tmp_path) as store:  # a stored dump and a deleted one: the series read from the index
         for n in (1, 2):
             store.insert(row_from_record({"id": f"{n}-0123456789abcdef-{n}", "timestamp": n}, status="ok",
@@ -109,7 +110,7 @@ def test_expressions_name_only_exported_metrics(source, tmp_path):
 def test_promtool_checks_and_unit_tests_the_rules():
     check = subprocess.run(["promtool", "check", "rules", str(RULES)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 10 rules found" in check.stdout
+    assert "SUCCESS: 12 rules found" in check.stdout
     test = subprocess.run(["promtool", "test", "rules", str(RULES_TEST)], capture_output=True, text=True,
                           cwd=RULES_TEST.parent)
     assert test.returncode == 0, test.stdout + test.stderr

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from corehandler import paths
+from corehandler.config import KernelConfig
 from corehandler.install import SPECIFIERS
 from corehandler.paths import DIR_MODES
 
@@ -158,3 +160,23 @@ def test_the_wheel_holds_csplice_in_one_place_and_no_test_program():
     package = Path(corehandler.__file__).parent
     assert not (package / "libexec").exists()
     assert [p for p in package.rglob("*") if p.name in ("csplice", "feeder")] == []
+
+
+def test_socket_mode_units_verify_and_match_the_config(tmp_path):
+    """corehandler-capture.socket (Accept=yes) + corehandler-capture@.service: valid for systemd, listening
+    where [kernel] socket_path says, root-only, and running csplice with the connection on stdin."""
+    socket_unit = ROOT / "packaging" / "systemd" / "corehandler-capture.socket"
+    service = ROOT / "packaging" / "systemd" / "corehandler-capture@.service"
+    d = unit_directives(socket_unit.read_text())
+    assert d["ListenStream"] == [str(KernelConfig().socket_path)]
+    assert d["Accept"] == ["yes"] and d["SocketMode"] == ["0600"] and d["DirectoryMode"] == ["0700"]
+    assert d["MaxConnections"] == [str(KernelConfig().socket_max_connections)]
+    s = unit_directives(service.read_text())
+    assert s["ExecStart"] == [INSTALLED_CSPLICE] and s["StandardInput"] == ["socket"]
+    # verify needs the command to exist: this build's csplice stands in for the packaged path.
+    shutil.copy(socket_unit, tmp_path / socket_unit.name)
+    (tmp_path / service.name).write_text(service.read_text().replace(INSTALLED_CSPLICE, str(paths.csplice_path())))
+    # An instance, as Accept=yes starts one per connection: verify checks the template only through it.
+    result = subprocess.run([systemd_analyze(), "verify", socket_unit.name, "corehandler-capture@0.service"],
+                            capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert result.returncode == 0 and result.stderr == "", result

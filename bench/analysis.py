@@ -1,0 +1,138 @@
+"""What does crash analysis (corehandler/analysis.py) cost, and what does it add to crash -> indexed?
+
+Cores: real crashes of tests/support/analysed.c (a tiny crash; 1, 64 and 500 threads) and of
+tests/support/crasher.c with a 256 MiB and a 1 GiB region written, cored by gdb's gcore (no core_pattern
+change, nothing global). Per core and round, rounds interleaved:
+  analysis       analysis.analyse() alone (eu-stack + eu-unstrip -n in their sandbox, parsing, keys);
+  gdb            `gdb -batch -ex "thread apply all bt 64"`, the alternative unwinder, same core;
+  compress       what ingest does without analysis: compress.store_file (zstd level 3) + verify;
+  ingest         the same with the analysis started before compression and collected after it, as
+                 daemon.ingest runs them: added = ingest / compress - 1 is what analysis adds to the daemon's
+                 part of crash -> indexed (capture and csplice are untouched by it).
+Medians and min-max over --rounds; the machine's load and page cache go into the table.
+
+    python -P bench/analysis.py [--rounds 3] [--big-mib 256,1024] [--out bench/results/analysis.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+from common import machine, markdown_table, median  # noqa: E402
+
+from corehandler import analysis, compress  # noqa: E402
+from support import realcore  # noqa: E402
+from support.crash import build_crasher  # noqa: E402
+
+
+def make_cores(tmp: Path, big: list[int]) -> list[tuple[str, realcore.Crash]]:
+    binary = realcore.build(tmp, name="analysed")
+    cores = [("tiny (segv, 1 thread)", realcore.crash(binary, tmp / "core.tiny", "segv"))]
+    for n in (64, 500):
+        cores.append((f"{n} threads", realcore.crash(binary, tmp / f"core.t{n}", "threads", str(n - 1))))
+    crasher = build_crasher(tmp)
+    for mib in big:
+        cores.append((f"{mib} MiB", realcore.crash(crasher, tmp / f"core.{mib}", "segv", str(mib), timeout=600)))
+    return cores
+
+
+def timed(fn) -> float:
+    started = time.monotonic()
+    fn()
+    return time.monotonic() - started
+
+
+def ingest(core: Path, store: Path, record: dict | None) -> None:
+    running = analysis.start(core, record) if record is not None else None
+    stored = compress.store_file(core, store, "bench", enabled=True, level=3, threads=0)
+    compress.verify(stored.path, stored.raw_bytes, stored.sha256)
+    if running is not None:
+        analysis.finish(running)
+    stored.path.unlink()
+
+
+def gdb_bt(c: realcore.Crash) -> None:
+    subprocess.run(["gdb", "-q", "-nx", "-batch", "-ex", "thread apply all bt 64", str(c.binary), str(c.core)],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+
+
+def state() -> str:
+    load = " ".join(open("/proc/loadavg").read().split()[:3])
+    mem = {line.split(":")[0]: int(line.split()[1]) for line in open("/proc/meminfo")}
+    return (f"load average {load}; page cache {mem['Cached'] / 2**20:.1f} GiB, free {mem['MemFree'] / 2**20:.1f} "
+            f"GiB of {mem['MemTotal'] / 2**20:.1f} GiB")
+
+
+def spread(values: list[float], scale: float = 1000.0) -> str:
+    return f"{median(values) * scale:.0f} ({min(values) * scale:.0f}-{max(values) * scale:.0f})"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--big-mib", default="256,1024")
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "analysis.md")
+    args = ap.parse_args()
+    big = [int(x) for x in args.big_mib.split(",") if x]
+    before = state()
+    with tempfile.TemporaryDirectory(prefix="bench-analysis-", dir="/var/tmp") as tmpdir:
+        tmp = Path(tmpdir)
+        store = tmp / "store"
+        store.mkdir()
+        cores = make_cores(tmp, big)
+        samples: dict[str, dict[str, list[float]]] = {name: {k: [] for k in ("analysis", "gdb", "compress", "ingest")}
+                                                      for name, _ in cores}
+        results: dict[str, dict] = {}
+        for round_ in range(args.rounds):
+            for name, c in cores:
+                record = realcore.record_for(c, "bench")
+                s = samples[name]
+                s["analysis"].append(timed(lambda: results.__setitem__(name, analysis.analyse(c.core, record))))
+                s["gdb"].append(timed(lambda: gdb_bt(c)))
+                # without/with alternate who goes first, so neither always meets the other's page cache
+                order = ("compress", "ingest") if round_ % 2 == 0 else ("ingest", "compress")
+                for kind in order:
+                    s[kind].append(timed(lambda: ingest(c.core, store, record if kind == "ingest" else None)))
+        after = state()
+        rows = []
+        for name, c in cores:
+            s, r = samples[name], results[name]
+            added = [i / p - 1 for i, p in zip(s["ingest"], s["compress"])]
+            share = [a / p for a, p in zip(s["analysis"], s["compress"])]
+            rows.append([name, f"{c.core.stat().st_size / 2**20:.0f}", r["state"], str(r["threads_seen"]),
+                         spread(s["analysis"]), spread(s["gdb"]), f"{median(s['gdb']) / median(s['analysis']):.1f}x",
+                         spread(s["compress"]), f"{median(share) * 100:.0f}%", spread(s["ingest"]),
+                         f"{median(added) * 100:+.0f}% ({min(added) * 100:+.0f}..{max(added) * 100:+.0f}%)"])
+    table = markdown_table(["core", "MiB", "analysis state", "threads", "analysis ms", "gdb bt ms",
+                            "gdb / eu-stack", "ingest without ms", "analysis / ingest", "ingest with ms",
+                            "added by analysis"], rows)
+    text = (f"# Crash analysis: cost per core and share of ingest\n\n"
+            f"`python -P bench/analysis.py --rounds {args.rounds} --big-mib {args.big_mib}`, "
+            f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC.\n\n"
+            f"Machine: {machine()}. Shared with other jobs during the run: before {before}; after {after}.\n"
+            f"Cores by gdb's gcore, in page cache. Times: median (min-max) of {args.rounds} interleaved rounds.\n"
+            f"\"ingest\" = zstd level 3 + verify (what the daemon does between validation and the index row), "
+            f"without and with the analysis running beside it (alternating which runs first); \"analysis / ingest\" "
+            f"= what it would add if run before compression instead of beside it; \"added\" = with / without - 1, "
+            f"per round: what it does add. Single-round spreads this wide are the other jobs' disk and CPU use "
+            f"(ingest fsyncs).\n\n"
+            + table + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

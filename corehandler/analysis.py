@@ -1,0 +1,482 @@
+"""Crash analysis of a raw core: every thread's stack, the build-id of every mapped module, the exe checked
+against the file on disk, its package note, and the grouping keys (docs/analysis.md).
+
+The unwinder is elfutils' `eu-stack`. It runs as a child of the daemon, never in its process, behind
+`prlimit` (address space, CPU time, output file size, no core dumps of its own), `nice`/`ionice` and
+`unshare --net` (as far as the host allows: see sandbox()), with an environment holding no DEBUGINFOD_URLS
+and no proxies: nothing leaves the host. Its output goes to memory files capped by RLIMIT_FSIZE and is
+parsed line by line with every line cut at `Limits.line_chars`, so neither a core with thousands of threads
+nor a megabyte C++ symbol makes the daemon hold more than the caps.
+
+The modules and their build-ids come from the core's own notes and first pages (coremodules.py), in the
+daemon: a few preads.
+
+start() launches the child and returns at once, so the daemon compresses the same raw core meanwhile;
+finish() waits for it until the timeout (counted from start), kills it if it is still running, and parses.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal as signals
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from corehandler import coremodules, elfcore, identity, signature, spool
+
+# Outcomes of an analysis (the `state` of an analysis row).
+OK = "ok"                    # every thread unwound as far as the caps allow
+PARTIAL = "partial"          # frames found, but something was cut or failed (see `problems`)
+FAILED = "failed"            # the unwinder found nothing (crashed, or a core it cannot read)
+TIMEOUT = "timeout"          # killed at the timeout; whatever it wrote before is kept
+UNAVAILABLE = "unavailable"  # eu-stack is not installed
+SKIPPED = "skipped"          # no core to analyse (metadata only, invalid, raw core gone)
+STATES = (OK, PARTIAL, FAILED, TIMEOUT, UNAVAILABLE, SKIPPED)
+
+MAX_PROBLEMS = 32
+# No proxies, no debuginfod: the analyser never reaches the network (and as root has none, see _command).
+_ENV = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "LC_ALL": "C"}
+
+
+@dataclass(frozen=True)
+class Limits:
+    timeout: float = 30.0               # seconds from start() until the children are killed
+    memory_bytes: int = 2 << 30         # RLIMIT_AS of each child
+    cpu_seconds: int = 60               # RLIMIT_CPU of each child
+    output_bytes: int = 16 << 20        # RLIMIT_FSIZE: what each child may write
+    threads: int = 64                   # threads kept (the crashing one first)
+    frames: int = 64                    # frames per thread (eu-stack -n)
+    line_chars: int = 512               # a symbol, module or source path longer is cut
+    source_lines: bool = False          # eu-stack -s: file:line per frame (costs 50-300 ms with debug info)
+
+
+def escape(text: str, limit: int) -> str:
+    """Printable text: control characters and undecodable bytes as \\xNN, cut at limit characters."""
+    out = []
+    for ch in text[:limit]:
+        o = ord(ch)
+        if 0xDC80 <= o <= 0xDCFF:
+            out.append(f"\\x{o - 0xDC00:02x}")
+        elif o < 0x20 or o == 0x7F:
+            out.append(f"\\x{o:02x}")
+        else:
+            out.append(ch)
+    return "".join(out) + ("...[cut]" if len(text) > limit else "")
+
+
+def _lines(f: BinaryIO, limit: int):
+    """The lines of f, each decoded and cut at `limit` bytes; the rest of a longer line is skipped unread
+    into memory. Yields (text, was_cut)."""
+    while True:
+        line = f.readline(limit + 1)
+        if not line:
+            return
+        cut = len(line) > limit and not line.endswith(b"\n")
+        if cut:
+            while True:
+                rest = f.readline(1 << 16)
+                if not rest or rest.endswith(b"\n"):
+                    break
+        yield line[:limit].rstrip(b"\n").decode("utf-8", "surrogateescape"), cut
+
+
+# -- eu-stack's output --------------------------------------------------------------------------------------
+
+_TID = re.compile(r"^TID (\d+):$")
+_FRAME = re.compile(r"^#(\d+)\s+0x([0-9a-f]+)(?: (.*))?$")
+_BUILD_ID = re.compile(r"^    \[([0-9a-f]*)\]@0x([0-9a-f]+)\+0x([0-9a-f]+)$")
+_SOURCE = re.compile(r"^    (.+?):(\d+)(?::\d+)?$")
+_THREAD_ERROR = re.compile(r"^(?:\S*/)?eu-stack: dwfl_thread_getframes tid (\d+) at 0x[0-9a-f]+ in .*?: (.*)$")
+_MAX_FRAMES = re.compile(r"^(?:\S*/)?eu-stack: tid (\d+): shown max number of frames")
+
+
+def _frame_fields(frame: dict, rest: str | None, limit: int) -> None:
+    """`FUNCTION - MODULE`, `- MODULE` or nothing, after the pc."""
+    function = module = None
+    if rest:
+        if rest.startswith("- "):
+            module = rest[2:]
+        else:
+            function, sep, module = rest.rpartition(" - ")
+            if not sep:
+                function, module = rest, None
+    frame["function"] = escape(function, limit) if function else None
+    frame["module"] = escape(module, limit) if module else None
+
+
+def parse_stack(f: BinaryIO, limits: Limits) -> dict:
+    """eu-stack -b -m -s output -> {threads: [{tid, frames: [...]}], threads_seen, threads_cut, lines_cut}.
+    A line that fits no pattern continues the previous frame's line (a symbol with a newline in it)."""
+    threads: list[dict] = []
+    seen = 0
+    lines_cut = 0
+    frame: dict | None = None
+    frame_text = ""
+    for line, cut in _lines(f, limits.line_chars):
+        lines_cut += cut
+        m = _TID.match(line)
+        if m:
+            seen += 1
+            frame = None
+            if len(threads) < limits.threads:
+                threads.append({"tid": int(m.group(1)), "frames": []})
+            continue
+        if not threads or seen > limits.threads:
+            continue
+        frames = threads[-1]["frames"]
+        m = _FRAME.match(line)
+        if m and len(frames) < limits.frames:
+            frame = {"index": int(m.group(1)), "pc": int(m.group(2), 16), "function": None, "module": None,
+                     "build_id": None, "offset": None, "file": None, "line": None}
+            frame_text = m.group(3) or ""
+            _frame_fields(frame, frame_text or None, limits.line_chars)
+            if cut:  # the module after the name is lost with the rest of the line
+                frame["function"] = f"{frame['function'] or frame['module'] or ''}...[cut]"
+                frame["module"] = None
+            frames.append(frame)
+            continue
+        if frame is None:
+            continue
+        m = _BUILD_ID.match(line)
+        if m:
+            frame["build_id"] = m.group(1) or None
+            frame["offset"] = int(m.group(3), 16)
+            continue
+        m = _SOURCE.match(line)
+        if m and frame["offset"] is not None:
+            frame["file"] = escape(m.group(1), limits.line_chars)
+            frame["line"] = int(m.group(2))
+            continue
+        if frame["build_id"] is None and frame["offset"] is None:
+            frame_text += "\n" + line
+            _frame_fields(frame, frame_text, limits.line_chars)
+    return {"threads": threads, "threads_seen": seen, "threads_cut": seen > len(threads), "lines_cut": lines_cut}
+
+
+def apply_errors(stack: dict, stderr: BinaryIO, limits: Limits) -> list[str]:
+    """eu-stack's complaints: per-thread unwinding errors go on the thread, frame caps set frames_cut;
+    the rest comes back as problems."""
+    by_tid = {t["tid"]: t for t in stack["threads"]}
+    problems = []
+    for line, _ in _lines(stderr, limits.line_chars):
+        m = _THREAD_ERROR.match(line)
+        if m:
+            t = by_tid.get(int(m.group(1)))
+            if t is not None:
+                t["error"] = escape(m.group(2), limits.line_chars)
+            continue
+        m = _MAX_FRAMES.match(line)
+        if m:
+            t = by_tid.get(int(m.group(1)))
+            if t is not None:
+                t["frames_cut"] = True
+            continue
+        if line.strip() and len(problems) < MAX_PROBLEMS:
+            problems.append(escape(line, limits.line_chars))
+    return problems
+
+
+# -- the files on disk --------------------------------------------------------------------------------------
+
+def check_exe(exe_path: str | None, core_build_id: str | None) -> dict:
+    """The exe then (its build-id in the core) against the file at its path now: "same", "replaced" (other
+    build-id), "deleted" (gone, or /proc already said so), "unreadable", "unknown" (no build-id to compare)."""
+    out: dict[str, Any] = {"path": exe_path, "build_id": core_build_id, "disk_build_id": None, "state": "unknown"}
+    if not exe_path:
+        return out
+    deleted = exe_path.endswith(" (deleted)")
+    path = exe_path.removesuffix(" (deleted)")
+    if deleted or not os.path.lexists(path):
+        out["state"] = "deleted"
+        return out
+    try:
+        disk_id = out["disk_build_id"] = elfcore.file_build_id(path)
+    except OSError as e:
+        out["state"], out["problem"] = "unreadable", e.strerror
+        return out
+    if core_build_id and disk_id:
+        out["state"] = "same" if disk_id == core_build_id else "replaced"
+    return out
+
+
+def exe_module(modules: list[dict], exe_path: str | None) -> dict | None:
+    """The module of the executable: the one mapped from its path, else the lowest mapped one."""
+    path = (exe_path or "").removesuffix(" (deleted)")
+    for m in modules:
+        if path and m["name"].removesuffix(" (deleted)") == path:
+            return m
+    return modules[0] if modules else None
+
+
+def packages(modules: list[dict]) -> dict[str, dict]:
+    """The package notes (.note.package) of the mapped modules, by module name, as the core holds them."""
+    return {m["name"]: m["package"] for m in modules if m.get("package")}
+
+
+# -- the children -------------------------------------------------------------------------------------------
+
+def _tool(name: str) -> str | None:
+    return shutil.which(name, path=_ENV["PATH"])
+
+
+_SANDBOX: list[tuple[str, list[str]]] | None = None
+
+
+def _works(cmd: list[str]) -> bool:
+    try:
+        return subprocess.run(cmd + ["true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, env=_ENV, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def sandbox() -> list[tuple[str, list[str]]]:
+    """The wrappers that work here, probed once per process: under a systemd unit whose seccomp filter denies
+    setrlimit, or without the capability to make a network namespace, a wrapper fails and is left out
+    rather than failing every analysis (the result's `sandbox` says which applied)."""
+    global _SANDBOX
+    if _SANDBOX is None:
+        found = []
+        candidates = [("limits", [_tool("prlimit"), "--core=0", "--"]), ("nice", [_tool("nice"), "-n", "19"]),
+                      ("ionice", [_tool("ionice"), "-c", "2", "-n", "7"])]
+        for name, cmd in candidates:
+            if cmd[0] and _works(cmd):
+                found.append((name, cmd))
+        unshare = _tool("unshare")
+        for cmd in ([unshare, "--net", "--"], [unshare, "--user", "--map-root-user", "--net", "--"]):
+            if unshare and _works(cmd):
+                found.append(("no-network", cmd))
+                break
+        _SANDBOX = found
+    return _SANDBOX
+
+
+def _command(argv: list[str], limits: Limits) -> list[str]:
+    """argv behind the resource limits, low priority and no network, as far as this host allows."""
+    cmd = []
+    for name, wrapper in sandbox():
+        if name == "limits":
+            cmd += [wrapper[0], f"--as={limits.memory_bytes}", "--core=0", f"--cpu={limits.cpu_seconds}",
+                    f"--fsize={limits.output_bytes}", "--"]
+        else:
+            cmd += wrapper
+    return cmd + argv
+
+
+@dataclass
+class _Child:
+    proc: subprocess.Popen
+    stdout: BinaryIO
+    stderr: BinaryIO
+    ended: float | None = None          # when it exited, noted by the waiter thread
+    waiter: threading.Thread | None = None
+
+    def _wait(self) -> None:
+        self.proc.wait()
+        self.ended = time.monotonic()
+
+
+def _spawn(argv: list[str], limits: Limits) -> _Child:
+    out = os.fdopen(os.memfd_create("corehandler-analysis-out", os.MFD_CLOEXEC), "w+b")
+    err = os.fdopen(os.memfd_create("corehandler-analysis-err", os.MFD_CLOEXEC), "w+b")
+    try:
+        proc = subprocess.Popen(_command(argv, limits), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                env=_ENV, cwd="/", start_new_session=True, close_fds=True)
+    except BaseException:
+        out.close()
+        err.close()
+        raise
+    child = _Child(proc, out, err)
+    # A thread notes the exit as it happens: finish() runs only after compression, and the analysis's time
+    # is the child's, not the compression's.
+    child.waiter = threading.Thread(target=child._wait, name="analysis-wait", daemon=True)
+    child.waiter.start()
+    return child
+
+
+@dataclass
+class Running:
+    """An analysis under way: both children started, the daemon free to compress meanwhile."""
+    core: Path
+    record: dict
+    limits: Limits
+    started: float
+    available: bool = True
+    stack: _Child | None = None
+    problems: list[str] = field(default_factory=list)
+
+
+def start(core: Path, record: dict, limits: Limits = Limits()) -> Running:
+    run = Running(Path(core), record, limits, time.monotonic())
+    stack = _tool("eu-stack")
+    if stack is None:
+        run.available = False
+        run.problems.append("eu-stack not found (install elfutils)")
+        return run
+    core_arg = f"--core={run.core}"
+    # No -e EXE: libdwfl then finds every file, the executable too, by the core's file names and rejects one
+    # whose build-id differs, so a binary replaced since the crash shows unsymbolised frames, not wrong ones
+    # (with -e it would take the file as given).
+    argv = [stack, core_arg, "-b", "-m", "-n", str(limits.frames)] + (["-s"] if limits.source_lines else [])
+    try:
+        run.stack = _spawn(argv, limits)
+    except OSError as e:
+        run.problems.append(f"cannot start the analyser: {e.strerror}")
+        cancel(run)
+    return run
+
+
+def _wait(child: _Child | None, deadline: float) -> bool:
+    """True if the child exited by the deadline; else it is killed (its whole session)."""
+    if child is None:
+        return True
+    child.waiter.join(max(0.0, deadline - time.monotonic()))
+    if not child.waiter.is_alive():
+        return True
+    try:
+        os.killpg(child.proc.pid, signals.SIGKILL)
+    except ProcessLookupError:
+        pass
+    child.waiter.join()
+    return False
+
+
+def cancel(run: Running) -> None:
+    """Kills and reaps the child (ingest gave up on this dump, or the daemon is stopping)."""
+    if run.stack is not None:
+        _wait(run.stack, 0)
+        run.stack.stdout.close()
+        run.stack.stderr.close()
+    run.stack = None
+
+
+def _exit_problem(name: str, child: _Child) -> str | None:
+    rc = child.proc.returncode
+    if rc < 0:
+        sig = spool.signal_name(-rc)
+        why = " (output over the cap)" if -rc == signals.SIGXFSZ else ""
+        return f"{name} killed by {sig}{why}"
+    return None
+
+
+def finish(run: Running) -> dict:
+    """Waits for the children (until start + timeout), parses what they wrote, and returns the result: the
+    `result` column of the analysis row (docs/analysis.md)."""
+    limits = run.limits
+    deadline = run.started + limits.timeout
+    timed_out = not _wait(run.stack, deadline)
+    parse_started = time.monotonic()
+    ended = run.stack.ended if run.stack is not None and run.stack.ended is not None else parse_started
+    problems = list(run.problems)
+    stack = {"threads": [], "threads_seen": 0, "threads_cut": False, "lines_cut": 0}
+    modules: list[dict] = []
+    modules_cut = False
+    if run.stack is not None:
+        for f in (run.stack.stdout, run.stack.stderr):
+            f.seek(0)
+        stack = parse_stack(run.stack.stdout, limits)
+        problems += apply_errors(stack, run.stack.stderr, limits)
+        p = _exit_problem("eu-stack", run.stack)
+        if p:
+            problems.append(p)
+    cancel(run)
+    try:
+        modules, modules_cut = coremodules.modules(run.core)
+    except OSError as e:
+        problems.append(f"cannot read the modules of {run.core.name}: {e.strerror}")
+    if timed_out:
+        problems.insert(0, f"analyser killed at the {limits.timeout:g} s timeout")
+    # The child's own time plus our parsing: not the compression finish() waited behind.
+    seconds = ended - run.started + time.monotonic() - parse_started
+    result = build_result(run.record, stack, modules, modules_cut, problems, timed_out, available=run.available,
+                          seconds=seconds)
+    result["sandbox"] = [name for name, _ in sandbox()]
+    return result
+
+
+def analyse(core: Path, record: dict, limits: Limits = Limits()) -> dict:
+    return finish(start(core, record, limits))
+
+
+def build_result(record: dict, stack: dict, modules: list[dict], modules_cut: bool, problems: list[str],
+                 timed_out: bool, *, available: bool = True, seconds: float = 0.0) -> dict:
+    threads = stack["threads"]
+    tid = record.get("tid") if isinstance(record.get("tid"), int) else None
+    crashing = next((t for t in threads if t["tid"] == tid), threads[0] if threads else None)
+    if crashing is not None:  # first, as coredumpctl shows it
+        threads.remove(crashing)
+        threads.insert(0, crashing)
+    for t in threads:
+        t["crashing"] = t is crashing
+        t.setdefault("error", None)
+        t.setdefault("frames_cut", False)
+    exe_path = spool.proc(record).get("exe")
+    exe_path = exe_path if isinstance(exe_path, str) else None
+    main = exe_module(modules, exe_path)
+    exe = check_exe(exe_path, main["build_id"] if main else None)
+    exe["package"] = main.get("package") if main else None
+    cut = []
+    if stack["threads_cut"]:
+        cut.append(f"threads: {len(threads)} of {stack['threads_seen']} kept")
+    if any(t["frames_cut"] for t in threads):
+        cut.append(f"frames: at most {max(len(t['frames']) for t in threads)} per thread kept")
+    if stack["lines_cut"]:
+        cut.append(f"{stack['lines_cut']} over-long lines cut")
+    if modules_cut:
+        cut.append(f"modules: {len(modules)} kept")
+    if exe["state"] == "replaced":
+        problems.append(f"{exe_path} was replaced since the crash (build-id {exe['disk_build_id']} on disk, "
+                        f"{exe['build_id']} in the core): its frames are not symbolised")
+    elif exe["state"] == "deleted":
+        problems.append(f"{exe_path} is gone: its frames are not symbolised")
+    if timed_out:
+        state = TIMEOUT
+    elif not available:
+        state = UNAVAILABLE
+    elif crashing is None or not crashing["frames"]:
+        state = FAILED
+    elif problems or cut or any(t["error"] for t in threads):
+        state = PARTIAL
+    else:
+        state = OK
+    frames = crashing["frames"] if crashing else []
+    sig = spool.signal_number(record)
+    name = exe_path or spool.comm(record)
+    keys = signature.keys(name, exe["build_id"], sig, spool.signal_name(sig), frames) if frames else {}
+    return {"state": state, "problems": problems[:MAX_PROBLEMS], "cut": cut, "seconds": round(seconds, 6),
+            "analyser": "eu-stack", "crashing_tid": crashing["tid"] if crashing else tid,
+            "threads": threads, "threads_seen": stack["threads_seen"], "modules": modules, "exe": exe,
+            "packages": packages(modules), "identity": identity.identify(record), **keys}
+
+
+# -- how it reads (info, the journal) --------------------------------------------------------------------
+
+def frame_line(f: dict) -> str:
+    """One frame as coredumpctl shows it: `#0  0x00005555555551af crash_segv (app + 0x11af) [app.c:6]`."""
+    module = (f.get("module") or "").rsplit("/", 1)[-1] or None
+    where = f"{module} + {f['offset']:#x}" if module and f.get("offset") is not None else (module or "n/a")
+    source = f" [{f['file']}:{f['line']}]" if f.get("file") else ""
+    return f"#{f['index']:<2} {f['pc']:#018x} {f.get('function') or 'n/a'} ({where}){source}"
+
+
+def thread_lines(t: dict) -> list[str]:
+    out = [f"Stack trace of thread {t['tid']}" + (" (crashing)" if t.get("crashing") else "") + ":"]
+    out += [frame_line(f) for f in t["frames"]]
+    if t.get("frames_cut"):
+        out.append(f"... (more frames, cut at {len(t['frames'])})")
+    if t.get("error"):
+        out.append(f"(unwinding stopped: {t['error']})")
+    return out
+
+
+def skipped(record: dict, reason: str) -> dict:
+    """The result of a dump with nothing to unwind: identity only."""
+    return {"state": SKIPPED, "problems": [reason], "cut": [], "seconds": 0.0, "analyser": None,
+            "crashing_tid": record.get("tid"), "threads": [], "threads_seen": 0, "modules": [], "exe": None,
+            "packages": {}, "identity": identity.identify(record)}

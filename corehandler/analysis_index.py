@@ -1,0 +1,148 @@
+"""The `analysis` table of the index: one row per dump id, the analysis result and the columns queries need
+(signature, exact key, unit, container, pod). Beside `dumps`, not in it, so the dump row stays the one
+commit point of ingest and the analysis can be redone or skipped without touching it.
+
+A row is written `pending` when the analyser starts and replaced by the result when it ends, both before
+the dump's index row (daemon.ingest); a kill in between leaves the spool record, and ingest redoes both.
+At start the daemon marks the dumps indexed without a result (an older daemon's, or a pending row whose
+raw core is gone) as skipped, with the reason (Daemon.recover).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+PENDING = "pending"
+
+_TABLE = """
+CREATE TABLE IF NOT EXISTS analysis (
+    id TEXT PRIMARY KEY,
+    state TEXT NOT NULL,
+    analysed_at REAL NOT NULL,
+    seconds REAL,
+    signature TEXT,
+    signature_id TEXT,
+    signature_version INTEGER,
+    exact_key TEXT,
+    exact_version INTEGER,
+    exe_build_id TEXT,
+    runtime TEXT,
+    container_id TEXT,
+    pod_uid TEXT,
+    pod_name TEXT,
+    unit TEXT,
+    result TEXT NOT NULL
+)"""
+_INDEXES = ("CREATE INDEX IF NOT EXISTS analysis_signature ON analysis (signature_id)",
+            "CREATE INDEX IF NOT EXISTS analysis_exact ON analysis (exact_key)")
+_COLUMNS = ("id", "state", "analysed_at", "seconds", "signature", "signature_id", "signature_version",
+            "exact_key", "exact_version", "exe_build_id", "runtime", "container_id", "pod_uid", "pod_name", "unit")
+
+
+def ensure(db: sqlite3.Connection) -> None:
+    with db:
+        db.execute(_TABLE)
+        for statement in _INDEXES:
+            db.execute(statement)
+
+
+def _db(store_or_db) -> sqlite3.Connection:
+    return getattr(store_or_db, "db", store_or_db)
+
+
+def _exists(db: sqlite3.Connection) -> bool:
+    return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'analysis'").fetchone() is not None
+
+
+def row(dump_id: str, result: Mapping[str, Any]) -> dict:
+    ident = result.get("identity") or {}
+    exe = result.get("exe") or {}
+    return {"id": dump_id, "state": result["state"], "analysed_at": time.time(), "seconds": result.get("seconds"),
+            "signature": result.get("signature"), "signature_id": result.get("signature_id"),
+            "signature_version": result.get("signature_version"), "exact_key": result.get("exact_key"),
+            "exact_version": result.get("exact_version"), "exe_build_id": exe.get("build_id"),
+            "runtime": ident.get("runtime"), "container_id": ident.get("container_id"),
+            "pod_uid": ident.get("pod_uid"), "pod_name": ident.get("pod_name"),
+            "unit": ident.get("user_unit") or ident.get("unit"),
+            "result": json.dumps(dict(result), ensure_ascii=True, sort_keys=True)}
+
+
+def put(store_or_db, dump_id: str, result: Mapping[str, Any]) -> None:
+    db = _db(store_or_db)
+    ensure(db)
+    values = row(dump_id, result)
+    with db:
+        db.execute(f"INSERT OR REPLACE INTO analysis ({', '.join(values)}) VALUES "
+                   f"({', '.join(':' + k for k in values)})", values)
+
+
+def mark_pending(store_or_db, dump_id: str) -> None:
+    put(store_or_db, dump_id, {"state": PENDING})
+
+
+def forget(store_or_db, dump_id: str) -> None:
+    """For a dump retention removed: its result goes with its index row."""
+    db = _db(store_or_db)
+    if not _exists(db):
+        return
+    with db:
+        db.execute("DELETE FROM analysis WHERE id = ?", (dump_id,))
+
+
+def analysis_for(store_or_index, dump_id: str) -> dict | None:
+    """The analysis result of a dump (docs/analysis.md, "Result"), None when there is none: a Store, or an
+    sqlite3 connection to the index. For the fleet sidecar and the CLI."""
+    db = _db(store_or_index)
+    if not _exists(db):
+        return None
+    found = db.execute("SELECT result, state, analysed_at FROM analysis WHERE id = ?", (dump_id,)).fetchone()
+    if found is None:
+        return None
+    result = json.loads(found[0])
+    result["state"], result["analysed_at"] = found[1], found[2]
+    return result
+
+
+def summaries(store_or_db, ids: Iterable[str]) -> dict[str, dict]:
+    """The query columns (no result JSON) of the given dumps, by id."""
+    db = _db(store_or_db)
+    ids = list(ids)
+    if not ids or not _exists(db):
+        return {}
+    out = {}
+    for start in range(0, len(ids), 500):
+        chunk = ids[start:start + 500]
+        marks = ", ".join("?" * len(chunk))
+        for values in db.execute(f"SELECT {', '.join(_COLUMNS)} FROM analysis WHERE id IN ({marks})", chunk):
+            out[values[0]] = dict(zip(_COLUMNS, values))
+    return out
+
+
+def unanalysed(store_or_db) -> list[tuple[str, str | None]]:
+    """(id, state) of live dumps indexed without a finished analysis: no row, or a pending one."""
+    db = _db(store_or_db)
+    ensure(db)
+    return db.execute("SELECT d.id, a.state FROM dumps d LEFT JOIN analysis a ON a.id = d.id "
+                      "WHERE d.deleting = 0 AND (a.id IS NULL OR a.state = ?) ORDER BY d.crashed_at",
+                      (PENDING,)).fetchall()
+
+
+def state_counts(store_or_db) -> dict[str, int]:
+    db = _db(store_or_db)
+    if not _exists(db):
+        return {}
+    return dict(db.execute("SELECT state, COUNT(*) FROM analysis GROUP BY state").fetchall())
+
+
+def top_signatures(store_or_db, limit: int) -> list[tuple[str, str, int]]:
+    """(signature_id, signature, live dumps) of the `limit` most frequent signatures."""
+    db = _db(store_or_db)
+    if not _exists(db):
+        return []
+    return db.execute("SELECT a.signature_id, a.signature, COUNT(*) AS n FROM analysis a JOIN dumps d "
+                      "ON d.id = a.id WHERE d.deleting = 0 AND a.signature_id IS NOT NULL "
+                      "GROUP BY a.signature_id ORDER BY n DESC, a.signature_id LIMIT ?", (limit,)).fetchall()

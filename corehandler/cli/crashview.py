@@ -1,0 +1,194 @@
+"""What `list` and `info` show of a dump's analysis (corehandler/analysis.py): the signature column,
+`list --group`, the filters --signature/--unit/--container/--pod, and info's trace, keys, build-ids and
+identity, in coredumpctl's layout. cli/dumps.py calls these; they know nothing of its other columns."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+
+from corehandler import analysis, analysis_index
+from corehandler.store import Dump, Store
+
+TRACE_INDENT = " " * 16
+
+
+def add_filter_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--signature", metavar="SIG", help="only dumps of this signature (its id, an id prefix, or "
+                   "its exact text) or exact key")
+    p.add_argument("--unit", metavar="UNIT", help="only dumps of processes in this systemd unit")
+    p.add_argument("--container", metavar="ID", help="only dumps of processes in this container (id prefix, "
+                   "or its name)")
+    p.add_argument("--pod", metavar="POD", help="only dumps of processes in this pod (uid or name)")
+
+
+def add_list_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--group", action="store_true", help="one line per signature: count, hosts, units, first "
+                   "and last seen")
+
+
+def add_info_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--all-threads", action="store_true", help="show every thread's stack, not only the "
+                   "crashing one's")
+
+
+def filtering(args: argparse.Namespace) -> bool:
+    return any(getattr(args, k, None) for k in ("signature", "unit", "container", "pod"))
+
+
+def _matches(args: argparse.Namespace, a: dict | None, ident: dict) -> bool:
+    if a is None:
+        return False
+    if args.signature:
+        s = args.signature
+        if not (a["signature"] == s or a["exact_key"] == s
+                or (a["signature_id"] or "").startswith(s) or (a["exact_key"] or "").startswith(s)):
+            return False
+    if args.unit and args.unit not in (a["unit"], ident.get("unit"), ident.get("user_unit")):
+        return False
+    if args.container:
+        c = args.container
+        if not ((a["container_id"] or "").startswith(c) or ident.get("container_name") == c
+                or ident.get("machine") == c):
+            return False
+    if args.pod and args.pod not in (a["pod_uid"], a["pod_name"]):
+        return False
+    return True
+
+
+def apply_filters(args: argparse.Namespace, store: Store, dumps: list[Dump], last: int | None) -> list[Dump]:
+    """The dumps the analysis filters keep; `last` (-n) applies after them."""
+    if not filtering(args):
+        return dumps
+    rows = analysis_index.summaries(store, [d.id for d in dumps])
+    kept = []
+    for d in dumps:
+        a = rows.get(d.id)
+        ident = (analysis_index.analysis_for(store, d.id) or {}).get("identity") or {} if a else {}
+        if _matches(args, a, ident):
+            kept.append(d)
+    return kept[-last:] if last else kept
+
+
+# -- list ---------------------------------------------------------------------------------------------------
+
+def signatures(store: Store, dumps: list[Dump]) -> dict[str, dict]:
+    return analysis_index.summaries(store, [d.id for d in dumps])
+
+
+def signature_cell(row: dict | None) -> str:
+    if row is None:
+        return "-"
+    return row["signature_id"] or row["state"]
+
+
+def list_json(row: dict | None) -> dict:
+    keys = ("state", "signature", "signature_id", "exact_key", "unit", "container_id", "pod_uid", "runtime")
+    return {f"analysis_{k}" if k == "state" else k: (row or {}).get(k) for k in keys}
+
+
+def groups(dumps: list[Dump], rows: dict[str, dict]) -> list[dict]:
+    """One entry per signature (dumps without one grouped by their analysis state), most frequent first."""
+    out: dict[str, dict] = {}
+    for d in dumps:
+        a = rows.get(d.id) or {}
+        key = a.get("signature_id") or f"({a.get('state') or 'not analysed'})"
+        g = out.setdefault(key, {"signature_id": a.get("signature_id"), "signature": a.get("signature"),
+                                 "count": 0, "hosts": set(), "units": set(), "exact_keys": set(),
+                                 "first_seen": d.crashed_at, "last_seen": d.crashed_at, "ids": []})
+        g["count"] += 1
+        g["ids"].append(d.id)
+        if d.hostname:
+            g["hosts"].add(d.hostname)
+        if a.get("unit"):
+            g["units"].add(a["unit"])
+        if a.get("exact_key"):
+            g["exact_keys"].add(a["exact_key"])
+        g["first_seen"] = min(g["first_seen"], d.crashed_at)
+        g["last_seen"] = max(g["last_seen"], d.crashed_at)
+    result = []
+    for key, g in out.items():
+        g["hosts"], g["units"] = sorted(g["hosts"]), sorted(g["units"])
+        g["exact_keys"] = len(g["exact_keys"])
+        g["key"] = key
+        result.append(g)
+    return sorted(result, key=lambda g: (-g["count"], -g["last_seen"], g["key"]))
+
+
+def _time(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def group_table(gs: list[dict]) -> str:
+    table = [("COUNT", "FIRST", "LAST", "HOSTS", "UNITS", "SIGNATURE ID", "SIGNATURE")]
+    for g in gs:
+        table.append((str(g["count"]), _time(g["first_seen"]), _time(g["last_seen"]),
+                      ",".join(g["hosts"]) or "-", ",".join(g["units"]) or "-", g["signature_id"] or g["key"],
+                      g["signature"] or "-"))
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]) - 1)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in table)
+
+
+# -- info ---------------------------------------------------------------------------------------------------
+
+def trace_lines(result: dict, all_threads: bool) -> list[str]:
+    out = []
+    threads = result.get("threads") or []
+    for t in threads if all_threads else threads[:1]:
+        out += analysis.thread_lines(t) + [""]
+    if not all_threads and len(threads) > 1:
+        out.append(f"({len(threads) - 1} more threads: --all-threads shows them)")
+    modules = result.get("modules") or []
+    if modules:
+        out.append("Modules:")
+        for m in modules:
+            out.append(f"  {m['name']} build-id {m['build_id'] or '-'}"
+                       + (f" ({', '.join(f'{k}={v}' for k, v in _package(result, m['name']).items())})"
+                          if _package(result, m["name"]) else ""))
+    return out
+
+
+def _package(result: dict, module: str) -> dict:
+    p = (result.get("packages") or {}).get(module) or {}
+    return {k: p[k] for k in ("name", "version", "architecture", "osDistribution") if k in p}
+
+
+def info_fields(result: dict | None) -> list[tuple[str, str | None]]:
+    """(label, value) lines for info's header block."""
+    if result is None:
+        return [("Analysis", "none")]
+    state = result.get("state")
+    ident = result.get("identity") or {}
+    exe = result.get("exe") or {}
+    fields: list[tuple[str, str | None]] = [
+        ("Analysis", f"{state}" + (f" in {result['seconds'] * 1000:.0f} ms" if result.get("seconds") else "")),
+        ("Signature", result.get("signature")),
+        ("Signature ID", result.get("signature_id")),
+        ("Exact Key", result.get("exact_key")),
+        ("Build ID", (exe.get("build_id") or "-") + (f" ({exe['state']})" if exe.get("state") else "")
+         if exe else None),
+        ("Runtime", ident.get("runtime")),
+        ("Container", ident.get("container_id")),
+        ("Container Name", ident.get("container_name")),
+        ("Image", ident.get("image")),
+        ("Pod", " ".join(x for x in (ident.get("pod_namespace"), ident.get("pod_name")) if x) or None),
+        ("Pod UID", ident.get("pod_uid")),
+        ("Machine", ident.get("machine")),
+        ("Unit", ident.get("unit")),
+        ("User Unit", ident.get("user_unit")),
+        ("Slice", ident.get("slice")),
+        ("NSpid", " ".join(map(str, ident["nspid"])) if ident.get("nspid") and len(ident["nspid"]) > 1 else None),
+    ]
+    for cut in result.get("cut") or []:
+        fields.append(("Cut", cut))
+    for p in result.get("problems") or []:
+        fields.append(("Analysis Problem", p))
+    return fields
+
+
+def result(store: Store, d: Dump) -> dict | None:
+    return analysis_index.analysis_for(store, d.id)
+
+
+def info_json(store: Store, d: Dump) -> dict:
+    return {"analysis": result(store, d)}

@@ -1,0 +1,80 @@
+"""Analysis on the live kernel: real crashes through core_pattern into csplice, `corehandler serve` analysing
+them beside compression, and `info`/`list --group` showing the trace and the signature; a crash inside a PID
+namespace (unshare --pid --fork --mount-proc) shows its namespace PID."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+
+import pytest
+
+from support import realcore
+from support.daemon_harness import wait_for
+
+from test_daemon_live import live, serve, stop  # noqa: F401 (live is a fixture)
+
+pytestmark = [pytest.mark.root, pytest.mark.live_kernel]
+
+
+def _allow_core():
+    resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+
+
+def indexed(cli, count):
+    def done():
+        out = cli("--json", "list")
+        return out.returncode == 0 and len(json.loads(out.stdout)) == count and \
+            all(d["analysis_state"] not in (None, "pending") for d in json.loads(out.stdout))
+    wait_for(done, what=f"{count} dumps indexed and analysed", timeout=120)
+    return json.loads(cli("--json", "list").stdout)
+
+
+def test_real_crashes_are_analysed_grouped_and_shown(live, tmp_path):
+    state, etc, cli, base = live
+    binary = realcore.build(tmp_path / "bin", name="analysed")
+    daemon = serve(base)
+    try:
+        for kind in ("thread", "thread", "segv"):
+            r = subprocess.run([str(binary), kind], preexec_fn=_allow_core, capture_output=True, timeout=60)
+            assert r.returncode == -11
+        dumps = indexed(cli, 3)
+    finally:
+        log = stop(daemon)
+    assert "Traceback" not in log
+    assert all(d["analysis_state"] == "ok" for d in dumps), dumps
+    first = dumps[0]
+    info = cli("info", f"id={first['id']}", text=True).stdout
+    assert "worker_crash (analysed + 0x" in info and "Signature: analysed SIGSEGV worker_crash < worker" in info
+    detail = json.loads(cli("--json", "info", f"id={first['id']}").stdout)[0]["analysis"]
+    crashing = detail["threads"][0]
+    # the kernel's %i is the crashing thread, and its notes come first
+    assert crashing["crashing"] and crashing["tid"] == detail["crashing_tid"] != first["pid"]
+    assert detail["threads_seen"] == 9 and detail["exe"]["state"] == "same"
+    groups = json.loads(cli("--json", "list", "--group").stdout)
+    assert sorted(g["count"] for g in groups) == [1, 2]
+    two = next(g for g in groups if g["count"] == 2)
+    assert two["exact_keys"] == 1 and "worker_crash" in two["signature"]
+
+
+def test_crash_in_a_pid_namespace_shows_the_namespace_pid(live, tmp_path):
+    state, etc, cli, base = live
+    binary = realcore.build(tmp_path / "bin", name="analysed")
+    daemon = serve(base)
+    try:
+        # The shell is PID 1 of the new namespace (the trailing `true` keeps it from exec'ing the crasher),
+        # so the crasher is PID 2 there.
+        subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", f"{binary} segv; true"],
+                       preexec_fn=_allow_core, capture_output=True, timeout=60)
+        (dump,) = indexed(cli, 1)
+    finally:
+        stop(daemon)
+    detail = json.loads(cli("--json", "info", f"id={dump['id']}").stdout)[0]["analysis"]
+    ident = detail["identity"]
+    assert len(ident["nspid"]) == 2 and ident["nspid"][0] == dump["pid"] and ident["pid_in_namespace"] == 2
+    own = os.stat("/proc/self/ns/pid").st_ino
+    assert ident["namespaces"]["pid"] != own and ident["namespaces"]["mnt"]
+    assert "NSpid: " in cli("info", f"id={dump['id']}", text=True).stdout
+    assert detail["threads"][0]["frames"][0]["function"] == "crash_segv"

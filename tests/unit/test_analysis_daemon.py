@@ -1,0 +1,203 @@
+"""Analysis inside the daemon, the CLI's views of it and the journal entry: real crashes (gdb's gcore) put into
+the spool as csplice commits them, ingested by the real Daemon with the real eu-stack."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+import pytest
+
+from corehandler import analysis, analysis_index, journal
+from corehandler.cli import main
+from corehandler.daemon import Settings
+from corehandler.metrics import MetricsObserver
+from corehandler.store import Store, row_from_record
+from support import realcore
+from support.daemon_harness import Recorder, Running, wait_for
+
+
+CONTAINER = "3f2a9c0e1b7d4c5a8e6f0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f"
+POD = "7c4d2a1e-93b5-4f0c-8d6e-1a2b3c4d5e6f"
+POD_CGROUP = (f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD.replace('-', '_')}.slice/"
+              f"cri-containerd-{CONTAINER}.scope")
+
+
+@pytest.fixture(scope="module")
+def crashes(tmp_path_factory):
+    for tool in ("gdb", "eu-stack", "gcc"):
+        if not shutil.which(tool):
+            pytest.fail(f"{tool} is missing: scripts/install-deps installs it")
+    tmp = tmp_path_factory.mktemp("crashes")
+    binary = realcore.build(tmp, name="analysed")
+    return {kind: realcore.crash(binary, tmp / f"core.{kind}", kind) for kind in ("segv", "other", "thread")}
+
+
+def ingest_all(state, observers=(), **settings):
+    with Running(Settings(state, threads=1, sweep_interval=3600, **settings), observers):
+        wait_for(lambda: not [n for n in os.listdir(state / "spool") if n.endswith(".json")], what="spool drained")
+
+
+def test_ingest_analyses_reports_and_shows(tmp_path, crashes, capsys):
+    state = tmp_path / "state"
+    ids = {}
+    ids["a"] = realcore.spool(crashes["segv"], state / "spool")
+    ids["b"] = realcore.spool(crashes["segv"], state / "spool")
+    ids["c"] = realcore.spool(crashes["other"], state / "spool", cgroup="0::/system.slice/other.service\n")
+    ids["t"] = realcore.spool(crashes["thread"], state / "spool")
+    ids["k"] = realcore.spool(crashes["thread"], state / "spool", cgroup=f"0::{POD_CGROUP}\n")
+    rec = Recorder()
+    metrics = MetricsObserver(state_dir=state)
+    ingest_all(state, [rec, metrics])
+    assert rec.of("error") == []
+    events = {e[1]: e[2] for e in rec.of("ingested")}
+    exposition = metrics.exposition().decode()
+    assert 'corehandler_analyses_total{outcome="ok"} 5.0' in exposition
+    assert "corehandler_analysis_duration_seconds_count 5.0" in exposition
+    assert "corehandler_signatures 3.0" in exposition
+    a = events[ids["a"]]["analysis"]
+    assert a["state"] == analysis.OK and a["threads"][0]["frames"][0]["function"] == "crash_segv"
+    assert a["signature"] == events[ids["b"]]["analysis"]["signature"]
+    assert a["exact_key"] == events[ids["b"]]["analysis"]["exact_key"]
+    assert events[ids["c"]]["analysis"]["signature_id"] != a["signature_id"]
+    assert f'corehandler_signature_dumps{{signature="{a["signature"]}",signature_id="{a["signature_id"]}"}} 2.0' \
+        in exposition
+    with Store(state, readonly=True) as store:
+        assert analysis_index.analysis_for(store, ids["t"])["crashing_tid"] == crashes["thread"].tid
+        assert analysis_index.analysis_for(store.db, ids["a"])["signature_id"] == a["signature_id"]
+        assert analysis_index.analysis_for(store, "nonexistent") is None
+
+    # the journal entry: trace in MESSAGE, identity and keys as fields
+    record = json.loads(json.dumps(realcore.record_for(crashes["segv"], ids["a"])))
+    f = journal.dump_entry(record, events[ids["a"]])
+    assert "Stack trace of thread" in f["MESSAGE"] and "crash_segv" in f["MESSAGE"]
+    assert f["COREDUMP_UNIT"] == "analysed.service" and f["COREDUMP_SLICE"] == "system.slice"
+    assert f["COREHANDLER_SIGNATURE"] == a["signature"] and f["COREHANDLER_EXACT_KEY"] == a["exact_key"]
+    assert f["COREHANDLER_ANALYSIS"] == "ok" and f["COREHANDLER_BUILD_ID"] == a["exe"]["build_id"]
+
+    def cli(*argv):
+        code = main(["--config-dir", str(tmp_path / "etc"), "--state-dir", str(state), *argv])
+        out, _ = capsys.readouterr()
+        assert code == 0
+        return out
+
+    out = cli("info", f"id={ids['t']}")
+    assert "Signature: analysed SIGSEGV worker_crash < worker" in out
+    assert f"Stack trace of thread {crashes['thread'].tid} (crashing):" in out and "worker_crash (analysed + 0x" in out
+    assert "--all-threads shows them" in out and out.count("Stack trace of thread") == 1
+    out = cli("info", "--all-threads", f"id={ids['t']}")
+    assert out.count("Stack trace of thread") == 9 and "Unit: analysed.service" in out
+    info = json.loads(cli("--json", "info", f"id={ids['a']}"))
+    assert info[0]["analysis"]["signature"] == a["signature"]
+
+    out = cli("list")
+    assert "SIGNATURE" in out.splitlines()[0] and out.count(a["signature_id"]) == 2
+    listed = json.loads(cli("--json", "list"))
+    assert {d["id"]: d["signature_id"] for d in listed}[ids["a"]] == a["signature_id"]
+
+    groups = json.loads(cli("--json", "list", "--group"))
+    assert [g["count"] for g in groups] == [2, 2, 1]
+    pair = next(g for g in groups if g["signature_id"] == a["signature_id"])
+    assert pair["hosts"] == ["testhost"] and pair["units"] == ["analysed.service"] and pair["exact_keys"] == 1
+    threads = next(g for g in groups if "worker_crash" in g["signature"])
+    assert threads["units"] == sorted(["analysed.service", f"cri-containerd-{CONTAINER}.scope"])
+    out = cli("list", "--group")
+    assert out.splitlines()[1].split()[0] == "2" and "crash_segv < main" in out
+
+    assert [d["id"] for d in json.loads(cli("--json", "list", "--container", CONTAINER[:12]))] == [ids["k"]]
+    assert [d["id"] for d in json.loads(cli("--json", "list", "--pod", POD))] == [ids["k"]]
+    out = cli("info", f"id={ids['k']}")
+    assert "Runtime: containerd" in out and f"Pod UID: {POD}" in out and f"Container: {CONTAINER}" in out
+
+    assert {d["id"] for d in json.loads(cli("--json", "list", "--signature", a["signature_id"][:8]))} == \
+        {ids["a"], ids["b"]}
+    assert {d["id"] for d in json.loads(cli("--json", "list", "--signature", a["exact_key"]))} == \
+        {ids["a"], ids["b"]}
+    assert [d["id"] for d in json.loads(cli("--json", "list", "--unit", "other.service"))] == [ids["c"]]
+    assert [d["id"] for d in json.loads(cli("--json", "list", "--unit", "analysed.service", "-n", "1"))] == \
+        [ids["t"]]
+    assert [d["id"] for d in json.loads(cli("--json", "list", "--unit", "analysed.service", "-n", "2"))] == \
+        [ids["b"], ids["t"]]
+    assert main(["--config-dir", str(tmp_path / "etc"), "--state-dir", str(state), "list", "--pod", "x"]) == 1
+
+
+def test_a_hanging_analyser_delays_ingest_by_its_timeout_only(tmp_path, crashes, monkeypatch):
+    fake = tmp_path / "eu-stack"
+    fake.write_text("#!/bin/sh\nexec sleep 600\n")
+    fake.chmod(0o755)
+    real = analysis._tool
+    monkeypatch.setattr(analysis, "_tool", lambda name: str(fake) if name == "eu-stack" else real(name))
+    state = tmp_path / "state"
+    first = realcore.spool(crashes["segv"], state / "spool")
+    second = realcore.spool(crashes["other"], state / "spool")
+    rec = Recorder()
+    started = time.monotonic()
+    ingest_all(state, [rec], analysis_limits=analysis.Limits(timeout=1))
+    assert time.monotonic() - started < 30
+    with Store(state, readonly=True) as store:
+        assert {store.get(i).status for i in (first, second)} == {"ok"}
+        assert analysis_index.analysis_for(store, first)["state"] == analysis.TIMEOUT
+    assert [e[1] for e in rec.of("error")] == ["analysis", "analysis"]
+
+
+def test_restart_analyses_what_a_kill_left_and_skips_what_is_gone(tmp_path, crashes):
+    """A kill after the index row (pause point `indexed`) leaves the raw core in the spool: analysed at the
+    next start. A pending row whose raw core is gone, or a dump an older daemon indexed, is marked skipped."""
+    state = tmp_path / "state"
+    spool_dir = state / "spool"
+    left = realcore.spool(crashes["segv"], spool_dir)
+    gone = realcore.spool(crashes["other"], spool_dir)
+    older = realcore.spool(crashes["thread"], spool_dir)
+    with Store(state) as store:
+        for dump_id in (left, gone, older):
+            record = json.loads((spool_dir / f"{dump_id}.json").read_text())
+            store.insert(row_from_record(record, status="ok", problem=None, path=None, raw_bytes=1, stored_bytes=1,
+                                         sha256=None))
+        analysis_index.mark_pending(store, gone)
+    for dump_id in (gone, older):
+        (spool_dir / f"{dump_id}.core").unlink()
+    rec = Recorder()
+    ingest_all(state, [rec])
+    with Store(state, readonly=True) as store:
+        assert analysis_index.analysis_for(store, left)["signature"].startswith("analysed SIGSEGV crash_segv")
+        g, o = analysis_index.analysis_for(store, gone), analysis_index.analysis_for(store, older)
+        assert g["state"] == o["state"] == analysis.SKIPPED
+        assert "killed mid-analysis" in g["problems"][0] and "before analysis existed" in o["problems"][0]
+        assert analysis_index.unanalysed(store) == []
+    assert not (spool_dir / f"{left}.core").exists()
+    assert {e[1] for e in rec.of("ingested")} == {left, gone, older}
+
+
+def test_metadata_only_and_disabled_are_skipped(tmp_path, crashes):
+    state = tmp_path / "state"
+    meta = realcore.spool(crashes["segv"], state / "spool")
+    path = state / "spool" / f"{meta}.json"
+    record = json.loads(path.read_text())
+    record["core"] = None
+    path.write_text(json.dumps(record))
+    (state / "spool" / f"{meta}.core").unlink()
+    off = realcore.spool(crashes["segv"], state / "spool")
+    ingest_all(state)  # analysis on: the metadata-only dump is skipped
+    with Store(state, readonly=True) as store:
+        m = analysis_index.analysis_for(store, meta)
+        assert m["state"] == analysis.SKIPPED and "metadata_only" in m["problems"][0]
+        assert m["identity"]["unit"] == "analysed.service"
+    state2 = tmp_path / "state2"
+    off = realcore.spool(crashes["segv"], state2 / "spool")
+    ingest_all(state2, analysis_enabled=False)
+    with Store(state2, readonly=True) as store:
+        assert "disabled" in analysis_index.analysis_for(store, off)["problems"][0]
+
+
+def test_a_deleted_dump_takes_its_analysis_along(tmp_path, crashes):
+    state = tmp_path / "state"
+    dump_id = realcore.spool(crashes["segv"], state / "spool")
+    ingest_all(state)
+    with Store(state) as store:
+        full = analysis_index.analysis_for(store, dump_id)
+        assert full["threads"] and full["identity"]["unit"] == "analysed.service"
+        assert store.delete(store.get(dump_id), "max_count") is not None
+        assert analysis_index.analysis_for(store, dump_id) is None
+        assert store.deletions()["max_count"][0] == 1

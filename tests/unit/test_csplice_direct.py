@@ -1,0 +1,109 @@
+"""The direct strategy: chosen by the crashed process's resident size, written past the page cache with
+O_DIRECT, and refused gracefully where the filesystem has no direct I/O. Byte-identity, limits, holes and full
+disks are checked for it with every other strategy (test_csplice_feed, test_csplice_limits, test_csplice_spool)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from support.csplice_harness import MiB, Handler, core_args, expected_digest, hash_file, make_fake_proc
+
+
+def resident_bytes(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def cached_pages(path) -> int:
+    """Pages of path in the page cache, as util-linux's fincore counts them."""
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "--output", "PAGES", str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out.split()[0])
+
+
+def assert_identical(result, size: int, zero_regions: bool = False) -> None:
+    assert result.returncode == 0, result.stderr
+    assert result.capture["complete"] and result.capture["bytes"] == size, result.capture
+    assert result.core.stat().st_size == size
+    assert hash_file(result.core) == expected_digest(size, zero_regions, result.record["pid"])
+
+
+@pytest.mark.parametrize("threshold,expected", ((1, "direct"), (1 << 40, "splice"), (0, "splice")),
+                         ids=("above", "below", "off"))
+def test_direct_is_chosen_by_the_processes_resident_size(tmp_path, threshold, expected):
+    # The "crashed" process is this one: csplice reads its VmRSS from the real /proc/PID/status.
+    assert 1 < resident_bytes(os.getpid()) < 1 << 40
+    handler = Handler(tmp_path / "h", settings={"strategy": "splice", "direct_above": threshold})
+    result = handler.feed(3 * MiB + 7)
+    assert_identical(result, 3 * MiB + 7)
+    assert result.capture["strategy"] == expected
+    assert result.record["handler"]["settings"]["direct_above"] == threshold
+
+
+def test_unknown_resident_size_keeps_the_configured_strategy(tmp_path):
+    # A status without VmRSS (a kernel thread, a process gone before csplice read it) says nothing of its size.
+    proc_root = make_fake_proc(tmp_path / "proc", 4242, b"fake", [b"fake"], b"/usr/bin/fake")
+    handler = Handler(tmp_path / "h", settings={"strategy": "rw", "direct_above": 1},
+                      env={"CSPLICE_PROC_ROOT": str(proc_root)})
+    result = handler.feed(MiB, pid=4242)
+    assert_identical(result, MiB)
+    assert result.capture["strategy"] == "rw"
+
+
+def paced_capture(handler: Handler, slots: int, pause: float) -> dict:
+    """csplice reads a dump of `slots` 8 MiB slots that arrive `pause` seconds apart (a dump the disk keeps up
+    with); returns the record."""
+    r, w = os.pipe()
+    proc = subprocess.Popen([str(handler.csplice), *core_args(os.getpid())], stdin=r, env=handler.environment(),
+                            stderr=subprocess.DEVNULL)
+    os.close(r)
+    slot = bytes(range(1, 256)) * (8 * MiB // 255) + b"\x01" * (8 * MiB % 255)
+    try:
+        os.write(w, b"\x7fELF")
+        for _ in range(slots):
+            time.sleep(pause)
+            os.write(w, slot)
+    finally:
+        os.close(w)
+    assert proc.wait(timeout=60) == 0
+    (record,) = handler.records().values()
+    return record
+
+
+def test_direct_leaves_the_page_cache_alone_while_the_disk_keeps_up(tmp_path):
+    # tmp_path must be a filesystem with direct I/O that is not memory itself (tmpfs keeps every page cached).
+    fstype = subprocess.run(["stat", "-f", "-c", "%T", str(tmp_path)], capture_output=True, text=True).stdout.strip()
+    if fstype in ("tmpfs", "ramfs"):
+        pytest.skip(f"{tmp_path} is on {fstype}: its pages are the file")
+    handler = Handler(tmp_path / "h", settings={"strategy": "direct"})
+    record = paced_capture(handler, 6, 0.2)
+    assert record["capture"]["strategy"] == "direct" and record["capture"]["bytes"] == 4 + 48 * MiB
+    # Slots go through the page cache only while 3 of the 4 wait for the disk: not with 0.2 s to write each.
+    assert cached_pages(handler.spool / record["core"]) < 48 * MiB // 4096 // 2
+
+    rw = Handler(tmp_path / "rw", settings={"strategy": "rw"})
+    record = paced_capture(rw, 6, 0)
+    assert cached_pages(rw.spool / record["core"]) > 40 * MiB // 4096, "the page cache comparison means nothing"
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("mode", ("write", "vmsplice"))
+def test_direct_falls_back_to_rw_where_the_filesystem_refuses_o_direct(tmp_path, mode):
+    mnt = tmp_path / "ramfs"
+    mnt.mkdir()
+    # ramfs has no direct I/O at all: open() and F_SETFL refuse O_DIRECT with EINVAL.
+    subprocess.run(["mount", "-t", "ramfs", "-o", "mode=0700", "ramfs", str(mnt)], check=True)
+    try:
+        handler = Handler(mnt / "h", settings={"strategy": "direct"})
+        result = handler.feed(9 * MiB + 1, mode=mode, zero_regions=True)
+        assert_identical(result, 9 * MiB + 1, zero_regions=True)
+        assert result.capture["strategy"] == "rw"
+        assert "Strategy direct refused" in result.stderr
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)

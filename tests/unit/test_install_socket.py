@@ -1,0 +1,185 @@
+"""install --mode socket|auto, uninstall and status in socket mode, against a fake host (tests/unit/fakehost.py).
+
+The listener is a callback here: it "listens" by adding the socket's line to the fake /proc/net/unix, the file
+corehandler reads to tell whether anything listens (tests/system/test_socket_live.py runs the real one).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from corehandler import install, listener
+from corehandler.config import Config
+from corehandler.cli.install import _listener_line
+from corehandler.errors import HandlerConflictError, SystemFailure
+from corehandler.metrics import MetricsObserver
+
+from fakehost import FakeHost
+
+SOCKET = Path("/run/corehandler/capture/coredump.socket")
+HEADER = "Num       RefCount Protocol Flags    Type St Inode Path\n"
+
+
+@pytest.fixture
+def host(tmp_path, csplice, monkeypatch):
+    short = Path(tempfile.mkdtemp(prefix="ch-"))
+    host = FakeHost(tmp_path, csplice, monkeypatch, bin_dir=short)
+    host.set("core_modes", "file pipe socket")
+    (host.paths.proc_root / "net").mkdir()
+    (host.paths.proc_root / "net" / "unix").write_text(HEADER)
+    yield host
+    shutil.rmtree(short)
+
+
+class FakeListener:
+    def __init__(self, host: FakeHost, answers: bool = True):
+        self.host, self.answers = host, answers
+        self.started: list[list[str]] = []
+        self.stopped = 0
+
+    def start(self, paths, command: list[str]) -> None:
+        self.started.append(command)
+        if self.answers:
+            self.listen(command[2])
+
+    def listen(self, path: str, flags: str = "00010000", state: str = "01") -> None:
+        with open(self.host.paths.proc_root / "net" / "unix", "a") as f:
+            f.write(f"0000000012345678: 00000002 00000000 {flags} 0001 {state} 18185 {path}\n")
+
+    def gone(self) -> None:
+        (self.host.paths.proc_root / "net" / "unix").write_text(HEADER)
+
+    def stop(self, paths) -> None:
+        self.stopped += 1
+        self.gone()
+
+
+def test_socket_patterns_are_ours_only_on_our_socket():
+    assert install.is_ours(f"@@{SOCKET}", SOCKET) and install.is_ours(f"@{SOCKET}", SOCKET)
+    assert not install.is_ours("@@/run/systemd/coredump", SOCKET)
+    assert not install.is_ours(f"@@{SOCKET}")  # without our socket path nobody can tell
+    assert install.handler_program("@@/run/systemd/coredump") == "/run/systemd/coredump"
+    assert install.mode_of(f"@@{SOCKET}") == "socket" and install.mode_of("|/x/csplice") == "pipe"
+    assert install.mode_of("core") is None
+
+
+@pytest.mark.parametrize("release, modes, prefix", [("6.18.44", "file pipe socket", "@@"), ("6.17.0", "", "@@"),
+                                                    ("6.16.3", "file pipe socket", "@"), ("6.15.0", "", None),
+                                                    ("6.18.0", "file pipe", None)])
+def test_socket_prefix_by_kernel(host, release, modes, prefix):
+    host.set("osrelease", release)
+    if modes:
+        host.set("core_modes", modes)
+    else:
+        (host.kernel / "core_modes").unlink()
+    assert listener.socket_prefix(host.paths.proc_root) == prefix
+
+
+def test_install_socket_mode_starts_the_listener_first_then_uninstall(host):
+    fake = FakeListener(host)
+    done = install.install(Config(), host.paths, csplice=host.csplice, mode="socket", start_listener=fake.start,
+                           stop_listener=fake.stop)
+    assert fake.started == [[str(host.csplice), "--listen", str(SOCKET), "--max-connections", "16"]]
+    assert host.get("core_pattern") == f"@@{SOCKET}" == done["core_pattern"]
+    assert done["mode"] == "socket" and done["listening"] is True and fake.stopped == 0
+
+    st = install.status(Config(), host.paths, csplice=host.csplice)
+    assert st["installed"] and st["mode"] == "socket" and st["core_pattern_matches"]
+    assert st["listener"]["listening"] is True and st["listener"]["socket_path"] == str(SOCKET)
+    assert install.capture_state(Config(), host.paths) == {"mode": "socket", "listening": True, "refused_peers": 0}
+
+    fake.gone()  # the listener died: the kernel now drops dumps silently, and status must say so
+    assert install.status(Config(), host.paths, csplice=host.csplice)["listener"]["listening"] is False
+    assert install.capture_state(Config(), host.paths)["listening"] is False
+
+    done = install.uninstall(host.paths, socket_path=SOCKET, stop_listener=fake.stop)
+    assert done["was_installed"] and host.get("core_pattern") == "core" and fake.stopped == 1
+
+
+def test_socket_mode_fails_and_leaves_the_pattern_when_nothing_listens(host, monkeypatch):
+    monkeypatch.setattr(install, "LISTEN_TIMEOUT", 0.2)
+    fake = FakeListener(host, answers=False)
+    with pytest.raises(SystemFailure, match=f"nothing listens on {SOCKET}.*core_pattern left as it was"):
+        install.install(Config(), host.paths, csplice=host.csplice, mode="socket", start_listener=fake.start,
+                        stop_listener=fake.stop)
+    assert host.get("core_pattern") == "core"
+
+
+def test_a_socket_that_is_not_listening_does_not_count(host, monkeypatch):
+    """A bound socket nobody listens on (no __SO_ACCEPTCON), or one of another path, is not a listener."""
+    fake = FakeListener(host, answers=False)
+    fake.listen(str(SOCKET), flags="00000000", state="03")
+    fake.listen(str(SOCKET) + ".other")
+    assert not listener.listening(SOCKET, host.paths.proc_root)
+    fake.listen(str(SOCKET))
+    assert listener.listening(SOCKET, host.paths.proc_root)
+
+
+@pytest.mark.parametrize("release, answers", [("6.18.44", False), ("6.16.0", True)])
+def test_auto_falls_back_to_pipe_mode(host, monkeypatch, release, answers):
+    """auto: socket only with the handshake (6.17+) and a listener that answers; else pipe mode, at once."""
+    monkeypatch.setattr(install, "LISTEN_TIMEOUT", 0.2)
+    host.set("osrelease", release)
+    fake = FakeListener(host, answers=answers)
+    done = install.install(Config(), host.paths, csplice=host.csplice, mode="auto", start_listener=fake.start,
+                           stop_listener=fake.stop)
+    assert done["mode"] == "pipe" and host.get("core_pattern").startswith(f"|{host.csplice} ")
+    assert fake.stopped >= 1  # no listener left running for nobody
+
+
+def test_socket_mode_needs_a_socket_kernel(host):
+    host.set("osrelease", "6.1.0-26-amd64")
+    (host.kernel / "core_modes").unlink()
+    with pytest.raises(SystemFailure, match="no socket core_pattern.*--mode pipe"):
+        install.install(Config(), host.paths, csplice=host.csplice, mode="socket")
+    assert host.get("core_pattern") == "core"
+
+
+def test_another_socket_handler_is_a_conflict(host):
+    host.set("core_pattern", "@@/run/systemd/coredump")
+    with pytest.raises(HandlerConflictError, match=r"another core handler is installed \(/run/systemd/coredump\)"):
+        install.install(Config(), host.paths, csplice=host.csplice)
+    assert host.get("core_pattern") == "@@/run/systemd/coredump"
+
+
+def test_status_cli_says_loudly_when_nothing_listens(host):
+    fake = FakeListener(host)
+    install.install(Config(), host.paths, csplice=host.csplice, mode="socket", start_listener=fake.start)
+    fake.gone()
+    line = _listener_line(install.status(Config(), host.paths, csplice=host.csplice)["listener"])
+    assert "NOT LISTENING" in line and "DROPS EVERY DUMP SILENTLY" in line
+
+
+@pytest.mark.parametrize("state, up", [({"mode": "socket", "listening": True, "refused_peers": 2}, "1.0"),
+                                       ({"mode": "socket", "listening": False, "refused_peers": 0}, "0.0"),
+                                       ({"mode": "pipe", "listening": False, "refused_peers": 0}, None)])
+def test_metrics_show_the_mode_and_the_listener(state, up):
+    observer = MetricsObserver(capture_probe=lambda: state)
+    text = observer.exposition().decode()
+    assert f'corehandler_capture_mode{{mode="{state["mode"]}"}} 1.0' in text
+    if up is None:
+        assert "corehandler_listener_up" not in text  # pipe mode: nothing to alert on
+    else:
+        assert f"corehandler_listener_up {up}" in text
+    assert f"corehandler_socket_refused_peers_total {float(state['refused_peers'])}" in text
+
+
+def test_metrics_count_socket_rejects_by_reason():
+    observer = MetricsObserver()
+    record = {"signal": 11, "capture": {"mode": "socket", "dropped": True, "dropped_reason": "rlimit_core",
+                                        "socket": {"rejected": True}}}
+    observer.on_ingested(record, {"status": "ok"})
+    observer.on_ingested({**record, "capture": {**record["capture"], "socket": {"rejected": False}}}, {"status": "ok"})
+    text = observer.exposition().decode()
+    assert 'corehandler_socket_rejects_total{reason="rlimit_core"} 1.0' in text
+
+
+def test_cli_install_help_lists_the_modes():
+    out = subprocess.run([sys.executable, "-m", "corehandler", "install", "--help"], capture_output=True, text=True)
+    assert "--mode {pipe,socket,auto}" in out.stdout
