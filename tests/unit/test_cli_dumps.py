@@ -229,7 +229,7 @@ def test_corrupt_store_files_are_reported_not_crashed_on(capsys, filled, tmp_pat
     assert code == EXIT_SYSTEM and len(err.splitlines()) == 1 and not (tmp_path / "x").exists()
     assert os.listdir(tmp_path) == []
     code, out, err = run(capsys, filled, "info", "beta")
-    fields = dict(line.strip().split(": ", 1) for line in out.splitlines())
+    fields = dict(line.strip().split(": ", 1) for line in out.splitlines() if ": " in line)
     assert code == EXIT_SYSTEM and fields["Status"] == "corrupt" and fields["Core File"].startswith("corrupt: ")
     assert err.startswith("corehandler: the stored file of 1 of 1 dumps is corrupt")
     code, out, _ = run(capsys, filled, "list", "beta")

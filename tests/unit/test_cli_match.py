@@ -90,7 +90,7 @@ def test_a_comm_with_a_newline_and_a_slash_is_found_by_its_real_name_and_never_p
         [row] = rows(got.stdout)
         assert row[3] == "5001" and row[-1] == "(a\\nb/c)", word
     info = cli(named, "info", NEWLINE, check=True).stdout.decode()
-    fields = dict(line.strip().split(": ", 1) for line in info.splitlines())  # one field per line
+    fields = dict(line.strip().split(": ", 1) for line in info.splitlines() if line.strip())  # one a line
     assert fields["PID"] == "5001 (a\\nb/c)" and fields["Command Line"] == "'a\\nb/c' --flag"
 
 
