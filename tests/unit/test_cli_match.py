@@ -90,7 +90,7 @@ def test_a_comm_with_a_newline_and_a_slash_is_found_by_its_real_name_and_never_p
         [row] = rows(got.stdout)
         assert row[3] == "5001" and row[-1] == "(a\\nb/c)", word
     info = cli(named, "info", NEWLINE, check=True).stdout.decode()
-    fields = dict(line.strip().split(": ", 1) for line in info.splitlines() if line.strip())  # one a line
+    fields = dict(line.strip().split(": ", 1) for line in info.splitlines() if ": " in line)
     assert fields["PID"] == "5001 (a\\nb/c)" and fields["Command Line"] == "'a\\nb/c' --flag"
 
 
@@ -106,7 +106,7 @@ def test_terminal_escapes_in_an_exe_are_escaped(named):
 def test_the_id_list_prints_names_the_dump_in_every_verb(named, tmp_path):
     _, _, shas = named
     table = rows(cli(named, "list", check=True).stdout)
-    ids = {int(r[3]): r[-2] for r in table}
+    ids = {int(r[3]): r[-3] for r in table}  # ID, SIGNATURE, EXE end a row
     assert len(ids) == 4 and all("-" in i for i in ids.values())
     one = ids[5004]
     [row] = rows(cli(named, "list", one, check=True).stdout)
