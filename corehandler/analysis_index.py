@@ -16,6 +16,8 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from corehandler.printable import display
+
 PENDING = "pending"
 
 _TABLE = """
@@ -59,16 +61,20 @@ def _exists(db: sqlite3.Connection) -> bool:
 
 
 def row(dump_id: str, result: Mapping[str, Any]) -> dict:
+    """Text columns as display forms (SQLite text is UTF-8; a signature names the process, whose name may not
+    be): the result column keeps the exact text."""
     ident = result.get("identity") or {}
     exe = result.get("exe") or {}
-    return {"id": dump_id, "state": result["state"], "analysed_at": time.time(), "seconds": result.get("seconds"),
+    values = {"id": dump_id, "state": result["state"], "analysed_at": time.time(), "seconds": result.get("seconds"),
             "signature": result.get("signature"), "signature_id": result.get("signature_id"),
             "signature_version": result.get("signature_version"), "exact_key": result.get("exact_key"),
             "exact_version": result.get("exact_version"), "exe_build_id": exe.get("build_id"),
             "runtime": ident.get("runtime"), "container_id": ident.get("container_id"),
             "pod_uid": ident.get("pod_uid"), "pod_name": ident.get("pod_name"),
-            "unit": ident.get("user_unit") or ident.get("unit"),
-            "result": json.dumps(dict(result), ensure_ascii=True, sort_keys=True)}
+            "unit": ident.get("user_unit") or ident.get("unit")}
+    values = {k: display(v) if isinstance(v, str) else v for k, v in values.items()}
+    values["result"] = json.dumps(dict(result), ensure_ascii=True, sort_keys=True)
+    return values
 
 
 def put(store_or_db, dump_id: str, result: Mapping[str, Any]) -> None:

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable
 
 
-def write_atomic(path: Path, data: bytes, mode: int, *, tmp: Path | None = None) -> None:
-    """tmp: the temp file's name, for a directory whose cleanup knows a naming of its own (the spool's)."""
+def write_atomic(path: Path, data: bytes, mode: int, *, tmp: Path | None = None,
+                 prepare: Callable[[int], None] | None = None) -> None:
+    """tmp: the temp file's name, for a directory whose cleanup knows a naming of its own (the spool's).
+    prepare(fd): called on the temp file before its rename (e.g. to set an ACL readers find in place)."""
     tmp = tmp or path.with_name(f".{path.name}.tmp.{os.getpid()}")
     # Only a writer killed before its rename leaves one; every temp name has a single writer at a time.
     tmp.unlink(missing_ok=True)
@@ -16,6 +19,8 @@ def write_atomic(path: Path, data: bytes, mode: int, *, tmp: Path | None = None)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         os.fchmod(fd, mode)  # the umask may have narrowed it
+        if prepare is not None:
+            prepare(fd)
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]

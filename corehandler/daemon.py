@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from corehandler import analysis, analysis_index, compress, elfcore, retention, spool
+from corehandler import analysis, analysis_index, compress, elfcore, retention, spool, userview
 from corehandler.errors import CorehandlerError
 from corehandler.inotify import IN_Q_OVERFLOW, Watch
 from corehandler.store import Store, row_from_record
@@ -125,6 +125,7 @@ class Daemon:
         self._reload_pending = False
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.store: Store | None = None
+        self._corrupt_seen: set[str] | None = None
         if handle_signals:  # now, not in run(): a SIGHUP before the loop starts is kept, not fatal
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
             signal.signal(signal.SIGINT, lambda *_: self.stop())
@@ -250,7 +251,10 @@ class Daemon:
                               ingest_seconds=time.monotonic() - start)
         self.store.insert(row)
         _checkpoint_pause("indexed")  # from here on, stopping would only delay the cleanup
-        self._finish(self.store.get(dump_id))
+        dump = self.store.get(dump_id)
+        if userview.visible(dump):
+            self._publish([dump.uid])
+        self._finish(dump)
         return True
 
     # -- analysis (corehandler/analysis.py) ---------------------------------------------------------------------
@@ -348,6 +352,7 @@ class Daemon:
             if self._try_ingest(dump_id):
                 count += 1
                 self.retain()
+        self.check_corrupt()
         return count
 
     # -- recovery and retention -------------------------------------------------------------------------------
@@ -396,8 +401,31 @@ class Daemon:
             return []
         for d in deleted:
             self._notify("on_deleted", d.id, d.exe, d.rule, d.freed_bytes)
+        if deleted:
+            self._publish(None)
         self._state()
         return deleted
+
+    def _publish(self, uids) -> None:
+        """Republishes the users' views (userview.py); a failure is logged and retried at the next change."""
+        try:
+            userview.refresh(self.store, uids)
+        except (OSError, sqlite3.Error) as e:
+            self.report_error("ingest", f"Cannot publish the users' views of their dumps: {e}")
+
+    def check_corrupt(self) -> None:
+        """Counts the stored dumps found corrupt since the last look (the CLI marks them in the index when a
+        check fails: info, dump, debug, list), once each: errors_total{kind="corrupt"}, the journal, the log.
+        Marks that predate this daemon are its baseline, not news (list, info and status show them)."""
+        try:
+            marked = dict(self.store.corrupt())
+        except sqlite3.Error as e:  # the next sweep looks again
+            self.report_error("ingest", f"Cannot read the corruption marks: {e}")
+            return
+        if self._corrupt_seen is not None:
+            for dump_id in marked.keys() - self._corrupt_seen:
+                self.report_error("corrupt", f"Stored dump {dump_id} is corrupt: {marked[dump_id]}", dump_id)
+        self._corrupt_seen = set(marked)
 
     # -- main loop ------------------------------------------------------------------------------------------
 
@@ -426,6 +454,7 @@ class Daemon:
             log.info("Watching %s (compression %s, level %d)", s.spool_dir,
                      "on" if s.compression else "off", s.level)
             self.recover()
+            self._publish(None)  # a view for every user, also of an index an older version wrote
             self.retain()
             next_sweep = time.monotonic() + self.settings.sweep_interval
             next_retain = time.monotonic() + self.settings.retention_interval

@@ -5,9 +5,12 @@ Exit codes (stable; scripts rely on them):
   1  EXIT_NOMATCH     nothing matched the query (as coredumpctl)
   2  EXIT_USAGE       bad command line (argparse uses it too)
   3  EXIT_CONFIG      the configuration is invalid or unreadable
-  4  EXIT_PERMISSION  needs root, or a path is not safe to trust (writable by others)
+  4  EXIT_PERMISSION  needs root, the store is not this user's to read, or a path is not safe to trust
+                      (writable by others)
   5  EXIT_CONFLICT    another core handler is installed, or the system is not in the state the verb expects
-  6  EXIT_SYSTEM      a system operation failed (sysctl write, filesystem, a helper program)
+                      (`python -m corehandler.supervise status|reload`: the daemon is not running)
+  6  EXIT_SYSTEM      a system operation failed (sysctl write, filesystem, a helper program), or a stored
+                      dump failed verification (info, dump, debug)
 The CLI prints `corehandler: <message>` on stderr, one line, and exits with the code.
 """
 

@@ -4,7 +4,7 @@ install, as root:
   1. checks csplice: an absolute path whose every component is owned by root and not writable by anyone
      else (the kernel runs it as root: a path others can change is a root shell for them), and that it runs;
   2. refuses when another pipe handler is in core_pattern (systemd-coredump, apport, ...) unless forced;
-  3. creates the state directories (state 0700, spool 0700, store 0700, owned by root);
+  3. creates the state directories (owned by root; state and store 0711, spool 0700: paths.DIR_MODES);
   4. saves the current core_pattern and core_pipe_limit in <state>/previous-sysctl.json, unless they are
      already ours: this csplice's, or any csplice's with values saved here (so installing twice keeps the
      values from before the first install);
@@ -143,16 +143,17 @@ def require_root(verb: str) -> None:
 
 
 def ensure_state_dirs(paths: Paths) -> None:
-    """state, spool and store directories: 0700 and root's, whatever they were before."""
-    for directory in (paths.state_dir, paths.spool_dir, paths.store_dir):
+    """state, spool and store directories: root's, with paths.DIR_MODES, whatever they were before."""
+    for kind, directory in (("state", paths.state_dir), ("spool", paths.spool_dir), ("store", paths.store_dir)):
+        mode = paths_mod.DIR_MODES[kind]
         try:
-            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            directory.mkdir(mode=mode, parents=True, exist_ok=True)
             st = os.lstat(directory)
             if not stat.S_ISDIR(st.st_mode):
                 raise SystemFailure(f"{directory} exists and is not a directory")
             if st.st_uid != ROOT_UID:
                 os.chown(directory, ROOT_UID, ROOT_UID)
-            os.chmod(directory, 0o700)
+            os.chmod(directory, mode)
         except OSError as e:
             raise SystemFailure(f"cannot create {directory}: {e.strerror}") from None
 
@@ -332,9 +333,10 @@ def _store_summary(index_path: Path) -> dict | None:
     try:
         with Store(index_path.parent, readonly=True) as store:
             stored, count = store.totals()
+            corrupt = len(store.corrupt())
     except (StoreError, sqlite3.Error) as e:
         return {"path": str(index_path), "error": str(e)}
-    return {"path": str(index_path), "count": count, "bytes": stored}
+    return {"path": str(index_path), "count": count, "bytes": stored, "corrupt": corrupt}
 
 
 def _upload_summary(config: Config, index_path: Path) -> dict | None:

@@ -33,6 +33,7 @@ from typing import Any, TextIO
 from systemd import journal
 
 from corehandler import analysis, spool
+from corehandler.printable import display
 
 log = logging.getLogger(__name__)
 
@@ -182,14 +183,21 @@ def dump_entry(record: Mapping[str, Any], stored: Mapping[str, Any]) -> Fields:
 
     f: Fields = {"MESSAGE_ID": MESSAGE_ID_DUMP, "PRIORITY": str(PRIORITY_CRIT),
                  "SYSLOG_IDENTIFIER": SYSLOG_IDENTIFIER}
-    what = f"Process {record.get('pid')} ({comm}) of user {record.get('uid')} "
-    if outcome == spool.DROPPED:
-        what += f"crashed on {name}; dump dropped ({reason}), metadata kept"
+    # What the record does not say is "unknown" (an orphan's record knows only its pid), never "None";
+    # the process's name is escaped (printable.py): a comm may hold a newline or a terminal escape.
+    pid, uid = record.get("pid"), record.get("uid")
+    what = (f"Process {'unknown' if pid is None else pid} ({display(comm) or 'unknown'}) of user "
+            f"{'unknown' if uid is None else uid} ")
+    on = name or "an unknown signal"
+    if outcome == spool.ORPHAN:
+        what += f"dumped core on {on}, found without its record ({_mib(spool.number(cap, 'bytes'))})"
+    elif outcome == spool.DROPPED:
+        what += f"crashed on {on}; dump dropped ({reason}), metadata kept"
     elif outcome == spool.TRUNCATED:
-        what += (f"dumped core on {name}; truncated ({reason}) at {_mib(spool.number(cap, 'bytes'))} "
+        what += (f"dumped core on {on}; truncated ({reason}) at {_mib(spool.number(cap, 'bytes'))} "
                  f"of {_mib(spool.dump_bytes(record))}")
     else:
-        what += f"dumped core on {name}: {_mib(spool.dump_bytes(record))}"
+        what += f"dumped core on {on}: {_mib(spool.dump_bytes(record))}"
     if seconds and throughput:
         what += f", captured in {seconds:.3f} s ({throughput / 2**20:.0f} MiB/s)"
     if stored.get("path"):

@@ -291,6 +291,7 @@ class _StoreCollector:
         try:
             with Store(self.state_dir, readonly=True) as store:
                 by_status, deletions, latest = store.by_status(), store.deletions(), store.latest_crash()
+                corrupt = len(store.corrupt())
         except (StoreError, sqlite3.Error) as err:
             log.debug("metrics: index unavailable: %s", err)
             return
@@ -301,6 +302,8 @@ class _StoreCollector:
         yield dumps
         yield GaugeMetricFamily("corehandler_store_bytes", "Bytes the store's dumps take on disk",
                                 value=sum(size for _, size in by_status.values()))
+        yield GaugeMetricFamily("corehandler_store_corrupt_dumps", "Dumps in the store whose stored file failed "
+                                "a check (`corehandler list` shows which)", value=corrupt)
         if latest is not None:
             yield GaugeMetricFamily("corehandler_last_dump_timestamp_seconds",
                                     "When the most recent stored dump crashed (the kernel's %t)", value=latest)

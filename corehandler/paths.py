@@ -12,6 +12,10 @@ DEFAULT_CONFIG_DIR = Path("/etc/corehandler")
 # Fixed in the csplice binary (CSPLICE_SETTINGS_PATH): the kernel runs it with no arguments of ours and no
 # environment, so this is the one place it can look.
 CSPLICE_SETTINGS = DEFAULT_STATE_DIR / "csplice.conf"
+# Modes of the state directories, all root's. The state and store directories may be crossed but not listed
+# (0711) so a user can open what is published for them by name (userview.py: their own view, and the stored
+# cores that carry a read ACL for them); the spool is root's alone.
+DIR_MODES = {"state": 0o711, "spool": 0o700, "store": 0o711, "users": 0o711}
 
 
 def libexec_dir() -> Path:
@@ -51,6 +55,10 @@ class Paths:
     @property
     def store_dir(self) -> Path:
         return self.state_dir / "store"
+
+    @property
+    def users_dir(self) -> Path:
+        return self.state_dir / "users"
 
     @property
     def index_path(self) -> Path:

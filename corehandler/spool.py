@@ -299,7 +299,8 @@ def exe(record: Mapping[str, Any]) -> str | None:
 
 
 def comm(record: Mapping[str, Any]) -> str | None:
-    for value in (record.get("comm"), proc(record).get("comm")):
+    """/proc's comm first: the kernel's %e shows a '/' in the name as '!'."""
+    for value in (proc(record).get("comm"), record.get("comm")):
         if isinstance(value, str) and value:
             return value
     return None

@@ -16,10 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from corehandler import analysis_index
-from corehandler.errors import CorehandlerError
+from corehandler import analysis_index, match, spool
+from corehandler.errors import EXIT_PERMISSION, CorehandlerError
+from corehandler.match import Filter  # noqa: F401 (the store's query takes one; callers import it from here)
+from corehandler.paths import DIR_MODES
+from corehandler.printable import display
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 STATUSES = ("ok", "truncated", "metadata_only", "invalid", "orphan")
 
 _SCHEMA_TABLE = """
@@ -40,7 +43,8 @@ CREATE TABLE IF NOT EXISTS dumps (
     deleted_rule TEXT,
     freed_bytes INTEGER,
     compress_seconds REAL,
-    ingest_seconds REAL
+    ingest_seconds REAL,
+    corrupt TEXT
 )"""
 _DELETIONS_TABLE = """
 CREATE TABLE IF NOT EXISTS deletions (
@@ -55,10 +59,12 @@ _SCHEMA_INDEXES = ("CREATE INDEX IF NOT EXISTS dumps_crashed_at ON dumps (crashe
 
 _COLUMNS = ("id", "crashed_at", "ingested_at", "pid", "uid", "gid", "signal", "exe", "comm", "cmdline",
             "hostname", "boot_id", "raw_bytes", "stored_bytes", "sha256", "status", "problem", "path",
-            "deleting", "record", "deleted_rule", "freed_bytes", "compress_seconds", "ingest_seconds")
-# Added by schema 2; an index of schema 1 gets them by ALTER TABLE.
+            "deleting", "record", "deleted_rule", "freed_bytes", "compress_seconds", "ingest_seconds", "corrupt")
+# Added by schema 2; an index of schema 1 gets them by ALTER TABLE. Schema 4 adds corrupt: what a check of the
+# stored file found wrong (NULL: nothing found), set by whoever found it (`info`, `dump`, `debug`, `list` as
+# root), read by the daemon (errors_total{kind="corrupt"}) and the metrics (corehandler_store_corrupt_dumps).
 _ADDED_COLUMNS = (("deleted_rule", "TEXT"), ("freed_bytes", "INTEGER"), ("compress_seconds", "REAL"),
-                  ("ingest_seconds", "REAL"))
+                  ("ingest_seconds", "REAL"), ("corrupt", "TEXT"))
 # A dump a user can see: not half deleted.
 _LIVE = "deleting = 0"
 # The rule of a deletion a schema-1 daemon started and a kill interrupted (it did not record one), and of a
@@ -70,11 +76,10 @@ class StoreError(CorehandlerError):
     """The index cannot be opened or is of a newer schema."""
 
 
-def display(s: str | None) -> str | None:
-    """A process-chosen string as printable text: invalid UTF-8 bytes (surrogates) shown as \\xNN."""
-    if s is None:
-        return None
-    return s.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+class StoreAccessError(StoreError):
+    """The index is root's: this user may not read it (exit 4, not a damaged index)."""
+
+    exit_code = EXIT_PERMISSION
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,7 @@ class Dump:
     # What ingest took (None in rows a schema-1 daemon wrote).
     compress_seconds: float | None = None
     ingest_seconds: float | None = None
+    corrupt: str | None = None         # what a check of the stored file found wrong (schema 4)
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> "Dump":
@@ -111,23 +117,11 @@ class Dump:
         values["cmdline"] = json.loads(values["cmdline"]) if values["cmdline"] else None
         values["record"] = json.loads(values["record"])
         values["deleting"] = bool(values["deleting"])
-        return cls(**values)
+        return cls(**exact_names(values))
 
     def summary(self) -> dict:
         """Every column, as JSON-ready values (the record separately, under "record")."""
         return {k: getattr(self, k) for k in _COLUMNS}
-
-
-@dataclass(frozen=True)
-class Filter:
-    ids: tuple[str, ...] = ()          # exact ids or unique prefixes
-    pids: tuple[int, ...] = ()
-    comms: tuple[str, ...] = ()
-    exes: tuple[str, ...] = ()
-    since: float | None = None
-    until: float | None = None
-    signal: int | None = None
-    last: int | None = None            # only the newest N
 
 
 def _crash_time(record: dict) -> float:
@@ -143,10 +137,24 @@ def _crash_time(record: dict) -> float:
         return time.time()
 
 
+def exact_names(values: dict) -> dict:
+    """The row's exe, comm, cmdline and hostname as the process's bytes, from its record: the index columns
+    hold display forms (an index of v0.1 too), the record the bytes (lone surrogates, see docs/design.md)."""
+    record = values["record"]
+    proc = spool.proc(record)
+    values["exe"] = proc.get("exe") if isinstance(proc.get("exe"), str) else values["exe"]
+    values["comm"] = spool.comm(record) or values["comm"]
+    values["cmdline"] = spool.cmdline(record) or values["cmdline"]
+    if isinstance(record.get("hostname"), str):
+        values["hostname"] = record["hostname"]
+    return values
+
+
 def row_from_record(record: dict, *, status: str, problem: str | None, path: str | None, raw_bytes: int,
                     stored_bytes: int, sha256: str | None, ingested_at: float | None = None,
                     compress_seconds: float | None = None, ingest_seconds: float | None = None) -> dict:
-    """The index row for a spool record. Text columns are display forms; the record keeps the exact bytes."""
+    """The index row for a spool record. Text columns are display forms (SQLite text is UTF-8); the record
+    keeps the exact bytes, which Dump reads back."""
     proc = record.get("proc") or {}
     cmdline = proc.get("cmdline")
     return {
@@ -156,7 +164,7 @@ def row_from_record(record: dict, *, status: str, problem: str | None, path: str
         "pid": record.get("pid"), "uid": record.get("uid"), "gid": record.get("gid"),
         "signal": record.get("signal"),
         "exe": display(proc.get("exe")),
-        "comm": display(record.get("comm") or proc.get("comm")),
+        "comm": display(spool.comm(record)),
         "cmdline": json.dumps([display(a) for a in cmdline]) if isinstance(cmdline, list) else None,
         "hostname": display(record.get("hostname")),
         "boot_id": record.get("boot_id"),
@@ -175,9 +183,10 @@ class Store:
         self.state_dir = Path(state_dir)
         self.store_dir = self.state_dir / "store"
         self.index_path = self.state_dir / "index.sqlite"
-        if readonly and not self.index_path.exists():
-            raise StoreError(f"no index at {self.index_path}")
+        self.readonly = readonly
         try:
+            if readonly and not self.index_path.exists():
+                raise StoreError(f"no index at {self.index_path}")
             if readonly:
                 self.db = self._connect_readonly()
                 if self.db.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
@@ -188,12 +197,16 @@ class Store:
                     upgrade.close()
                     self.db = self._connect_readonly()
             else:
-                for d in (self.state_dir, self.store_dir):
-                    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+                for d, kind in ((self.state_dir, "state"), (self.store_dir, "store")):
+                    d.mkdir(mode=DIR_MODES[kind], parents=True, exist_ok=True)
                 self.db = sqlite3.connect(self.index_path, timeout=30)
                 os.chmod(self.index_path, 0o600)
                 self._migrate(self.db)
+        except PermissionError as e:
+            raise StoreAccessError(f"cannot open the index {self.index_path}: permission denied") from e
         except (sqlite3.Error, OSError) as e:
+            if not os.access(self.index_path, os.R_OK) and self.index_path.exists():
+                raise StoreAccessError(f"cannot open the index {self.index_path}: permission denied") from e
             raise StoreError(f"cannot open the index {self.index_path}: {e}") from e
 
     def _connect_readonly(self) -> sqlite3.Connection:
@@ -259,8 +272,8 @@ class Store:
         return Dump.from_row(row) if row else None
 
     def query(self, f: Filter = Filter()) -> list[Dump]:
-        """Matching dumps, oldest first. Within a kind (ids, pids, comms, exes) any value matches; kinds and
-        the other filters must all match."""
+        """The dumps f matches (match.py's rule), oldest first. SQL narrows by the exact columns (id, pid,
+        time, signal, uid); the names are compared byte for byte in match.select, on the records."""
         where, args = [_LIVE], []
 
         def any_of(clause: str, values: Iterable) -> None:
@@ -274,23 +287,37 @@ class Store:
             for i in f.ids:
                 args.extend((len(i), i))
         any_of("pid = ?", f.pids)
-        any_of("comm = ?", f.comms)
-        any_of("exe = ?", f.exes)
-        if f.since is not None:
-            where.append("crashed_at >= ?")
-            args.append(f.since)
-        if f.until is not None:
-            where.append("crashed_at <= ?")
-            args.append(f.until)
-        if f.signal is not None:
-            where.append("signal = ?")
-            args.append(f.signal)
+        for clause, value in (("crashed_at >= ?", f.since), ("crashed_at <= ?", f.until),
+                              ("signal = ?", f.signal), ("uid = ?", f.uid)):
+            if value is not None:
+                where.append(clause)
+                args.append(value)
         sql = f"SELECT {', '.join(_COLUMNS)} FROM dumps WHERE {' AND '.join(where)} ORDER BY crashed_at DESC, id DESC"
-        if f.last is not None:
+        # The newest N in SQL when nothing is left for Python to decide (an id prefix must be seen unique).
+        if f.last is not None and not f.by_name and not f.ids:
             sql += " LIMIT ?"
             args.append(f.last)
         rows = self.db.execute(sql, args).fetchall()
-        return [Dump.from_row(r) for r in reversed(rows)]
+        return match.select([Dump.from_row(r) for r in reversed(rows)], f)
+
+    def mark_corrupt(self, dump: Dump, problem: str) -> bool:
+        """Records that the dump's stored file failed a check; True when the mark is new. Needs write access
+        to the index (root); a read-only Store writes through a connection of its own."""
+        if dump.corrupt is not None:
+            return False
+        db = self.db if not self.readonly else sqlite3.connect(self.index_path, timeout=30)
+        try:
+            with db:
+                cur = db.execute("UPDATE dumps SET corrupt = ? WHERE id = ? AND corrupt IS NULL", (problem, dump.id))
+        finally:
+            if db is not self.db:
+                db.close()
+        return cur.rowcount == 1
+
+    def corrupt(self) -> list[tuple[str, str]]:
+        """(id, problem) of every stored dump marked corrupt."""
+        return self.db.execute(f"SELECT id, corrupt FROM dumps WHERE {_LIVE} AND corrupt IS NOT NULL "
+                               "ORDER BY crashed_at, id").fetchall()
 
     def all(self, include_deleting: bool = False) -> list[Dump]:
         """The stored dumps (and those whose deletion a kill interrupted, if asked), oldest first."""

@@ -29,7 +29,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from corehandler.errors import CorehandlerError
+from corehandler.errors import EXIT_CONFLICT, CorehandlerError
 from corehandler.paths import DEFAULT_STATE_DIR, Paths
 
 PID_FILE = "corehandler.pid"  # the supervisor's pid; flocked while it lives
@@ -414,7 +414,8 @@ def _describe(returncode: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m corehandler.supervise start|stop|status|reload`: what the package's maintainer scripts run
-    where systemd is not PID 1 (they must not depend on the CLI's verbs); `run` is the supervisor itself."""
+    where systemd is not PID 1 (they must not depend on the CLI's verbs); `run` is the supervisor itself.
+    Exit codes are the CLI's (errors.py): `status` and `reload` exit 5 (EXIT_CONFLICT) when it is not running."""
     parser = argparse.ArgumentParser(prog="python -m corehandler.supervise")
     verbs = parser.add_subparsers(dest="verb", required=True)
     for verb in ("start", "stop", "status", "reload"):
@@ -442,12 +443,14 @@ def main(argv: list[str] | None = None) -> int:
         elif args.verb == "reload":
             if not reload(paths):
                 print("corehandler: not running", file=sys.stderr)
-                return 3
+                return EXIT_CONFLICT
         else:
             current = status(paths)
             print(f"corehandler: running, supervisor pid {current.pid}, daemon pid {current.daemon_pid}"
                   if current.running else "corehandler: not running")
-            return 0 if current.running else 3  # LSB: 3 = not running
+            # The CLI's codes (errors.py): 3 is a configuration error there, so "not running" is 5, the
+            # system not in the state the verb expects, as `corehandler` itself says it.
+            return 0 if current.running else EXIT_CONFLICT
     except CorehandlerError as err:
         print(f"corehandler: {err.message}", file=sys.stderr)
         return err.exit_code

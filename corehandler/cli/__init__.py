@@ -27,7 +27,7 @@ import sys
 
 from corehandler import __version__
 from corehandler.cli.common import Commands, global_options
-from corehandler.errors import EXIT_SYSTEM, EXIT_USAGE, CorehandlerError
+from corehandler.errors import EXIT_PERMISSION, EXIT_SYSTEM, EXIT_USAGE, CorehandlerError
 
 COMMAND_MODULES = (
     "corehandler.cli.install",
@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         return 141
     # The last resort for a failure no handler foresaw (a file that vanished under us, a full disk, an index
     # damaged past its header): still one line, not a traceback.
+    except PermissionError as e:  # a file only root may read, met where no verb foresaw it
+        return _fail(f"{e.filename}: permission denied" if e.filename else "permission denied", EXIT_PERMISSION)
     except OSError as e:
         return _fail(f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e), EXIT_SYSTEM)
     except sqlite3.Error as e:

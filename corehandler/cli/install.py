@@ -141,7 +141,10 @@ def _spool_line(spool: dict) -> str:
 def _store_line(store: dict | None) -> str:
     if store is None:
         return "no index yet"
-    return store.get("error") or f"{store['count']} dumps, {human_size(store['bytes'])}"
+    if "error" in store:
+        return store["error"]
+    corrupt = f", {store['corrupt']} corrupt (`corehandler list` shows which)" if store.get("corrupt") else ""
+    return f"{store['count']} dumps, {human_size(store['bytes'])}{corrupt}"
 
 
 def _upload_line(up: dict) -> str:

@@ -11,8 +11,11 @@ from corehandler import install
 from corehandler.cli.common import load
 from corehandler.config import write_csplice_settings
 from corehandler.daemon import Daemon, Settings, settings_from_config
+from corehandler.errors import CorehandlerError
+from corehandler.install import csplice_version
 from corehandler.journal import JournalObserver
 from corehandler.metrics import MetricsObserver
+from corehandler.paths import csplice_path
 from corehandler.upload import UploadCollector, Uploader
 
 log = logging.getLogger("corehandler.serve")
@@ -33,7 +36,7 @@ def observers_for(config, paths, store_limit) -> tuple[list, list[str]]:
         observers.append(JournalObserver())
     if config.metrics.enabled or config.metrics.textfile:
         metrics = MetricsObserver.from_config(config.metrics, state_dir=paths.state_dir,
-                                              store_limit_bytes=store_limit,
+                                              store_limit_bytes=store_limit, csplice_version=_csplice_version(),
                                               capture_probe=lambda: install.capture_state(config, paths))
         if config.metrics.enabled:
             try:
@@ -43,6 +46,15 @@ def observers_for(config, paths, store_limit) -> tuple[list, list[str]]:
                                 f"{e.strerror}; dumps are still ingested")
         observers.append(metrics)
     return observers, problems
+
+
+def _csplice_version() -> str | None:
+    """`csplice --version`, for build_info; None (an empty label) when it cannot be run."""
+    try:
+        return csplice_version(csplice_path())
+    except CorehandlerError as e:
+        log.warning("%s; build_info has no csplice_version", e.message)
+        return None
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -11,11 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from corehandler import paths
 from corehandler.cli import main
 from corehandler.daemon import Settings
 from corehandler.errors import EXIT_CONFIG, EXIT_NOMATCH, EXIT_SYSTEM, EXIT_USAGE
+from corehandler.metrics import MetricsObserver
 from corehandler.store import Store
 from support import cbuild
 from support.daemon_harness import Running, wait_for
@@ -59,8 +61,8 @@ def pids(out: str) -> list[int]:
 def test_list_is_the_default_verb(capsys, filled):
     code, out, _ = run(capsys, filled)
     assert code == 0
-    assert out.splitlines()[0].split() == ["TIME", "PID", "UID", "SIG", "STATUS", "COREFILE", "SIZE", "SIGNATURE",
-                                          "EXE"]
+    assert out.splitlines()[0].split() == ["TIME", "PID", "UID", "SIG", "STATUS", "COREFILE", "SIZE", "ID",
+                                          "SIGNATURE", "EXE"]
     assert pids(out) == [3001, 3002, 3003, 3004]
     assert "metadata_only  none" in out.splitlines()[4]
 
@@ -98,7 +100,7 @@ def test_list_by_id_prefix_and_json(capsys, filled):
 
 
 @pytest.mark.parametrize("argv", [["--since", "yesterdayish"], ["--signal", "SIGFOO"], ["pid=abc"],
-                                  ["--signal", "9" * 20], ["9" * 20]])
+                                  ["--signal", "9" * 20], ["pid=" + "9" * 20]])
 def test_usage_errors(capsys, filled, argv):
     code, _, err = run(capsys, filled, "list", *argv)
     assert code == EXIT_USAGE and len(err.splitlines()) == 1 and err.startswith("corehandler: ")
@@ -209,8 +211,10 @@ def test_an_index_damaged_past_its_header_is_one_line(capsys, filled, tmp_path):
 
 
 def test_corrupt_store_files_are_reported_not_crashed_on(capsys, filled, tmp_path):
-    """Runs last in this module: it damages the store. A flipped byte shows in info (full check); a
-    truncated file shows in list (size and header check) too; dump refuses and leaves no output."""
+    """Runs last in this module: it damages the store. A flipped byte in the middle: dump writes not one byte
+    to a pipe nor leaves a file; info says corrupt in Status and exits 6; list, status and JSON show it from
+    then on (the mark is in the index), though list's cheap check alone cannot see a flipped byte; a
+    truncated file shows in list (size and header check) too."""
     state, etc, _ = filled
     with Store(state) as s:
         beta = next(d for d in s.all() if d.comm == "beta")
@@ -218,11 +222,22 @@ def test_corrupt_store_files_are_reported_not_crashed_on(capsys, filled, tmp_pat
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
-    code, out, _ = run(capsys, filled, "info", "beta")
-    assert code == 0 and "Core File: corrupt: " in out
+    piped = subprocess.run(CLI + ["--config-dir", str(etc), "--state-dir", str(state), "dump", "beta"],
+                           capture_output=True, timeout=60)
+    assert piped.returncode == EXIT_SYSTEM and piped.stdout == b"" and len(piped.stderr.splitlines()) == 1
     code, _, err = run(capsys, filled, "dump", "beta", "-o", str(tmp_path / "x"))
     assert code == EXIT_SYSTEM and len(err.splitlines()) == 1 and not (tmp_path / "x").exists()
     assert os.listdir(tmp_path) == []
+    code, out, err = run(capsys, filled, "info", "beta")
+    fields = dict(line.strip().split(": ", 1) for line in out.splitlines() if ": " in line)
+    assert code == EXIT_SYSTEM and fields["Status"] == "corrupt" and fields["Core File"].startswith("corrupt: ")
+    assert err.startswith("corehandler: the stored file of 1 of 1 dumps is corrupt")
+    code, out, _ = run(capsys, filled, "list", "beta")
+    assert code == 0 and out.splitlines()[1].split()[6:8] == ["corrupt", "corrupt"]
+    code, out, _ = run(capsys, filled, "--json", "status")
+    assert json.loads(out)["store"]["corrupt"] == 1
+    code, out, _ = run(capsys, filled, "status")
+    assert "1 corrupt" in next(line for line in out.splitlines() if line.startswith("store:"))
     path.write_bytes(bytes(data[:len(data) // 3]))
     code, out, _ = run(capsys, filled, "list", "beta")
     assert code == 0 and " corrupt " in out
@@ -240,3 +255,53 @@ def test_info_shows_the_cgroup_path_as_coredumpctl_does(text, shown):
     from corehandler.cli.dumps import _cgroup
 
     assert _cgroup(text) == shown
+
+
+def test_the_daemon_sees_what_the_cli_did_at_the_next_scrape(tmp_path, capsys):
+    """A `vacuum` and a corruption found by `info`, both from the CLI: the running daemon's store gauges
+    read the index at scrape time, and its errors_total{kind="corrupt"} counts the mark once."""
+    feeder, csplice = cbuild.feeder(), paths.csplice_path()
+    state, etc = tmp_path / "state", tmp_path / "etc"
+    (state / "spool").mkdir(parents=True)
+    etc.mkdir()
+    settings = write_settings(tmp_path / "s.conf", state / "spool")
+    for pid in (3101, 3102, 3103):
+        feed(feeder, csplice, settings, size=(1 << 20) + pid, pid=pid, comm="gauge")
+    metrics = MetricsObserver(state_dir=state)
+    base = ["--config-dir", str(etc), "--state-dir", str(state)]
+
+    def sample(name, **labels):
+        """The sum over the series of that name whose labels include these."""
+        return sum(s.value for family in text_string_to_metric_families(metrics.exposition().decode())
+                   for s in family.samples if s.name == name and labels.items() <= s.labels.items())
+
+    with Running(Settings(state, threads=1, sweep_interval=0.1), [metrics]):
+        wait_for(lambda: sample("corehandler_store_dumps") == 3, what="three dumps indexed")
+        (etc / "corehandler.toml").write_text("[retention]\nmax_count = 2\n")
+        assert main(base + ["vacuum"]) == 0
+        assert sample("corehandler_store_dumps") == 2  # no daemon event in between
+        with Store(state) as s:
+            newest = s.all()[-1]
+        path = state / "store" / newest.path
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+        assert main(base + ["info", "3103"]) == EXIT_SYSTEM
+        assert sample("corehandler_store_corrupt_dumps") == 1
+        wait_for(lambda: sample("corehandler_errors_total", kind="corrupt") == 1, what="the mark counted")
+    capsys.readouterr()
+
+
+def test_build_info_names_the_csplice_version(tmp_path):
+    from corehandler.cli.serve import observers_for
+    from corehandler.config import Config
+
+    config = Config.model_validate({"metrics": {"enabled": False, "textfile": str(tmp_path / "m.prom")},
+                                    "journal": {"enabled": False}})
+    [observer], problems = observers_for(config, paths.Paths(state_dir=tmp_path / "state"), lambda: None)
+    expected = subprocess.run([str(paths.csplice_path()), "--version"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    assert expected and problems == []
+    [labels] = [s.labels for family in text_string_to_metric_families(observer.exposition().decode())
+                for s in family.samples if s.name == "corehandler_build_info"]
+    assert labels["csplice_version"] == expected

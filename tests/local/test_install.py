@@ -13,6 +13,7 @@ import pytest
 
 from corehandler import install, sysctl
 from corehandler.config import Config, render_csplice_settings
+from corehandler.paths import DIR_MODES
 from corehandler.errors import (EXIT_CONFLICT, EXIT_PERMISSION, HandlerConflictError, NotRootError, SystemFailure,
                                 UnsafePathError)
 from corehandler.store import Store, row_from_record
@@ -74,8 +75,8 @@ def test_install_over_a_file_pattern(host):
     assert done["core_pattern"] == pattern and done["replaced"] == "core"
     assert done["csplice_version"]
     assert sysctl.read_sysctl_d(host.paths.sysctl_d) == {"kernel.core_pattern": pattern, "kernel.core_pipe_limit": "16"}
-    for d in (host.paths.state_dir, host.paths.spool_dir, host.paths.store_dir):
-        assert mode(d) == 0o700
+    for d, kind in ((host.paths.state_dir, "state"), (host.paths.spool_dir, "spool"), (host.paths.store_dir, "store")):
+        assert mode(d) == DIR_MODES[kind]
     saved = json.loads((host.paths.state_dir / "previous-sysctl.json").read_text())
     assert (saved["kernel.core_pattern"], saved["kernel.core_pipe_limit"]) == ("core", "0")
     assert mode(host.paths.state_dir / "previous-sysctl.json") == 0o600
@@ -88,7 +89,7 @@ def test_install_tightens_existing_state_dirs(host):
     os.chmod(host.paths.spool_dir, 0o777)
     os.chmod(host.paths.state_dir, 0o755)
     install.install(Config(), host.paths, csplice=host.csplice)
-    assert mode(host.paths.state_dir) == 0o700 and mode(host.paths.spool_dir) == 0o700
+    assert mode(host.paths.state_dir) == DIR_MODES["state"] and mode(host.paths.spool_dir) == DIR_MODES["spool"]
 
 
 def test_old_kernel_gets_no_pidfd(tmp_path, csplice, monkeypatch, short_dir):
@@ -271,7 +272,7 @@ def test_status_counts_spool_and_store(host):
     st = install.status(Config(), host.paths, csplice=host.csplice)
     assert st["spool"]["pending"] == 3
     assert st["spool"]["bytes"] >= 3 * 8196
-    assert st["store"] == {"path": str(host.paths.index_path), "count": 2, "bytes": 3000}
+    assert st["store"] == {"path": str(host.paths.index_path), "count": 2, "bytes": 3000, "corrupt": 0}
 
 
 def test_status_reports_an_unreadable_index_instead_of_failing(host):

@@ -20,8 +20,12 @@ def test_dump_entry_from_a_real_record(feeder, csplice, tmp_path):
     assert got["PRIORITY"] == "2"
     assert got["COREDUMP_PID"] == str(os.getpid())
     assert got["COREDUMP_SIGNAL"] == "6" and got["COREDUMP_SIGNAL_NAME"] == "SIGABRT"
+    # /proc's comm (this process's) wins over the kernel's %e, which shows a '/' in a comm as '!'.
+    assert got["COREDUMP_COMM"] == open("/proc/self/comm").read().rstrip("\n")
     # The record's text for the process's bytes, which journal.send gets back as those bytes.
-    assert got["COREDUMP_COMM"].encode("utf-8", "surrogateescape") == b"cr\xffsher"
+    kernel_only = journal.dump_entry(dict(record, proc=dict(record["proc"], comm=None)), stored)
+    assert kernel_only["COREDUMP_COMM"].encode("utf-8", "surrogateescape") == b"cr\xffsher"
+    assert "(cr\\xffsher)" in kernel_only["MESSAGE"]  # escaped in the text
     assert got["COREDUMP_EXE"] == os.readlink("/proc/self/exe")
     assert got["COREDUMP_TIMESTAMP"] == str(record["timestamp"] * 10**6)
     assert got["COREDUMP_TRUNCATED"] == "1"
@@ -49,3 +53,19 @@ def test_a_record_missing_every_field_still_makes_an_entry():
     got = journal.dump_entry({}, {})
     assert got["COREHANDLER_OUTCOME"] == "unknown"
     assert "COREDUMP_PID" not in got and "COREDUMP_FILENAME" not in got
+
+
+def test_an_adopted_orphan_says_what_is_unknown(tmp_path):
+    """An orphan's record (spool.adopt_orphan) knows its pid and size only: the message says "unknown" for
+    the rest, never Python's None."""
+    from corehandler import spool
+
+    spool_dir = tmp_path / "spool"
+    spool_dir.mkdir()
+    dump_id = "1796000000000001-0123456789abcdef-4242"
+    (spool_dir / f".tmp.{dump_id}.core").write_bytes(b"\x7fELF" + bytes(4092))
+    [orphan] = spool.find_orphans(spool_dir, min_age=0)
+    record = spool.adopt_orphan(spool_dir, orphan)
+    got = journal.dump_entry(record, {"status": "orphan", "path": None})
+    assert "None" not in got["MESSAGE"], got["MESSAGE"]
+    assert got["MESSAGE"].startswith("Process 4242 (unknown) of user unknown dumped core on an unknown signal")

@@ -235,3 +235,16 @@ def test_an_unwritable_run_dir_is_a_clear_error(tmp_path):
     bad = Paths(run_dir=blocker / "run", log_dir=tmp_path / "log")
     with pytest.raises(supervise.SuperviseError, match=r"cannot prepare .*/file/run for the supervised daemon"):
         supervise.start(bad, command=["/bin/true"])
+
+
+def test_not_running_is_the_clis_exit_5_not_3(tmp_path, monkeypatch, capsys):
+    """3 is a configuration error to the CLI (errors.py); `supervise status` and `reload` say "not running"
+    with 5, the system not in the state the verb expects, as `corehandler` does."""
+    from corehandler.errors import EXIT_CONFLICT
+
+    monkeypatch.setattr(supervise, "Paths", lambda: Paths(state_dir=tmp_path / "state", run_dir=tmp_path / "run",
+                                                          log_dir=tmp_path / "log"))
+    assert supervise.main(["status"]) == EXIT_CONFLICT
+    assert supervise.main(["reload"]) == EXIT_CONFLICT
+    printed = capsys.readouterr()
+    assert "not running" in printed.out + printed.err

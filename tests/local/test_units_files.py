@@ -20,6 +20,7 @@ import pytest
 from corehandler import paths
 from corehandler.config import KernelConfig
 from corehandler.install import SPECIFIERS
+from corehandler.paths import DIR_MODES
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "packaging" / "systemd" / "corehandler.service"
@@ -88,7 +89,7 @@ def test_the_unit_runs_the_daemon_as_the_design_says():
     assert d["ExecStart"] == ["/usr/bin/corehandler serve"]
     assert d["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
     assert d["Restart"] == ["on-failure"]
-    assert d["StateDirectory"] == ["corehandler"] and d["StateDirectoryMode"] == ["0700"]
+    assert d["StateDirectory"] == ["corehandler"] and d["StateDirectoryMode"] == [f"{DIR_MODES['state']:04o}"]
     assert d["CapabilityBoundingSet"] == [""]  # every file the daemon touches is root's own
     assert d["ProtectSystem"] == ["strict"] and d["NoNewPrivileges"] == ["yes"]
     assert d["RestrictAddressFamilies"] == ["AF_UNIX AF_INET AF_INET6"]
@@ -141,9 +142,10 @@ def test_tmpfiles_creates_the_state_dirs_root_only(tmp_path):
     result = subprocess.run([tool, "--create", f"--root={tmp_path}", str(TMPFILES)], capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result
-    for sub in ("", "spool", "store"):
+    for sub, kind in (("", "state"), ("spool", "spool"), ("store", "store")):
         st = os.stat(tmp_path / "var/lib/corehandler" / sub)
-        assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == 0, sub
+        assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == DIR_MODES[kind] and st.st_uid == 0, sub
+
 
 
 def test_the_wheel_holds_csplice_in_one_place_and_no_test_program():

@@ -208,7 +208,8 @@ def expected_dump_fields(record: dict, stored: dict) -> dict[str, bytes]:
         "COREDUMP_SIGNAL": b(record["signal"]),
         "COREDUMP_SIGNAL_NAME": b(signal.Signals(record["signal"]).name),
         "COREDUMP_EXE": b(record["proc"]["exe"]),
-        "COREDUMP_COMM": b(record["comm"]),
+        # /proc's comm when the record has it (the kernel's %e shows a '/' as '!'), as systemd-coredump does.
+        "COREDUMP_COMM": b(record["proc"].get("comm") or record["comm"]),
         "COREDUMP_CMDLINE": b(" ".join(record["proc"]["cmdline"])),
         "COREDUMP_HOSTNAME": b(record["hostname"]),
         "COREDUMP_TIMESTAMP": b(record["timestamp"] * 1_000_000),

@@ -19,10 +19,12 @@ def write_settings(path: Path, spool_dir: Path, **extra) -> Path:
     return path
 
 
-def feed(feeder: Path, csplice: Path, settings: Path, *, size: int, pid: int = 4242, comm: str = "feeder",
-         signal: int = 11, zero_regions: bool = False, proc_root: Path | None = None) -> dict | None:
+def feed(feeder: Path, csplice: Path, settings: Path, *, size: int, pid: int = 4242, comm: str | bytes = "feeder",
+         signal: int = 11, zero_regions: bool = False, proc_root: Path | None = None, uid: int | None = None,
+         dumpable: int | None = None) -> dict | None:
     """Runs feeder | csplice for one fake crash and returns the committed record (None when a running
-    daemon took it before we could read it)."""
+    daemon took it before we could read it). uid and dumpable are the kernel's %u (default: ours) and %d
+    (default 1)."""
     spool_dir = Path(next(line.split("=", 1)[1].strip() for line in settings.read_text().splitlines()
                           if line.startswith("spool_dir=")))
     before = set(os.listdir(spool_dir)) if spool_dir.exists() else set()
@@ -33,7 +35,11 @@ def feed(feeder: Path, csplice: Path, settings: Path, *, size: int, pid: int = 4
     env = dict(os.environ, CSPLICE_SETTINGS=str(settings), CSPLICE_PROC_ROOT=str(proc_root),
                CSPLICE_LOG_STDERR="1")
     args = [str(feeder), "--size", str(size), "--pid", str(pid)] + (["--zero-regions"] if zero_regions else [])
-    args += ["--", str(csplice), *core_args(pid, comm=comm, signal=signal, hostname="testhost")]
+    kernel_args = core_args(pid, comm=comm, signal=signal, hostname="testhost")
+    for position, value in ((3, uid), (4, uid), (5, dumpable)):  # %u %g %d
+        if value is not None:
+            kernel_args[position] = str(value).encode()
+    args += ["--", str(csplice), *kernel_args]
     subprocess.run(args, env=env, check=True, capture_output=True, timeout=120)
     new = sorted(n for n in set(os.listdir(spool_dir)) - before if n.endswith(".json") and not n.startswith("."))
     try:

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from corehandler.errors import EXIT_CONFLICT
 from corehandler.install import SPECIFIERS
+from corehandler.paths import DIR_MODES
 from support.crash import build_crasher, crash
 from support.waiting import wait_for
 
@@ -150,9 +152,9 @@ def test_install_crash_remove_purge(deb, clean_host, tmp_path_factory):
     assert int(sysctl("kernel/core_pipe_limit")) >= 16
     conffiles = run("dpkg-query", "-W", "-f=${Conffiles}", "corehandler").stdout
     assert "/etc/corehandler/corehandler.toml" in conffiles and "/etc/logrotate.d/corehandler" in conffiles
-    for sub in ("", "spool", "store"):
+    for sub, kind in (("", "state"), ("spool", "spool"), ("store", "store")):
         st = os.stat(STATE / sub)
-        assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == 0, sub
+        assert stat.S_IMODE(st.st_mode) == DIR_MODES[kind] and st.st_uid == 0, sub
     assert run("/usr/bin/corehandler", "--version").stdout.strip() == "corehandler 0.1.0"
     # The package owns the boot-time setting in /usr/lib/sysctl.d; `install --package` wrote none in /etc.
     assert not os.path.lexists("/etc/sysctl.d/50-corehandler.conf")
@@ -180,7 +182,7 @@ def test_install_crash_remove_purge(deb, clean_host, tmp_path_factory):
 
     # -- a real crash, captured by the installed csplice ----------------------------------------------------
     # The daemon is stopped first so the record waits in the spool where this test can see it.
-    assert supervisor("stop").returncode == 0 and supervisor("status").returncode == 3
+    assert supervisor("stop").returncode == 0 and supervisor("status").returncode == EXIT_CONFLICT
     died = crash(crasher, "segv", mib=4)
     assert died.returncode == -11, died
     record = wait_for(lambda: spool_record(crasher), 30, "the crash's record in the spool")

@@ -7,6 +7,8 @@ import sqlite3
 
 import pytest
 
+from corehandler.errors import UsageError
+from corehandler.paths import DIR_MODES
 from corehandler.store import SCHEMA_VERSION, UNKNOWN_RULE, Filter, Store, StoreError, row_from_record
 
 
@@ -38,7 +40,7 @@ def test_insert_is_idempotent(store):
 
 
 def test_files_and_modes(tmp_path, store):
-    assert (tmp_path / "state/store").stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / "state/store").stat().st_mode & 0o777 == DIR_MODES["store"]
     assert (tmp_path / "state/index.sqlite").stat().st_mode & 0o777 == 0o600
     assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
@@ -49,7 +51,14 @@ def test_surrogates_round_trip_in_the_record(store):
     store.insert(_row(record))
     dump = store.get(record["id"])
     assert dump.record["comm"].encode("utf-8", "surrogateescape") == b"bad\xffname"
-    assert dump.comm == "bad\\xffname" and dump.exe == "/tmp/\\xfe/x"  # printable columns
+    # The dump's names are the process's bytes too (the index columns hold display forms for SQL only).
+    assert dump.comm.encode("utf-8", "surrogateescape") == b"bad\xffname"
+    assert dump.exe.encode("utf-8", "surrogateescape") == b"/tmp/\xfe/x"
+    # A name literally spelled with a backslash is another name, and matches only itself.
+    twin = _record(2, comm="bad\\xffname")
+    store.insert(_row(twin))
+    assert [d.id for d in store.query(Filter(comms=("bad\udcffname",)))] == [record["id"]]
+    assert [d.id for d in store.query(Filter(comms=("bad\\xffname",)))] == [twin["id"]]
 
 
 def test_query_filters(store):
@@ -69,7 +78,9 @@ def test_query_filters(store):
     assert q(signal=6) == [ids[1]]
     assert q(since=1_700_000_002, until=1_700_000_003) == [ids[1], ids[2]]
     assert q(last=1) == [ids[3]] and q(last=2, comms=("a",)) == [ids[0], ids[2]]
-    assert q(ids=(ids[2][:14],)) == ids  # a prefix shared by all
+    with pytest.raises(UsageError, match="ambiguous: 4 dumps"):
+        q(ids=(ids[2][:14],))  # a prefix shared by all names no one dump
+    assert q(ids=(ids[2][:-1],)) == [ids[2]]  # a unique prefix
     assert q(ids=(ids[2],)) == [ids[2]]
     assert q(comms=("a",), pids=(3,)) == [ids[2]]
     assert q(comms=("zzz",)) == []
@@ -189,9 +200,12 @@ def test_a_schema_1_index_is_migrated_in_place(tmp_path, readonly):
     (tmp_path / "store").mkdir()
     db = sqlite3.connect(tmp_path / "index.sqlite")
     db.executescript(SCHEMA_1)
-    for n, deleting in ((1, 0), (2, 1)):
-        row = dict(_row(_record(n)), deleting=deleting)
+    odd = _record(3, comm="bad\udcffname")
+    for record, deleting in ((_record(1), 0), (_record(2), 1), (odd, 0)):
+        row = dict(_row(record), deleting=deleting)
         del row["compress_seconds"], row["ingest_seconds"]  # not in schema 1
+        if record is odd:
+            row["comm"] = "bad\\xffname"  # v0.1's display form: the bytes are only in the record
         db.execute(f"INSERT INTO dumps ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values()))
     db.commit()
     db.close()
@@ -199,8 +213,11 @@ def test_a_schema_1_index_is_migrated_in_place(tmp_path, readonly):
 
     with Store(tmp_path, readonly=readonly) as s:
         assert s.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-        assert [d.id for d in s.query()] == [_record(1)["id"]]
-        assert len(s.all(include_deleting=True)) == 2 and s.deletions() == {}
+        assert [d.id for d in s.query()] == [_record(1)["id"], odd["id"]]
+        assert len(s.all(include_deleting=True)) == 3 and s.deletions() == {}
+        # v0.1's rows: found by the name's real bytes, not marked corrupt
+        [found] = s.query(Filter(comms=("bad\udcffname",)))
+        assert found.id == odd["id"] and found.corrupt is None and s.query(Filter(comms=("bad\\xffname",))) == []
     with Store(tmp_path) as s:
         (done,) = s.finish_deletions()  # schema 1 marked no rule and measured nothing: done now
         assert (done.deleted_rule, done.freed_bytes) == (UNKNOWN_RULE, 4096)

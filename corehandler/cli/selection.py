@@ -1,0 +1,103 @@
+"""The MATCH arguments every verb that names dumps takes (list, info, dump, debug, and verbs to come), and the
+dumps they select: add_match_options(parser) when registering, then `with open_dumps(args) as dumps:
+select(args, dumps)`. The rule itself is corehandler/match.py's; this is its command line.
+
+Root reads the index; a user who may not reads their own published view (corehandler/userview.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import signal as signals
+
+from corehandler import match
+from corehandler.cli import crashview
+from corehandler.cli.common import load
+from corehandler.errors import NoMatchError, UsageError
+from corehandler.printable import display
+from corehandler.store import Dump, Filter, Store
+from corehandler.units import UnitError, parse_duration
+from corehandler.userview import UserView
+
+MATCH_HELP = ("PID, id (or a unique id prefix, as list prints it), /path/to/exe, or comm; pid=, id=, exe=, "
+              "comm= say which. Words of one kind are alternatives, different kinds must all hold")
+
+
+def add_match_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("match", nargs="*", metavar="MATCH", help=MATCH_HELP)
+    p.add_argument("-S", "--since", metavar="TIME", help="dumps at or after TIME (@EPOCH, ISO date/time, "
+                   "or -DURATION ago, e.g. -2h)")
+    p.add_argument("-U", "--until", metavar="TIME", help="dumps at or before TIME")
+    p.add_argument("--signal", metavar="SIG", help="only dumps caused by this signal (number or name)")
+    p.add_argument("-1", dest="last", action="store_const", const=1, help="only the newest matching dump")
+    p.add_argument("-n", dest="last", type=_count, metavar="N", help="only the newest N matching dumps")
+    crashview.add_filter_options(p)
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) > 2**63 - 1:  # SQLite's LIMIT is a 64-bit integer
+        raise argparse.ArgumentTypeError(f"not a count: {text!r}")
+    return int(text)
+
+
+def parse_time(text: str, now: float | None = None) -> float:
+    now = dt.datetime.now().timestamp() if now is None else now
+    try:
+        if text == "now":
+            return now
+        if text.startswith("@"):
+            return float(text[1:])
+        if text.startswith("-"):
+            return now - parse_duration(text[1:])
+        if text in ("today", "yesterday"):
+            midnight = dt.datetime.combine(dt.date.today(), dt.time())
+            return (midnight - dt.timedelta(days=text == "yesterday")).timestamp()
+        return dt.datetime.fromisoformat(text).timestamp()  # naive means local time, as in coredumpctl
+    except (ValueError, UnitError) as e:
+        raise UsageError(f"cannot parse time {text!r}: use @EPOCH, YYYY-MM-DD[ HH:MM[:SS]] or -DURATION") from e
+
+
+def parse_signal(text: str) -> int:
+    if text.isdigit():
+        if int(text) > match.MAX_C_INT:
+            raise UsageError(f"unknown signal {text!r}")
+        return int(text)
+    name = text.upper()
+    name = name if name.startswith("SIG") else "SIG" + name
+    try:
+        return int(signals.Signals[name])
+    except KeyError:
+        raise UsageError(f"unknown signal {text!r}") from None
+
+
+def build_filter(args: argparse.Namespace) -> Filter:
+    return match.build(args.match,
+                       since=parse_time(args.since) if args.since else None,
+                       until=parse_time(args.until) if args.until else None,
+                       signal=parse_signal(args.signal) if args.signal else None,
+                       # -n applies after the analysis filters, in select
+                       last=None if crashview.filtering(args) else getattr(args, "last", None))
+
+
+def open_dumps(args: argparse.Namespace) -> Store | UserView:
+    """The index, read-only, when this user may read it (root); else the user's own view."""
+    _, paths = load(args)
+    index = paths.index_path
+    if os.geteuid() != 0 and not os.access(index, os.R_OK):
+        return UserView(paths.state_dir, os.getuid())
+    if not index.exists():
+        raise NoMatchError(f"no dumps: there is no index in {paths.state_dir}")
+    return Store(paths.state_dir, readonly=True)
+
+
+def select(args: argparse.Namespace, dumps: Store | UserView) -> list[Dump]:
+    found = dumps.query(build_filter(args))
+    if crashview.filtering(args):
+        if not isinstance(dumps, Store):
+            raise UsageError("--signature, --unit, --container and --pod read the analysis in the index, root's")
+        found = crashview.apply_filters(args, dumps, found, getattr(args, "last", None))
+    if not found:
+        raise NoMatchError("no dumps match" + (f" {' '.join(map(display, args.match))}" if args.match else ""))
+    return found

@@ -1,0 +1,126 @@
+"""Which stored dumps a MATCH names: one rule for every verb (list, info, dump, debug, and verbs to come), on
+the index as root and on a user's published view alike.
+
+A MATCH word, as coredumpctl reads one:
+  digits (a number up to 2^31-1)      a PID
+  an id, or a unique prefix of one    the dump with that id (what `list` prints in its ID column):
+                                      `<µs>-<boot id>-<pid>`, a prefix of at least its 11 first digits
+  a word with '/'                     an executable path, or a comm (a comm may hold '/': `a/b` is the
+                                      path ./a/b or the comm a/b; `exe=` or `comm=` say which)
+  anything else                       a comm
+  `pid=`, `comm=`, `exe=`, `id=`      say the kind explicitly
+Several words of one kind are alternatives; words of different kinds, and --since/--until/--signal, must all
+hold. An id prefix that names more than one dump is refused (as git refuses an ambiguous hash).
+
+Names are compared as the process's bytes: strings here are what Python makes of them with surrogateescape
+(argv, and the spool record's lone-surrogate convention), so a name that is not UTF-8 matches itself and
+nothing else. A comm matches the /proc comm or the kernel's %e form (which shows '/' as '!').
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable
+
+from corehandler import spool
+from corehandler.errors import UsageError
+
+if TYPE_CHECKING:
+    from corehandler.store import Dump
+
+# pid_t and the kernel's signal numbers are C ints; a larger number is no PID.
+MAX_C_INT = 2**31 - 1
+KINDS = ("id", "pid", "comm", "exe")  # the explicit `KIND=` forms
+# A dump id's shape (docs/design.md, Spool): a prefix of one is digits, then '-', hex, '-', digits, '.N'.
+# Its microsecond timestamp has 16 digits: 11 or more (more than any PID) start an id, and a comm like "2-b"
+# stays a comm.
+_ID_PREFIX = re.compile(r"\d{11,}(-[0-9a-f]{0,16}(-(\d+(\.\d*)?)?)?)?")
+
+
+@dataclass(frozen=True)
+class Filter:
+    ids: tuple[str, ...] = ()          # exact ids or unique prefixes
+    pids: tuple[int, ...] = ()
+    comms: tuple[str, ...] = ()
+    exes: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()        # words with '/': an exe (absolute, or relative to the cwd) or a comm
+    since: float | None = None
+    until: float | None = None
+    signal: int | None = None
+    last: int | None = None            # only the newest N
+    uid: int | None = None             # only this user's dumps (the per-user views; no MATCH word)
+
+    @property
+    def by_name(self) -> bool:
+        """True when the names (comm, exe) decide, which the index cannot compare byte for byte."""
+        return bool(self.comms or self.exes or self.paths)
+
+    def matches(self, d: Dump) -> bool:
+        if self.ids and not any(d.id.startswith(i) for i in self.ids):
+            return False
+        if self.pids and d.pid not in self.pids:
+            return False
+        if self.comms and not set(comms(d.record)) & set(self.comms):
+            return False
+        if self.exes and d.exe not in self.exes:
+            return False
+        if self.paths and not any(d.exe == os.path.abspath(p) or p in comms(d.record) for p in self.paths):
+            return False
+        if self.since is not None and d.crashed_at < self.since:
+            return False
+        if self.until is not None and d.crashed_at > self.until:
+            return False
+        if self.signal is not None and d.signal != self.signal:
+            return False
+        return self.uid is None or d.uid == self.uid
+
+
+def comms(record: dict) -> list[str]:
+    """Every name the record gives the process: /proc's comm, and the kernel's %e form of it."""
+    names = [spool.comm(record)]
+    kernel = record.get("comm")
+    if isinstance(kernel, str) and kernel not in names:
+        names.append(kernel)
+    return [n for n in names if n]
+
+
+def select(dumps: Iterable[Dump], f: Filter) -> list[Dump]:
+    """The dumps f matches (oldest first, as given), the newest `last` of them; refuses an ambiguous id prefix."""
+    found = [d for d in dumps if f.matches(d)]
+    for prefix in f.ids:
+        named = {d.id for d in found if d.id.startswith(prefix)}
+        if len(named) > 1 and prefix not in named:
+            raise UsageError(f"id prefix {prefix!r} is ambiguous: {len(named)} dumps have it")
+    return found[-f.last:] if f.last is not None else found
+
+
+def parse(word: str) -> tuple[str, object]:
+    """(kind, value) of one MATCH word; UsageError for a PID that is not one."""
+    key, sep, value = word.partition("=")
+    if sep and key in KINDS:
+        kind = key
+    elif word.isdigit() and int(word) <= MAX_C_INT:
+        kind, value = "pid", word
+    elif _ID_PREFIX.fullmatch(word):
+        kind, value = "id", word
+    elif "/" in word:
+        kind, value = "path", word
+    else:
+        kind, value = "comm", word
+    if kind == "pid":
+        if not value.isdigit() or int(value) > MAX_C_INT:
+            raise UsageError(f"not a PID: {value!r}")
+        return kind, int(value)
+    return kind, value
+
+
+def build(words: Iterable[str], **rest) -> Filter:
+    """The Filter of MATCH words, with the other criteria (since, until, signal, last) as given."""
+    kinds: dict[str, list] = {k: [] for k in (*KINDS, "path")}
+    for word in words:
+        kind, value = parse(word)
+        kinds[kind].append(value)
+    return Filter(ids=tuple(kinds["id"]), pids=tuple(kinds["pid"]), comms=tuple(kinds["comm"]),
+                  exes=tuple(kinds["exe"]), paths=tuple(kinds["path"]), **rest)

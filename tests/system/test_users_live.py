@@ -1,0 +1,84 @@
+"""A real crash of a process of user nobody, through the live kernel's core_pattern into csplice and the daemon:
+nobody lists and dumps it, byte-identical to what root gets, and sees nothing of root's crash beside it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from corehandler import paths
+from corehandler.config import Config, write_csplice_settings
+from corehandler.daemon import Settings
+from corehandler.errors import EXIT_NOMATCH
+from corehandler.install import SPECIFIERS
+from corehandler.store import Store
+from support.asuser import run_as
+from support.crash import build_crasher, crash
+from support.daemon_harness import Running, wait_for
+
+pytestmark = [pytest.mark.root, pytest.mark.live_kernel]
+
+NOBODY = 65534
+CLI = [sys.executable, "-P", "-m", "corehandler"]
+
+
+def _as_nobody_with_cores():
+    os.setgroups([])
+    os.setresgid(NOBODY, NOBODY, NOBODY)
+    os.setresuid(NOBODY, NOBODY, NOBODY)  # execve of the crasher makes it dumpable again (SUID_DUMP_USER)
+    resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+
+
+def indexed(state: Path) -> int:
+    if not (state / "index.sqlite").exists():
+        return 0
+    with Store(state, readonly=True) as store:
+        return len(store.all())
+
+
+def test_nobody_lists_and_dumps_their_own_real_crash_only(host_core_settings):
+    base = Path(tempfile.mkdtemp(prefix="corehandler-users-live-"))
+    os.chmod(base, 0o711)  # the users must reach the state dir (pytest's tmp dirs are root's, 0700)
+    try:
+        state, etc = base / "state", base / "etc"
+        etc.mkdir(mode=0o755)
+        crasher = build_crasher(base / "bin")
+        os.chmod(base / "bin", 0o755)
+        config = Config.model_validate({"capture": {"min_free": "0", "max_per_exe_per_minute": 0}})
+        write_csplice_settings(config, paths.Paths(state_dir=state))
+        state.mkdir(mode=0o700)  # as v0.1 made it: the daemon opens it to users
+        (state / "spool").mkdir(mode=0o700)
+        Path("/proc/sys/kernel/core_pattern").write_text(f"|{paths.csplice_path()} {SPECIFIERS}")
+        Path("/proc/sys/kernel/core_pipe_limit").write_text("16")
+        with Running(Settings(state, threads=1, sweep_interval=0.2)):
+            theirs = subprocess.run([str(crasher), "segv", "2"], preexec_fn=_as_nobody_with_cores,
+                                    capture_output=True, timeout=120)
+            assert theirs.returncode == -signal.SIGSEGV, theirs
+            assert crash(crasher, "abort", mib=2).returncode == -signal.SIGABRT
+            wait_for(lambda: indexed(state) == 2, what="both crashes indexed")
+            wait_for(lambda: (state / "users" / f"{NOBODY}.json").exists(), what="nobody's view published")
+        with Store(state, readonly=True) as store:
+            mine, roots = sorted(store.all(), key=lambda d: d.uid != NOBODY)
+        assert (mine.uid, mine.record["dumpable"], roots.uid) == (NOBODY, 1, 0)
+        argv = ["--config-dir", str(etc), "--state-dir", str(state)]
+        got = run_as(NOBODY, NOBODY, argv + ["list"])
+        assert got.returncode == 0, got.stderr
+        [row] = got.stdout.decode().splitlines()[1:]
+        assert row.split()[3:5] == [str(mine.pid), str(NOBODY)] and mine.id in row
+        as_root = subprocess.run(CLI + argv + ["dump", mine.id], capture_output=True, check=True, timeout=120)
+        got = run_as(NOBODY, NOBODY, argv + ["dump", mine.id])
+        assert got.returncode == 0 and hashlib.sha256(got.stdout).digest() == hashlib.sha256(as_root.stdout).digest()
+        assert len(got.stdout) == mine.raw_bytes > 2 << 20
+        for word in (roots.id, str(roots.pid)):
+            assert run_as(NOBODY, NOBODY, argv + ["info", word]).returncode == EXIT_NOMATCH
+    finally:
+        shutil.rmtree(base)
