@@ -8,6 +8,7 @@ and puts everything back: core_pattern, core_pipe_limit, csplice.conf, sysctl.d,
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from corehandler import listener, supervise, sysctl
+from corehandler.cli.common import base_paths
 from corehandler.paths import Paths
 from support.crash import build_crasher
 from support.waiting import wait_for
@@ -51,9 +53,15 @@ def socket_mode(host_core_settings, sysctl_d_file, tmp_path):
         yield options, tmp_path / "state" / "spool"
     finally:
         done = cli(*options, "uninstall")
-        supervise.stop(Paths(), service=supervise.LISTENER)  # in case uninstall itself failed
+        # In case uninstall itself failed; the test's own supervisor, never the host's.
+        supervise.stop(_paths(tmp_path / "state"), service=supervise.LISTENER)
         assert done.returncode == 0, done.stderr
         assert not listener.listening(SOCKET)
+
+
+def _paths(state_dir: Path) -> Paths:
+    """The paths `corehandler --state-dir` uses: its supervisor keeps its pid files under the state dir."""
+    return base_paths(argparse.Namespace(config_dir=None, state_dir=state_dir))
 
 
 def crash(argv: list[str], rlimit: int = RLIM_INF) -> tuple[int, int, bool, str]:
@@ -153,8 +161,8 @@ def test_a_storm_is_refused_before_it_is_written(socket_mode, tmp_path):
     assert len(list(spool.glob("*.core"))) == 16
 
 
-def _listener_processes() -> list[int]:
-    parent = supervise.status(Paths(), supervise.LISTENER).daemon_pid
+def _listener_processes(state_dir: Path) -> list[int]:
+    parent = supervise.status(_paths(state_dir), supervise.LISTENER).daemon_pid
     assert parent is not None
     children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
     return [parent] + [int(c) for c in children]
@@ -168,7 +176,7 @@ def test_listener_killed_mid_dump(socket_mode, tmp_path):
     proc = subprocess.Popen([str(crasher), "segv", "1024"], stdout=subprocess.DEVNULL,
                             preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (RLIM_INF, RLIM_INF)))
     wait_for(lambda: list(spool.glob(".tmp.*.core")) or None, 60, "a capture in progress")
-    for pid in _listener_processes():
+    for pid in _listener_processes(spool.parent):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     assert proc.wait(timeout=60) == -signal.SIGSEGV
