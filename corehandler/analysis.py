@@ -243,7 +243,7 @@ def sandbox() -> list[tuple[str, list[str]]]:
     global _SANDBOX
     if _SANDBOX is None:
         found = []
-        candidates = [("limits", [_tool("prlimit"), "--core=0", "--"]), ("nice", [_tool("nice"), "-n", "19"]),
+        candidates = [("limits", [_tool("prlimit"), CORE_LIMIT, "--"]), ("nice", [_tool("nice"), "-n", "19"]),
                       ("ionice", [_tool("ionice"), "-c", "2", "-n", "7"])]
         for name, cmd in candidates:
             if cmd[0] and _works(cmd):
@@ -257,12 +257,18 @@ def sandbox() -> list[tuple[str, list[str]]]:
     return _SANDBOX
 
 
+# RLIMIT_CORE 1, not 0: the kernel runs a pipe handler even for RLIMIT_CORE 0 (csplice then keeps metadata),
+# but skips the dump of a process whose limit is 1 (fs/coredump.c's guard for a handler's own helpers), so a
+# crashing analyser never reaches our own spool; csplice refuses 1 in socket mode the same way.
+CORE_LIMIT = "--core=1"
+
+
 def _command(argv: list[str], limits: Limits) -> list[str]:
     """argv behind the resource limits, low priority and no network, as far as this host allows."""
     cmd = []
     for name, wrapper in sandbox():
         if name == "limits":
-            cmd += [wrapper[0], f"--as={limits.memory_bytes}", "--core=0", f"--cpu={limits.cpu_seconds}",
+            cmd += [wrapper[0], f"--as={limits.memory_bytes}", CORE_LIMIT, f"--cpu={limits.cpu_seconds}",
                     f"--fsize={limits.output_bytes}", "--"]
         else:
             cmd += wrapper

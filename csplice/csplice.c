@@ -132,8 +132,11 @@ static const char *admit(Crash *c, int spool_fd) {
         const char *key;
         int r;
 
-        /* RLIMIT_CORE means what it means for a core file: 0 is "no core", in both modes (docs/design.md). */
-        if (crash_arg_number(c, ARG_RLIMIT) == 0)
+        /* RLIMIT_CORE means what it means for a core file: 0 is "no core", in both modes (docs/design.md). 1 is
+         * the kernel's guard against a handler's own helpers crashing into it (it never pipes such a dump);
+         * socket mode honours it the same way. */
+        long long rlimit = crash_arg_number(c, ARG_RLIMIT);
+        if (rlimit == 0 || rlimit == 1)
                 return "rlimit_core";
         /* Only the socket can refuse a dump before it is written; a pipe truncates it at the limit instead. */
         if (s->max_dump_size > 0 && estimate > s->max_dump_size)

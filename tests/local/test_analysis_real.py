@@ -228,12 +228,12 @@ def test_the_child_has_no_core_no_network_no_proxies_and_low_priority(tmp_path, 
     monkeypatch.setenv("http_proxy", "http://proxy.invalid:3128")
     monkeypatch.setenv("DEBUGINFOD_URLS", "http://debuginfod.invalid")
     fake_stack('echo "TID 1:"\n'
-               'echo "#0  0x0000000000000001 core=$(ulimit -c),as=$(ulimit -v),nice=$(nice),'
+               'echo "#0  0x0000000000000001 core=$(awk /core.file/{print\\ \\$5} /proc/self/limits),as=$(ulimit -v),nice=$(nice),'
                'net=$(awk -F: "NR>2 {gsub(/ /, \\"\\", \\$1); printf \\"%s+\\", \\$1}" /proc/self/net/dev),'
                'env=$(env | grep -ci -e proxy -e debuginfod) - x"\n')
     r = analysis.analyse(c.core, realcore.record_for(c, "id"), analysis.Limits(memory_bytes=1 << 30))
     facts = dict(kv.split("=", 1) for kv in top(r)["function"].split(","))
-    assert facts["core"] == "0" and facts["as"] == str((1 << 30) // 1024) and facts["nice"] == "19"
+    assert facts["core"] == "1" and facts["as"] == str((1 << 30) // 1024) and facts["nice"] == "19"
     assert facts["env"] == "0" and {"limits", "nice", "ionice"} <= set(r["sandbox"])
     if os.geteuid() == 0:
         assert facts["net"] == "lo+"  # a network namespace of its own: loopback only
