@@ -236,6 +236,12 @@ def _works(cmd: list[str]) -> bool:
         return False
 
 
+# RLIMIT_CORE 1, not 0: the kernel runs a pipe handler even for RLIMIT_CORE 0 (csplice then keeps metadata),
+# but skips the dump of a process whose limit is 1 (fs/coredump.c's guard for a handler's own helpers), so a
+# crashing analyser never reaches our own spool; csplice refuses 1 in socket mode the same way.
+CORE_LIMIT = "--core=1"
+
+
 def sandbox() -> list[tuple[str, list[str]]]:
     """The wrappers that work here, probed once per process: under a systemd unit whose seccomp filter denies
     setrlimit, or without the capability to make a network namespace, a wrapper fails and is left out
@@ -255,12 +261,6 @@ def sandbox() -> list[tuple[str, list[str]]]:
                 break
         _SANDBOX = found
     return _SANDBOX
-
-
-# RLIMIT_CORE 1, not 0: the kernel runs a pipe handler even for RLIMIT_CORE 0 (csplice then keeps metadata),
-# but skips the dump of a process whose limit is 1 (fs/coredump.c's guard for a handler's own helpers), so a
-# crashing analyser never reaches our own spool; csplice refuses 1 in socket mode the same way.
-CORE_LIMIT = "--core=1"
 
 
 def _command(argv: list[str], limits: Limits) -> list[str]:

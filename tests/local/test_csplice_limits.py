@@ -95,14 +95,20 @@ def test_sixteen_concurrent_captures_all_commit(handler):
     assert not [n for n in spool_files(handler.spool) if n.startswith(".tmp")]
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_stalled_writer_hits_the_timeout(handler, strategy):
-    """A dump that stops arriving (the pipe stays open) ends at timeout with what arrived."""
-    handler.configure(strategy=strategy, timeout=1)
+def _csplice_on_open_pipe(handler):
+    """csplice reading a pipe whose write end the test keeps open: the kernel's side of a dump that stalls."""
     r, w = os.pipe()
     proc = subprocess.Popen([str(paths.csplice_path()), *core_args(os.getpid())], stdin=r,
                             env=handler.environment(), stderr=subprocess.PIPE)
     os.close(r)
+    return proc, w
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_stalled_writer_hits_the_timeout(handler, strategy):
+    """A dump that stops arriving (the pipe stays open) ends at timeout with what arrived."""
+    handler.configure(strategy=strategy, timeout=1)
+    proc, w = _csplice_on_open_pipe(handler)
     os.write(w, b"\x7fELF" + b"x" * 100_000)
     try:
         t0 = time.monotonic()
@@ -121,10 +127,7 @@ def test_stalled_writer_hits_the_timeout(handler, strategy):
 def test_timeout_before_the_first_byte_keeps_metadata_only(handler, strategy):
     """A capture that kept nothing is a metadata-only record with its reason, not an empty core file."""
     handler.configure(strategy=strategy, timeout=1)
-    r, w = os.pipe()
-    proc = subprocess.Popen([str(paths.csplice_path()), *core_args(os.getpid())], stdin=r,
-                            env=handler.environment(), stderr=subprocess.PIPE)
-    os.close(r)
+    proc, w = _csplice_on_open_pipe(handler)
     try:
         assert proc.wait(timeout=30) == 0
     finally:
