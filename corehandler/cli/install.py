@@ -25,7 +25,8 @@ def register(commands) -> None:
                         "socket where the kernel has it and the listener answers, else pipe (default: [kernel] mode)")
     parser.add_argument("--package", action="store_true",
                         help="for the Debian package's scripts: replace another handler (as --force), leave the "
-                        "sysctl.d file and the daemon to the package")
+                        "sysctl.d file and the daemon to the package (socket mode's listener is started all the "
+                        "same)")
     parser = commands.add("uninstall", run_uninstall,
                           help="restore the core_pattern and core_pipe_limit from before install (needs root)")
     parser.add_argument("--no-daemon", action="store_true", help="leave the daemon running")
@@ -72,11 +73,10 @@ def run_install(args: argparse.Namespace) -> int:
     config, paths = load(args)
     start = (lambda p: supervise.start(p, args.config_dir)) if _manages_daemon(args) else None
     # Under systemd the listener is corehandler-capture.socket (Accept=yes); elsewhere the supervisor runs it.
-    own_listener = not getattr(args, "package", False)
+    # The package's postinst runs this too and has no listener of its own to start: socket mode needs one now.
     done = install.install(config, paths, csplice=args.csplice, force=args.force or args.package,
                            start_daemon=start, write_sysctl_d=not args.package, mode=args.mode,
-                           start_listener=_start_listener if own_listener else None,
-                           stop_listener=_stop_listener if own_listener else None)
+                           start_listener=_start_listener, stop_listener=_stop_listener)
     boot = f", also in {done['sysctl_d']} for the next boot" if done["sysctl_d"] else ""
     lines = [f"corehandler installed in {done['mode']} mode: core_pattern = {done['core_pattern']}",
              f"  core_pipe_limit = {done['core_pipe_limit']}{boot}",

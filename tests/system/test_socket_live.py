@@ -41,12 +41,23 @@ RLIM_INF = resource.RLIM_INFINITY
 def socket_mode(host_core_settings, sysctl_d_file, tmp_path):
     """corehandler installed in socket mode on SOCKET (no daemon: the records are checked in the spool, so
     they stay pending and max_pending is off; the storm's limit is the per-executable one)."""
+    yield from _installed(tmp_path, "--force", "--no-daemon", "--mode", "socket")
+
+
+@pytest.fixture
+def package_socket_mode(host_core_settings, sysctl_d_file, tmp_path):
+    """As the package's postinst installs it (`install --package`, the mode from the config): postinst has no
+    listener of its own to start, so install must start it."""
+    yield from _installed(tmp_path, "--package", config='mode = "socket"\n')
+
+
+def _installed(tmp_path: Path, *install_args: str, config: str = ""):
     etc = tmp_path / "etc"
     etc.mkdir()
     (etc / "corehandler.toml").write_text(f'[capture]\nmin_free = "64M"\nmax_per_exe_per_minute = 16\nmax_pending = 0\n'
-                                          f'[kernel]\nsocket_path = "{SOCKET}"\n')
+                                          f'[kernel]\nsocket_path = "{SOCKET}"\n{config}')
     options = ["--config-dir", str(etc), "--state-dir", str(tmp_path / "state")]
-    result = cli(*options, "install", "--force", "--no-daemon", "--mode", "socket")
+    result = cli(*options, "install", *install_args)
     print(result.stdout, result.stderr)
     try:
         assert result.returncode == 0, result.stderr
@@ -119,6 +130,18 @@ def test_socket_mode_captures_real_crashes(socket_mode, tmp_path):
     assert status["mode"] == "socket" and status["core_pattern_matches"], status
     assert status["listener"]["listening"] and status["listener"]["supervised"], status["listener"]
     assert "listening on" in cli(*options, "status").stdout
+
+
+def test_the_package_install_starts_the_listener_and_captures(package_socket_mode, tmp_path):
+    options, spool = package_socket_mode
+    assert sysctl.read(sysctl.CORE_PATTERN) == f"@@{SOCKET}"
+    status = json.loads(cli(*options, "--json", "status").stdout)
+    assert status["listener"]["listening"] and status["listener"]["supervised"], status["listener"]
+    crasher = build_crasher(tmp_path / "bin")
+    pid, _, cored, out = crash([str(crasher), "segv", "1"])
+    assert cored
+    loads, _ = check_socket_record(wait_for_record(spool, pid), spool, pid, signal.SIGSEGV, str(crasher))
+    check_pattern(spool / wait_for_record(spool, pid)["core"], loads, out)
 
 
 def test_rlimit_core_zero_and_small(socket_mode, tmp_path):
