@@ -111,6 +111,15 @@ def backfill(db: sqlite3.Connection, now: float | None = None) -> int:
     return cur.rowcount
 
 
+def drop_waiting(db: sqlite3.Connection) -> int:
+    """Uploads are off: what waited leaves the queue, so retention's rules govern those dumps again (turning
+    uploads on queues whatever the store still holds, by backfill)."""
+    if not _has_queue(db):
+        return 0
+    with db:
+        return db.execute("DELETE FROM uploads WHERE state IN ('pending', 'uploading')").rowcount
+
+
 def waiting_ids(db: sqlite3.Connection) -> set[str]:
     """Dumps still to upload: retention keeps them unless the disk floor forces it."""
     if not _has_queue(db):
@@ -265,8 +274,10 @@ class Uploader:
     def __init__(self, config, state_dir: Path, *, client_factory=None, analysis=None, clock=time.time):
         self.config = config          # the [upload] section
         self.state_dir = Path(state_dir)
-        self.target: Target = bucket.target(config)
-        self._client_factory = client_factory or (lambda: bucket.client(config, pool=max(16, config.concurrency)))
+        self.target: Target | None = bucket.target(config) if config.url else None  # None: uploads are off
+        self._client_factory = client_factory or (lambda: bucket.client(self.config,
+                                                                        pool=max(16, self.config.concurrency)))
+        self._reconfigured = None   # a reloaded [upload] section, for the thread to take between two uploads
         self._analysis = analysis or analysis_index.analysis_for
         self._clock = clock
         self._wake = threading.Event()
@@ -286,6 +297,8 @@ class Uploader:
         self.start()
 
     def on_ingested(self, record: dict, stored: dict) -> None:
+        if not self.config.url:
+            return  # turned off by a reload; turning it on again queues what the store holds (backfill)
         with self._db_lock:
             if self._enqueue_db is None:
                 self._enqueue_db = sqlite3.connect(self.state_dir / "index.sqlite", timeout=30,
@@ -293,6 +306,34 @@ class Uploader:
                 ensure_schema(self._enqueue_db)
             enqueue(self._enqueue_db, stored["id"], self._clock())
         self._wake.set()
+
+    def reconfigure(self, config) -> None:
+        """A reload's [upload] section. The thread takes it between two uploads, never during one, so a
+        transfer under way finishes with the settings it began with; url = "" turns uploads off."""
+        if config == self.config:
+            return
+        if config.url:
+            bucket.target(config)  # a bad URL fails the reload here, not the thread
+        with self._db_lock:
+            self._reconfigured = config
+            if not config.url:
+                self.config = config  # stop queuing now (on_ingested runs in the daemon's thread)
+        self._wake.set()
+
+    def _take_reconfigured(self) -> bool:
+        """Applies a pending reconfigure(); True when there was one."""
+        with self._db_lock:
+            config, self._reconfigured = self._reconfigured, None
+        if config is None:
+            return False
+        self.config = config
+        self.target = bucket.target(config) if config.url else None
+        self._client = None
+        self._conditional_ok = None
+        self._aborted_stale = False
+        self._hold_until = 0.0
+        log.info("Upload configuration reloaded: %s", config.url or "uploads off")
+        return True
 
     def close(self) -> None:
         self._stop.set()
@@ -319,7 +360,9 @@ class Uploader:
                     store = Store(self.state_dir)
                     ensure_schema(store.db)
                     self._recover(store)
-                wait = self.step(store)
+                elif self._take_reconfigured():
+                    self._recover(store)
+                wait = self.step(store) if self.target is not None else 3600.0
             except Exception:  # the index itself failing (disk full, locked too long): try again later
                 log.exception("The uploader failed; retrying in %.0fs", self.config.retry_max)
                 if store is not None:
@@ -333,6 +376,11 @@ class Uploader:
             store.close()
 
     def _recover(self, store: Store) -> None:
+        if self.target is None:
+            dropped = drop_waiting(store.db)
+            if dropped:
+                log.info("Uploads are off: %d dumps left the upload queue", dropped)
+            return
         with store.db:
             store.db.execute("UPDATE uploads SET state = 'pending' WHERE state = 'uploading'")
         queued = backfill(store.db, self._clock())

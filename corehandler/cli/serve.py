@@ -64,25 +64,27 @@ def run_serve(args: argparse.Namespace) -> int:
                         format="%(levelname)s: %(message)s")
     config, paths = load(args)  # an invalid config stops us here, with the message naming file and key
 
+    # Always there, even with uploads off: it owns the queue (off, it empties it) and a reload may turn it on.
+    # Its own thread (started by on_start, once the daemon holds the state dir) and index connection: ingest
+    # never waits on the network.
+    uploader = Uploader(config.upload, paths.state_dir)
+
     def reload() -> Settings:
         new, new_paths = load(args)
+        settings = settings_from_config(new, new_paths, sweep_interval=args.sweep_interval)
+        uploader.reconfigure(new.upload)
         write_csplice_settings(new, new_paths)
-        return settings_from_config(new, new_paths, sweep_interval=args.sweep_interval)
+        return settings
 
     write_csplice_settings(config, paths)
     daemon = Daemon(settings_from_config(config, paths, sweep_interval=args.sweep_interval), (), reload,
                     handle_signals=True)
     observers, problems = observers_for(config, paths, lambda: daemon.settings.policy.max_use)
     daemon.observers.extend(observers)
-    if config.upload.url:
-        # Its own thread (started by on_start, once the daemon holds the state dir) and index connection:
-        # ingest never waits on the network. [upload] changes apply
-        # at the next start.
-        uploader = Uploader(config.upload, paths.state_dir)
-        daemon.observers.append(uploader)
-        for obs in observers:
-            if isinstance(obs, MetricsObserver):
-                obs.registry.register(UploadCollector(paths.index_path))
+    daemon.observers.append(uploader)
+    for obs in observers:
+        if isinstance(obs, MetricsObserver):
+            obs.registry.register(UploadCollector(paths.index_path))
     for problem in problems:
         daemon.report_error("config", problem)
     return daemon.run()

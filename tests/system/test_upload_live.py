@@ -12,7 +12,7 @@ import pytest
 
 from support.crash import build_crasher, crash
 from support.daemon_harness import wait_for
-from test_daemon_live import live, serve, sha_of, stop  # noqa: F401 (live is a fixture)  # pyflakes: ignore
+from test_daemon_live import live, logged, serve, sha_of, stop  # noqa: F401 (live is a fixture)  # pyflakes: ignore
 
 pytestmark = [pytest.mark.root, pytest.mark.live_kernel, pytest.mark.s3]
 
@@ -50,3 +50,44 @@ def test_a_real_crash_reaches_the_bucket_and_comes_back_identical(live, s3, tmp_
     assert "environ" not in info["record"]["proc"]
     status = cli("status").stdout.decode()
     assert "0 waiting, 1 done" in status
+
+
+def test_sighup_turns_uploads_on_and_off_without_a_restart(live, s3, tmp_path):  # noqa: F811
+    """[upload] applies on a reload: on, the dump indexed before goes up; off, a new crash stays home and
+    nothing waits in the queue."""
+    state, etc, cli, base = live
+    bucket = s3.new_bucket()
+    creds = s3.credentials_file(tmp_path / "credentials")
+    (etc / "corehandler.d").mkdir()
+    drop_in = etc / "corehandler.d" / "50-fleet.toml"
+    crasher = build_crasher(tmp_path / "bin")
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
+
+    def listed():
+        out = cli("--json", "fleet", "list", "--days", "2", env=env)
+        return json.loads(out.stdout) if out.returncode == 0 else []
+
+    def indexed(n):
+        return len(json.loads(cli("--json", "list").stdout)) == n
+
+    proc = serve(base)
+    try:
+        assert crash(crasher, "segv", mib=4).returncode == -signal.SIGSEGV
+        wait_for(lambda: indexed(1), what="the first crash indexed", timeout=60)
+        on = (f'[upload]\nurl = "s3://{bucket}/fleet"\nendpoint = "{s3.endpoint}"\ncredentials_file = "{creds}"\n'
+              'host = "reloaded"\n')
+        drop_in.write_text(on)
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: len(listed()) == 1, what="the first crash in the bucket after SIGHUP", timeout=60)
+
+        drop_in.write_text('[upload]\nurl = ""\n')
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: logged(proc, "uploads off"), what="the uploader turned off", timeout=30)
+        assert crash(crasher, "segv", mib=4).returncode == -signal.SIGSEGV
+        wait_for(lambda: indexed(2), what="the second crash indexed", timeout=60)
+    finally:
+        log = stop(proc)
+    assert "Reload failed" not in log
+    assert "0 waiting, 1 done" in cli("status").stdout.decode()
+    drop_in.write_text(on)  # for `fleet list`; the daemon is stopped
+    assert [row["host"] for row in listed()] == ["reloaded"]  # the second crash stayed home

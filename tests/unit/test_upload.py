@@ -253,6 +253,67 @@ def test_retention_deleting_a_waiting_dump_counts_it_lost(tmp_path):
     assert st["states"]["failed"] == 1 and st["failures"] == {"lost": 1}
 
 
+def _objects(client, prefix: str) -> list[str]:
+    return sorted(o["Key"] for o in client.list_objects_v2(Bucket="fleet-test", Prefix=prefix).get("Contents", []))
+
+
+def test_a_reload_moves_turns_off_and_turns_on_the_uploader_thread(tmp_path, s3mock):
+    """What SIGHUP does to [upload] (cli/serve.py passes the new section): the running thread takes it between
+    two uploads. Off: nothing is queued, what waited leaves the queue so retention governs it again; on:
+    the store's dumps are queued again (backfill), under the new settings."""
+    from corehandler import retention
+
+    first = f"{int(time.time() * 1e6)}-0123456789abcdef-7"
+    _store_with_dump(tmp_path, first, b"first " * 100)
+    on = UploadConfig.model_validate({"url": "s3://fleet-test/a", "host": "h1", "retry_initial": "10ms"})
+    uploader = upload.Uploader(on, tmp_path, client_factory=lambda: s3mock).start()
+    try:
+        wait_until(lambda: len(_objects(s3mock, "a/")) == 2)
+
+        # Moved: the next dump goes under the new prefix, the first stays where it went.
+        uploader.reconfigure(on.model_copy(update={"url": "s3://fleet-test/b"}))
+        second = _insert_and_ingest(tmp_path, uploader, b"second " * 100, 8)
+        wait_until(lambda: len(_objects(s3mock, "b/")) == 2)
+        assert all(second in k for k in _objects(s3mock, "b/"))
+
+        # Off: a dump ingested now is not queued, and one already waiting leaves the queue.
+        off = UploadConfig.model_validate({"url": ""})
+        with Store(tmp_path) as store:
+            upload.enqueue(store.db, "1-0123456789abcdef-1")  # a row still waiting when uploads go off
+        uploader.reconfigure(off)
+        third = _insert_and_ingest(tmp_path, uploader, b"third " * 100, 9)
+        with Store(tmp_path) as store:
+            wait_until(lambda: upload.waiting_ids(store.db) == set())
+            assert store.db.execute("SELECT id FROM uploads WHERE id = ?", (third,)).fetchone() is None
+            # Nothing waits, so max_count may take the oldest dump again.
+            assert [d.id for d in retention.vacuum(store, retention.Policy(max_count=2))] == [first]
+
+        # On again: the dump ingested while off goes up.
+        uploader.reconfigure(on.model_copy(update={"url": "s3://fleet-test/c"}))
+        wait_until(lambda: any(third in k for k in _objects(s3mock, "c/")))
+    finally:
+        uploader.close()
+
+
+def _insert_and_ingest(state: Path, uploader: upload.Uploader, payload: bytes, n: int) -> str:
+    """A dump indexed as the daemon does, then handed to the uploader as the daemon's on_ingested does."""
+    dump_id = f"{int(time.time() * 1e6)}-0123456789abcdef-{n}"
+    (state / "store" / f"{dump_id}.zst").write_bytes(zstandard.ZstdCompressor().compress(payload))
+    record = {"id": dump_id, "signal": 6, "timestamp": time.time(), "proc": {"exe": "/usr/bin/x"}, "capture": {}}
+    with Store(state) as store:
+        store.insert(row_from_record(record, status="ok", problem=None, path=f"{dump_id}.zst", raw_bytes=len(payload),
+                                     stored_bytes=0, sha256=hashlib.sha256(payload).hexdigest()))
+    uploader.on_ingested(record, {"id": dump_id})
+    return dump_id
+
+
+def wait_until(condition, timeout: float = 30) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.02)
+
+
 def test_config_error_names_the_upload_key(tmp_path):
     from corehandler.config import load_config
     from corehandler.paths import Paths
