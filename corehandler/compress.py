@@ -137,6 +137,31 @@ def verify(path: Path, raw_bytes: int, sha256: str | None) -> None:
         raise VerifyError(f"{path.name} decompresses to data with sha256 {digest}, expected {sha256}")
 
 
+def verify_written(stored: Stored) -> None:
+    """Ingest's check before the raw core goes: the stored file reads back whole. A compressed one is
+    decompressed, and zstd checks each frame's content checksum (XXH64 of the original bytes, which store_file
+    has it write) as it goes: a bad write or a compressor bug fails that as surely as comparing sha256 would,
+    for one hash less per byte (about a tenth of ingest: bench/results/compress.md). A file without that
+    checksum, and a raw copy, are compared by sha256."""
+    with open(stored.path, "rb") as f:
+        head = f.read(18)  # the longest frame header
+    try:
+        checksummed = stored.compressed and zstandard.get_frame_parameters(head).has_checksum
+    except zstandard.ZstdError as e:
+        raise VerifyError(f"{stored.path.name} does not start with a zstd frame: {e}") from e
+    if not checksummed:
+        return verify(stored.path, stored.raw_bytes, stored.sha256)
+    total = 0
+    try:
+        with open_stored(stored.path) as reader:
+            while chunk := reader.read(CHUNK):
+                total += len(chunk)
+    except zstandard.ZstdError as e:
+        raise VerifyError(f"{stored.path.name} does not decompress: {e}") from e
+    if total != stored.raw_bytes:
+        raise VerifyError(f"{stored.path.name} decompresses to {total} bytes, expected {stored.raw_bytes}")
+
+
 def check_header(path: Path, raw_bytes: int) -> None:
     """A cheap check (no decompression): a compressed file starts with a zstd frame of the right size."""
     if not path.name.endswith(COMPRESSED_SUFFIX):

@@ -228,7 +228,7 @@ class Daemon:
             try:
                 stored = compress.store_file(raw, s.state_dir / "store", dump_id, enabled=s.compression,
                                              level=s.level, threads=s.threads, checkpoint=self._checkpoint)
-                compress.verify(stored.path, stored.raw_bytes, stored.sha256)
+                compress.verify_written(stored)
             except compress.DiskFullError as e:
                 self.report_error("disk_full", f"{e}; the raw dump stays in the spool and is retried later", dump_id)
                 raise _Retry() from e

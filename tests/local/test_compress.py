@@ -51,19 +51,46 @@ def test_decompress_to_a_pipe(tmp_path, core):
     assert reader.wait() == 0
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "append"])
-def test_corrupt_store_file_fails_verification(tmp_path, core, damage):
+@pytest.mark.parametrize("check", ["verify", "verify_written"])
+@pytest.mark.parametrize("damage", ["flip", "flip checksum", "truncate", "append"])
+def test_corrupt_store_file_fails_verification(tmp_path, core, damage, check):
+    """verify (what `dump` runs: sha256 against the index) and verify_written (ingest's: the frame's own
+    content checksum) catch the same damage."""
     stored = compress.store_file(core, tmp_path, "id1")
+    compress.verify_written(stored)
     data = bytearray(stored.path.read_bytes())
     if damage == "flip":
         data[len(data) // 2] ^= 0xFF
+    elif damage == "flip checksum":
+        data[-1] ^= 0x01  # the frame's last 4 bytes: XXH64 of the original bytes
     elif damage == "truncate":
         del data[len(data) // 2:]
     else:
         data += b"trailing garbage"
     stored.path.write_bytes(bytes(data))
     with pytest.raises(compress.VerifyError):
-        compress.verify(stored.path, stored.raw_bytes, stored.sha256)
+        if check == "verify":
+            compress.verify(stored.path, stored.raw_bytes, stored.sha256)
+        else:
+            compress.verify_written(stored)
+
+
+def test_verify_written_compares_sha256_where_there_is_no_frame_checksum(tmp_path, core):
+    import dataclasses
+
+    import zstandard
+
+    path = tmp_path / "id1.zst"
+    path.write_bytes(zstandard.ZstdCompressor(write_checksum=False).compress(core.read_bytes()))
+    stored = compress.Stored(path, core.stat().st_size, path.stat().st_size, _sha(core), True, 0.0)
+    compress.verify_written(stored)
+    with pytest.raises(compress.VerifyError, match="sha256"):
+        compress.verify_written(dataclasses.replace(stored, sha256="0" * 64))
+    raw = compress.store_file(core, tmp_path, "id2", enabled=False)
+    with pytest.raises(compress.VerifyError, match="sha256"):
+        compress.verify_written(dataclasses.replace(raw, sha256="0" * 64))
+    with pytest.raises(compress.VerifyError, match="expected 1$"):
+        compress.verify_written(dataclasses.replace(stored, raw_bytes=1))
 
 
 def test_wrong_size_or_hash_fails_verification(tmp_path, core):
