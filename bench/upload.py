@@ -38,6 +38,7 @@ from corehandler import bucket, fleet, paths, upload  # noqa: E402
 from corehandler.config import UploadConfig  # noqa: E402
 from corehandler.daemon import Settings  # noqa: E402
 from corehandler.store import Store, row_from_record  # noqa: E402
+from support import cbuild  # noqa: E402
 from support.daemon_harness import Running  # noqa: E402
 from support.s3server import S3Server  # noqa: E402
 from support.spoolfeed import feed, write_settings  # noqa: E402
@@ -123,7 +124,7 @@ def throughput(server: S3Server, work: Path, creds: Path, size: int, rounds: int
 
 
 def crash_to_available(server: S3Server, work: Path, creds: Path, rounds: int) -> list[float]:
-    csplice, feeder = paths.csplice_path(), paths.feeder_path()
+    csplice, feeder = paths.csplice_path(), cbuild.feeder()
     bucket_name = server.new_bucket()
     state = work / "c2a"
     (state / "spool").mkdir(parents=True, mode=0o700)
