@@ -246,8 +246,7 @@ def main() -> int:
                     text, samples = bench_crash_to_indexed(crasher, a.indexed_mib, a.runs, sdcd)
                 parts.append("## Crash to indexed against systemd-coredump's hold, `corehandler serve` running "
                              "(default config: strategy auto, zstd level 3, threads = CPUs)\n\n"
-                             f"{describe_cache(page_cache_state())}; six other helpers build and test on this "
-                             "machine meanwhile.\n\n" + text + "\n![crash to indexed](compress.png)\n")
+                             f"{describe_cache(page_cache_state())} at the end.\n\n" + text + "\n![crash to indexed](compress.png)\n")
                 plot_holds(a.out.with_suffix(".png"), "csplice crash to indexed against systemd-coredump's hold "
                            "(bench/compress.py)", {"dense": _by_series(samples)}, {})
     finally:

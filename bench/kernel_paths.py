@@ -146,8 +146,7 @@ def main() -> int:
     parts = [
         "# The seeds' kernel fast paths on the running kernel (bench/kernel_paths.py)\n",
         f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, {machine()}; medians of {args.runs} runs "
-        f"(min–max). Load average {state['load']:.2f} at the start, {os.getloadavg()[0]:.2f} at the end: six other "
-        "helpers build and test on this 2-CPU machine meanwhile, so absolute rates are low and noisy; the seeds' "
+        f"(min–max). Load average {state['load']:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; the seeds' "
         "figures are from other machines (000: Core Ultra 7 155H, 002: Core i9-12900K).\n",
         "## Seed 000: splice() /dev/zero -> pipe -> /dev/null (1 MiB pipe, 1 MiB calls)\n",
         markdown_table(["", "this kernel GB/s", "seed 000 before (copy_splice_read)", "seed 000 after (zero page)"], [
