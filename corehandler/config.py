@@ -115,8 +115,8 @@ class CaptureConfig(_Section):
                                                        "keeps the kernel's")
     max_dump_size: Size() = Field(32 << 30, description="larger dumps are truncated here and flagged; 0 = no "
                                                         "limit")
-    direct_above: Size() = Field(0, description="with strategy auto, a process with this much resident memory "
-                                 "(VmRSS) or more is dumped with O_DIRECT writes (strategy direct); 0 = never")
+    direct_above: Size() = Field(2 << 30, description="with strategy auto, a process with this much resident "
+                                 "memory (VmRSS) or more is dumped with O_DIRECT writes (strategy direct); 0 = never")
     min_free: SizeOrPercent = Field(units.SizeOrPercent(percent=15.0), description="stop writing when the spool's"
                                     " filesystem has less free: a size or a percentage of it")
     max_pending: Count = Field(64, description="records waiting in the spool beyond which crashes are kept as "

@@ -10,8 +10,9 @@ of kernel matter, because they fill the core pipe differently:
   copy left.
 
 The per-kernel choice is for ordinary dumps. `direct` (O_DIRECT writes from a reader/writer ring) is chosen per
-crash by csplice itself, from the process's VmRSS against capture.direct_above (off by default: where the disk
-writes slower than the kernel dumps, bench/results/capture.md measured it holding big crashes longer than rw).
+crash by csplice itself, from the process's VmRSS against capture.direct_above (2 GiB by default: at 4 GiB
+bench/results/capture.md measured buffered writes meeting the dirty limits and holding 4x as long as direct,
+at 1 GiB neither won on both a quiet and a busy page cache, below it rw won).
 
 STRATEGIES is the Python side's one list of the strategy names; csplice's (strategy_table in
 csplice/settings.c, printed by `csplice --list-strategies`) is compared with it by a test.

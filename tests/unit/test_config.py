@@ -254,9 +254,11 @@ def test_auto_strategy_is_resolved_by_choose_strategy(paths, monkeypatch):
     s = parse_settings(render_csplice_settings(Config(), paths))
     assert s["strategy"] == "rw2" and seen == [paths.proc_root]
     # auto also picks direct for big processes; an explicit strategy is used for every dump.
-    assert s["direct_above"] == "0"  # off by default (bench/results/capture.md)
-    s = parse_settings(render_csplice_settings(Config.model_validate({"capture": {"direct_above": "2G"}}), paths))
-    assert s["direct_above"] == str(2 << 30)
+    assert s["direct_above"] == str(2 << 30)  # the default (bench/results/capture.md)
+    s = parse_settings(render_csplice_settings(Config.model_validate({"capture": {"direct_above": "1G"}}), paths))
+    assert s["direct_above"] == str(1 << 30)
+    s = parse_settings(render_csplice_settings(Config.model_validate({"capture": {"strategy": "rw"}}), paths))
+    assert s["direct_above"] == "0"
 
 
 def test_write_csplice_settings_is_atomic_and_0644(paths):
