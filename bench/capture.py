@@ -324,7 +324,7 @@ def ms(samples: list[float]) -> str:
 
 def live_table(res: dict, methods) -> tuple[str, list[str]]:
     """The issue's table for one page-cache state, and the goals it misses."""
-    header = ["crash"] + [SHORT[m] + " ms (min–max)" for m in methods] + [
+    header = ["crash"] + [SHORT.get(m, m) + " ms (min–max)" for m in methods] + [
         "default × drain floor", "default × O_DIRECT floor", "systemd-coredump ÷ default", "default ran"]
     rows, misses = [], []
     for label, samples in res["workloads"].items():
@@ -340,7 +340,7 @@ def live_table(res: dict, methods) -> tuple[str, list[str]]:
             misses.append(f"{label}: hold {x_floor:.2f}× the drain floor (goal ≤ 1.2)")
         if SDCD in samples and vs_sdcd < 8:
             misses.append(f"{label}: systemd-coredump holds {vs_sdcd:.1f}× as long (goal ≥ 8)")
-    legend = "".join(f"- {SHORT[m]}: {LABELS[m]}\n" for m in methods)
+    legend = "".join(f"- {SHORT.get(m, m)}: {LABELS[m]}\n" for m in methods)
     return markdown_table(header, rows) + "\n" + legend, misses
 
 
@@ -380,8 +380,8 @@ NOTES = """\
   (free page reporting returns freed memory to the host) a fresh page costs a round trip to the host, a
   recycled one does not, which is why the same buffered write varies 0.2-1.8 s per GiB. O_DIRECT from a few
   reused buffers costs the disk's rate instead, steadily.
-- The machine is shared with six other engineers' builds, tests and qemu guests (2 CPUs, one virtual disk):
-  single rounds vary by up to 2x; read the medians, the spread and the paired ratios together.
+- 2 CPUs and one virtual disk: single rounds vary by up to 2x even with nothing else running; read the
+  medians, the spread and the paired ratios together.
 """
 
 
@@ -395,7 +395,7 @@ def report(live_results: dict, feeder_results: dict, args, tools: Tools) -> str:
            f"Medians of {args.runs} interleaved rounds (tiny process: {args.tiny_runs}, feeder: {args.feeder_runs}), "
            "min–max beside them; ratios are medians of round-by-round ratios.\n"]
     if live_results:
-        methods = [m for m in LIVE_METHODS if m in args.method_list]
+        methods = args.method_list
         out.append(f"## Live kernel (core_pipe_limit {CORE_PIPE_LIMIT}): crash trigger to reaped\n")
         out.append("![hold against dump size](capture.png)\n")
         for state, res in live_results.items():
@@ -438,7 +438,13 @@ def main() -> int:
 
     tools = Tools(args.work)
     args.load_before = f"{os.getloadavg()[0]:.2f}"
-    args.method_list = [m for m in LIVE_METHODS if m in args.methods.split(",") or m in (FLOOR, DEFAULT)]
+    asked = args.methods.split(",")
+    unknown = [m for m in asked if m not in LABELS]
+    if unknown:
+        parser.error(f"unknown --methods {', '.join(unknown)}: one of {', '.join(LABELS)}")
+    # The floor and the default always run: every ratio is against them.
+    args.method_list = [m for m in LIVE_METHODS if m in asked or m in (FLOOR, DEFAULT)] + \
+        [m for m in asked if m not in LIVE_METHODS]
     workloads = []
     for mib in (int(s) for s in args.sizes.split(",")):
         for half in (False, True):
