@@ -76,16 +76,18 @@ def paced_capture(handler: Handler, slots: int, pause: float) -> dict:
     return record
 
 
-def test_direct_leaves_the_page_cache_alone_while_the_disk_keeps_up(tmp_path):
+@pytest.mark.parametrize("pause", (0.2, 0), ids=("disk keeps up", "pipe outruns the disk"))
+def test_direct_leaves_the_page_cache_alone(tmp_path, pause):
     # tmp_path must be a filesystem with direct I/O that is not memory itself (tmpfs keeps every page cached).
     fstype = subprocess.run(["stat", "-f", "-c", "%T", str(tmp_path)], capture_output=True, text=True).stdout.strip()
     if fstype in ("tmpfs", "ramfs"):
         pytest.skip(f"{tmp_path} is on {fstype}: its pages are the file")
     handler = Handler(tmp_path / "h", settings={"strategy": "direct"})
-    record = paced_capture(handler, 6, 0.2)
+    record = paced_capture(handler, 6, pause)
     assert record["capture"]["strategy"] == "direct" and record["capture"]["bytes"] == 4 + 48 * MiB
-    # Slots go through the page cache only while 3 of the 4 wait for the disk: not with 0.2 s to write each.
-    assert cached_pages(handler.spool / record["core"]) < 48 * MiB // 4096 // 2
+    # No slot goes through the page cache, not even while the writer lags (capture.c, ring_write, says why);
+    # the first block's magic is read back (the ELF check) and may stay cached.
+    assert cached_pages(handler.spool / record["core"]) < 48 * MiB // 4096 // 16
 
     rw = Handler(tmp_path / "rw", settings={"strategy": "rw"})
     record = paced_capture(rw, 6, 0)
