@@ -358,7 +358,6 @@ class Uploader:
             try:
                 if store is None:
                     store = Store(self.state_dir)
-                    ensure_schema(store.db)
                     self._recover(store)
                 elif self._take_reconfigured():
                     self._recover(store)
@@ -381,6 +380,7 @@ class Uploader:
             if dropped:
                 log.info("Uploads are off: %d dumps left the upload queue", dropped)
             return
+        ensure_schema(store.db)  # only once uploads are on: `status` tells a queue that ever ran from none
         with store.db:
             store.db.execute("UPDATE uploads SET state = 'pending' WHERE state = 'uploading'")
         queued = backfill(store.db, self._clock())

@@ -295,6 +295,17 @@ def test_a_reload_moves_turns_off_and_turns_on_the_uploader_thread(tmp_path, s3m
         uploader.close()
 
 
+def test_uploads_that_were_never_on_leave_no_queue(tmp_path):
+    """The daemon always runs the uploader (a reload may turn it on); off, it must not make the queue, or
+    `status` would report "queue left from an earlier [upload]" on a host that never uploaded."""
+    uploader = upload.Uploader(UploadConfig.model_validate({"url": ""}), tmp_path)
+    with Store(tmp_path) as store:
+        uploader._recover(store)
+        assert upload.stats(store.db) is None
+        uploader.on_ingested({}, {"id": "1-0123456789abcdef-1"})
+        assert upload.stats(store.db) is None
+
+
 def _insert_and_ingest(state: Path, uploader: upload.Uploader, payload: bytes, n: int) -> str:
     """A dump indexed as the daemon does, then handed to the uploader as the daemon's on_ingested does."""
     dump_id = f"{int(time.time() * 1e6)}-0123456789abcdef-{n}"
