@@ -4,7 +4,9 @@ setuid or otherwise non-dumpable process's.
 
 The index stays root's (0600: it holds every user's cmdlines and environments). Root (the daemon, and the CLI's
 vacuum and corruption marks) publishes one view per uid:
-  <state>/users/<uid>.json   that uid's visible dumps, as index rows with their records (schema 1); mode
+  <state>/users/<uid>.json   that uid's visible dumps, as index rows with their records and their analysis
+                             (the trace and signature `info` and `list` show, as coredumpctl shows a user's
+                             own trace) (schema 1); mode
                              0600 root, plus the POSIX ACL entry user:<uid>:r--
   <state>/store/<id>.zst     each of those dumps' stored file gets the same ACL entry
 The state, store and users directories are 0711 (paths.DIR_MODES): a user can open a name there but list
@@ -28,7 +30,7 @@ import struct
 from pathlib import Path
 from typing import Iterable
 
-from corehandler import match
+from corehandler import analysis_index, match
 from corehandler.atomicfile import write_atomic
 from corehandler.errors import NotRootError
 from corehandler.paths import DIR_MODES
@@ -128,8 +130,12 @@ def _publish(store: Store, uid: int) -> None:
             except FileNotFoundError:  # retention took it after the query; the view says "missing"
                 pass
     rows = [dataclasses.asdict(d) for d in dumps]
+    ids = [d.id for d in dumps]
+    analyses = {i: a for i in ids if (a := analysis_index.analysis_for(store, i)) is not None}
     # ensure_ascii: the names' invalid bytes stay lone-surrogate escapes, as in the spool record.
-    data = json.dumps({"schema": SCHEMA, "uid": uid, "dumps": rows}, ensure_ascii=True, sort_keys=True).encode()
+    data = json.dumps({"schema": SCHEMA, "uid": uid, "dumps": rows, "analysis": analyses,
+                       "analysis_summaries": analysis_index.summaries(store, ids)},
+                      ensure_ascii=True, sort_keys=True).encode()
     write_atomic(path, data, 0o600, prepare=lambda fd: _grant(fd, uid))
 
 
@@ -153,6 +159,14 @@ class UserView:
             raise _denied(self.state_dir) from None
         fields = {f.name for f in dataclasses.fields(Dump)}
         self.dumps = [Dump(**{k: v for k, v in row.items() if k in fields}) for row in data.get("dumps", [])]
+        self._analysis = data.get("analysis") or {}
+        self._summaries = data.get("analysis_summaries") or {}
+
+    def analysis_for(self, dump_id: str) -> dict | None:
+        return self._analysis.get(dump_id)
+
+    def analysis_summaries(self, ids: Iterable[str]) -> dict[str, dict]:
+        return {i: self._summaries[i] for i in ids if i in self._summaries}
 
     def query(self, f: Filter = Filter()) -> list[Dump]:
         return match.select(self.dumps, f)

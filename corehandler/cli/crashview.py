@@ -9,6 +9,7 @@ import datetime as dt
 
 from corehandler import analysis, analysis_index
 from corehandler.store import Dump, Store
+from corehandler.userview import UserView
 
 TRACE_INDENT = " " * 16
 
@@ -56,15 +57,15 @@ def _matches(args: argparse.Namespace, a: dict | None, ident: dict) -> bool:
     return True
 
 
-def apply_filters(args: argparse.Namespace, store: Store, dumps: list[Dump], last: int | None) -> list[Dump]:
+def apply_filters(args: argparse.Namespace, store: Store | UserView, dumps: list[Dump], last: int | None) -> list[Dump]:
     """The dumps the analysis filters keep; `last` (-n) applies after them."""
     if not filtering(args):
         return dumps
-    rows = analysis_index.summaries(store, [d.id for d in dumps])
+    rows = _summaries(store, [d.id for d in dumps])
     kept = []
     for d in dumps:
         a = rows.get(d.id)
-        ident = (analysis_index.analysis_for(store, d.id) or {}).get("identity") or {} if a else {}
+        ident = (_analysis_for(store, d.id) or {}).get("identity") or {} if a else {}
         if _matches(args, a, ident):
             kept.append(d)
     return kept[-last:] if last else kept
@@ -72,8 +73,21 @@ def apply_filters(args: argparse.Namespace, store: Store, dumps: list[Dump], las
 
 # -- list ---------------------------------------------------------------------------------------------------
 
-def signatures(store: Store, dumps: list[Dump]) -> dict[str, dict]:
-    return analysis_index.summaries(store, [d.id for d in dumps])
+def _summaries(dumps: Store | UserView, ids: list[str]) -> dict[str, dict]:
+    """The analysis columns by id: from the index (root), or from the user's published view."""
+    if isinstance(dumps, UserView):
+        return dumps.analysis_summaries(ids)
+    return analysis_index.summaries(dumps, ids)
+
+
+def _analysis_for(dumps: Store | UserView, dump_id: str) -> dict | None:
+    if isinstance(dumps, UserView):
+        return dumps.analysis_for(dump_id)
+    return analysis_index.analysis_for(dumps, dump_id)
+
+
+def signatures(dumps: Store | UserView, found: list[Dump]) -> dict[str, dict]:
+    return _summaries(dumps, [d.id for d in found])
 
 
 def signature_cell(row: dict | None) -> str:
@@ -186,9 +200,9 @@ def info_fields(result: dict | None) -> list[tuple[str, str | None]]:
     return fields
 
 
-def result(store: Store, d: Dump) -> dict | None:
-    return analysis_index.analysis_for(store, d.id)
+def result(dumps: Store | UserView, d: Dump) -> dict | None:
+    return _analysis_for(dumps, d.id)
 
 
-def info_json(store: Store, d: Dump) -> dict:
-    return {"analysis": result(store, d)}
+def info_json(dumps: Store | UserView, d: Dump) -> dict:
+    return {"analysis": result(dumps, d)}

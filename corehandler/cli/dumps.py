@@ -138,8 +138,7 @@ def run_list(args: argparse.Namespace) -> int:
     with open_dumps(args) as dumps:
         found = select(args, dumps)
         rows = [(d, *file_state(dumps, d, verify=False)) for d in found]
-        # The analysis is in the index (root's); a user's view has none.
-        signatures = crashview.signatures(dumps, found) if isinstance(dumps, Store) else {}
+        signatures = crashview.signatures(dumps, found)
     if args.group:
         groups = crashview.groups(found, signatures)
         emit(args, groups, crashview.group_table(groups))
@@ -188,7 +187,7 @@ def _info_lines(dumps: Dumps, d: Dump, state: str, problem: str | None, all_thre
         fields.append(("Core File", state + (f": {problem}" if problem else "")))
     for e in r.get("errors") or []:
         fields.append(("Error", str(e)))
-    result = crashview.result(dumps, d) if isinstance(dumps, Store) else None
+    result = crashview.result(dumps, d)
     fields += crashview.info_fields(result)
     width = max(len(k) for k, _ in fields)
     trace = crashview.trace_lines(result, all_threads) if result else []
@@ -203,7 +202,7 @@ def run_info(args: argparse.Namespace) -> int:
         for d in select(args, dumps):
             state, problem = file_state(dumps, d, verify=not args.no_verify)
             out.append((d, state, problem, _info_lines(dumps, d, state, problem, args.all_threads),
-                        crashview.info_json(dumps, d) if isinstance(dumps, Store) else {}))
+                        crashview.info_json(dumps, d)))
     emit(args, [_json(d, state, problem, **analysed) for d, state, problem, _, analysed in out],
          "\n\n".join("\n".join(lines) for *_, lines, _ in out))
     corrupt = [d.id for d, state, *_ in out if state == "corrupt"]

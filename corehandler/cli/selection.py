@@ -95,8 +95,6 @@ def open_dumps(args: argparse.Namespace) -> Store | UserView:
 def select(args: argparse.Namespace, dumps: Store | UserView) -> list[Dump]:
     found = dumps.query(build_filter(args))
     if crashview.filtering(args):
-        if not isinstance(dumps, Store):
-            raise UsageError("--signature, --unit, --container and --pod read the analysis in the index, root's")
         found = crashview.apply_filters(args, dumps, found, getattr(args, "last", None))
     if not found:
         raise NoMatchError("no dumps match" + (f" {' '.join(map(display, args.match))}" if args.match else ""))

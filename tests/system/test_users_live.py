@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from corehandler import paths
+from corehandler import analysis_index, paths
 from corehandler.config import Config, write_csplice_settings
 from corehandler.daemon import Settings
 from corehandler.errors import EXIT_NOMATCH
@@ -74,6 +74,14 @@ def test_nobody_lists_and_dumps_their_own_real_crash_only(host_core_settings):
         assert got.returncode == 0, got.stderr
         [row] = got.stdout.decode().splitlines()[1:]
         assert row.split()[3:5] == [str(mine.pid), str(NOBODY)] and mine.id in row
+        # The view carries the analysis too, as coredumpctl shows a user their own trace.
+        with Store(state, readonly=True) as store:
+            signature_id = analysis_index.analysis_for(store, mine.id)["signature_id"]
+        assert signature_id and signature_id in row, row
+        info = run_as(NOBODY, NOBODY, argv + ["info", mine.id])
+        assert info.returncode == 0 and b"Stack trace of thread" in info.stdout, info
+        got = run_as(NOBODY, NOBODY, argv + ["list", "--signature", signature_id])
+        assert got.returncode == 0 and mine.id.encode() in got.stdout, got
         as_root = subprocess.run(CLI + argv + ["dump", mine.id], capture_output=True, check=True, timeout=120)
         got = run_as(NOBODY, NOBODY, argv + ["dump", mine.id])
         assert got.returncode == 0 and hashlib.sha256(got.stdout).digest() == hashlib.sha256(as_root.stdout).digest()
