@@ -258,6 +258,13 @@ class Store:
     def file_path(self, dump: Dump) -> Path | None:
         return self.store_dir / dump.path if dump.path else None
 
+    # The CLI reads a dump's analysis through these, from the index or (userview.UserView) a user's view.
+    def analysis_for(self, dump_id: str) -> dict | None:
+        return analysis_index.analysis_for(self, dump_id)
+
+    def analysis_summaries(self, ids: Iterable[str]) -> dict[str, dict]:
+        return analysis_index.summaries(self, ids)
+
     def insert(self, row: dict) -> bool:
         """Adds a row; False when the id is already indexed (ingest is idempotent)."""
         columns = ", ".join(row)

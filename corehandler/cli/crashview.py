@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 
-from corehandler import analysis, analysis_index
+from corehandler import analysis
 from corehandler.store import Dump, Store
 from corehandler.userview import UserView
 
@@ -61,11 +61,11 @@ def apply_filters(args: argparse.Namespace, store: Store | UserView, dumps: list
     """The dumps the analysis filters keep; `last` (-n) applies after them."""
     if not filtering(args):
         return dumps
-    rows = _summaries(store, [d.id for d in dumps])
+    rows = store.analysis_summaries([d.id for d in dumps])
     kept = []
     for d in dumps:
         a = rows.get(d.id)
-        ident = (_analysis_for(store, d.id) or {}).get("identity") or {} if a else {}
+        ident = (store.analysis_for(d.id) or {}).get("identity") or {} if a else {}
         if _matches(args, a, ident):
             kept.append(d)
     return kept[-last:] if last else kept
@@ -73,21 +73,8 @@ def apply_filters(args: argparse.Namespace, store: Store | UserView, dumps: list
 
 # -- list ---------------------------------------------------------------------------------------------------
 
-def _summaries(dumps: Store | UserView, ids: list[str]) -> dict[str, dict]:
-    """The analysis columns by id: from the index (root), or from the user's published view."""
-    if isinstance(dumps, UserView):
-        return dumps.analysis_summaries(ids)
-    return analysis_index.summaries(dumps, ids)
-
-
-def _analysis_for(dumps: Store | UserView, dump_id: str) -> dict | None:
-    if isinstance(dumps, UserView):
-        return dumps.analysis_for(dump_id)
-    return analysis_index.analysis_for(dumps, dump_id)
-
-
 def signatures(dumps: Store | UserView, found: list[Dump]) -> dict[str, dict]:
-    return _summaries(dumps, [d.id for d in found])
+    return dumps.analysis_summaries([d.id for d in found])
 
 
 def signature_cell(row: dict | None) -> str:
@@ -201,7 +188,7 @@ def info_fields(result: dict | None) -> list[tuple[str, str | None]]:
 
 
 def result(dumps: Store | UserView, d: Dump) -> dict | None:
-    return _analysis_for(dumps, d.id)
+    return dumps.analysis_for(d.id)
 
 
 def info_json(dumps: Store | UserView, d: Dump) -> dict:
