@@ -297,9 +297,11 @@ class Uploader:
         self.start()
 
     def on_ingested(self, record: dict, stored: dict) -> None:
-        if not self.config.url:
-            return  # turned off by a reload; turning it on again queues what the store holds (backfill)
         with self._db_lock:
+            # A reload that turned uploads off counts at once, before the thread takes it; turning them on
+            # again queues what the store holds (backfill).
+            if not (self._reconfigured or self.config).url:
+                return
             if self._enqueue_db is None:
                 self._enqueue_db = sqlite3.connect(self.state_dir / "index.sqlite", timeout=30,
                                                    check_same_thread=False)
@@ -310,23 +312,20 @@ class Uploader:
     def reconfigure(self, config) -> None:
         """A reload's [upload] section. The thread takes it between two uploads, never during one, so a
         transfer under way finishes with the settings it began with; url = "" turns uploads off."""
-        if config == self.config:
-            return
         if config.url:
             bucket.target(config)  # a bad URL fails the reload here, not the thread
         with self._db_lock:
-            self._reconfigured = config
-            if not config.url:
-                self.config = config  # stop queuing now (on_ingested runs in the daemon's thread)
+            # The latest reload wins, also over one the thread has not taken yet (back to what runs: nothing).
+            self._reconfigured = None if config == self.config else config
         self._wake.set()
 
     def _take_reconfigured(self) -> bool:
         """Applies a pending reconfigure(); True when there was one."""
         with self._db_lock:
             config, self._reconfigured = self._reconfigured, None
-        if config is None:
-            return False
-        self.config = config
+            if config is None:
+                return False
+            self.config = config
         self.target = bucket.target(config) if config.url else None
         self._client = None
         self._conditional_ok = None

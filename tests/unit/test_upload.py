@@ -295,6 +295,22 @@ def test_a_reload_moves_turns_off_and_turns_on_the_uploader_thread(tmp_path, s3m
         uploader.close()
 
 
+def test_the_latest_reload_wins_before_the_thread_takes_it(tmp_path):
+    """Off then back on before the thread looked: nothing is pending and dumps keep being queued; off alone
+    stops queuing at once."""
+    on = UploadConfig.model_validate({"url": "s3://fleet-test/a", "host": "h1"})
+    uploader = upload.Uploader(on, tmp_path)
+    with Store(tmp_path) as store:
+        uploader.reconfigure(UploadConfig.model_validate({"url": ""}))
+        uploader.on_ingested({}, {"id": "1-0123456789abcdef-1"})
+        assert upload.stats(store.db) is None  # off counts before the thread takes it
+        uploader.reconfigure(on)
+        assert not uploader._take_reconfigured()
+        uploader.on_ingested({}, {"id": "1-0123456789abcdef-2"})
+        assert upload.waiting_ids(store.db) == {"1-0123456789abcdef-2"}
+    uploader.close()
+
+
 def test_uploads_that_were_never_on_leave_no_queue(tmp_path):
     """The daemon always runs the uploader (a reload may turn it on); off, it must not make the queue, or
     `status` would report "queue left from an earlier [upload]" on a host that never uploaded."""
