@@ -64,6 +64,11 @@ class Host:
     def uploader(self, **over) -> upload.Uploader:
         return upload.Uploader(UploadConfig.model_validate({**self.upload, **over}), self.state)
 
+    def upload_all(self, n: int = 1, timeout: float = 60) -> None:
+        """Runs the daemon with its uploader until n dumps are up."""
+        with Running(self.settings, [self.uploader()]):
+            wait_for(lambda: self.done() == n, what="the dump uploaded", timeout=timeout)
+
     def queue(self) -> dict | None:
         """The upload queue's stats; None before the daemon made the index and its queue."""
         if not (self.state / "index.sqlite").exists():
@@ -106,8 +111,7 @@ def test_a_dump_goes_up_verified_and_comes_back_byte_identical(tmp_path, s3, fee
     bucket = s3.new_bucket()
     host = Host(tmp_path, s3, bucket)
     record = host.crash(feeder, csplice, size=3 << 20)
-    with Running(host.settings, [host.uploader()]):
-        wait_for(lambda: host.done() == 1, what="the dump uploaded")
+    host.upload_all()
     day = time.strftime("%Y/%m/%d", time.gmtime(int(record["id"].split("-")[0]) / 1e6))
     base = f"fleet/v1/alpha/{day}/{record['id']}"
     assert dump_keys(s3, bucket, record["id"]) == [base + ".json", base + ".zst"]
@@ -137,8 +141,7 @@ def test_a_core_over_64_mib_goes_up_in_parts(tmp_path, s3, feeder, csplice, caps
     bucket = s3.new_bucket()
     host = Host(tmp_path, s3, bucket, compression=False, part_size="16M")
     record = host.crash(feeder, csplice, size=72 << 20)
-    with Running(host.settings, [host.uploader()]):
-        wait_for(lambda: host.done() == 1, what="the dump uploaded", timeout=120)
+    host.upload_all(timeout=120)
     (core_key, sidecar_key) = dump_keys(s3, bucket, record["id"])
     assert core_key.endswith(".core") and sidecar_key.endswith(".json")
     head = s3.client().head_object(Bucket=bucket, Key=core_key, ChecksumMode="ENABLED")
@@ -267,8 +270,7 @@ def test_fleet_get_detects_a_corrupt_object(tmp_path, s3, feeder, csplice, capsy
     bucket = s3.new_bucket()
     host = Host(tmp_path, s3, bucket)
     record = host.crash(feeder, csplice, size=1 << 20)
-    with Running(host.settings, [host.uploader()]):
-        wait_for(lambda: host.done() == 1, what="the dump uploaded")
+    host.upload_all()
     core_key = next(k for k in dump_keys(s3, bucket, record["id"]) if k.endswith(".zst"))
     body = bytearray(s3.client().get_object(Bucket=bucket, Key=core_key)["Body"].read())
     body[len(body) // 2] ^= 0xFF
