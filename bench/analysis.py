@@ -1,9 +1,9 @@
-"""What does crash analysis (corehandler/analysis.py) cost, and what does it add to crash -> indexed?
+"""What does crash analysis (corehandler/analysis/unwind.py) cost, and what does it add to crash -> indexed?
 
 Cores: real crashes of tests/support/analysed.c (a tiny crash; 1, 64 and 500 threads) and of
 tests/support/crasher.c with a 256 MiB and a 1 GiB region written, cored by gdb's gcore (no core_pattern
 change, nothing global). Per core and round, rounds interleaved:
-  analysis       analysis.analyse() alone (eu-stack + eu-unstrip -n in their sandbox, parsing, keys);
+  analysis       unwind.analyse() alone (eu-stack + eu-unstrip -n in their sandbox, parsing, keys);
   gdb            `gdb -batch -ex "thread apply all bt 64"`, the alternative unwinder, same core;
   compress       what ingest does without analysis: compress.store_file (zstd level 3) + verify;
   ingest         the same with the analysis started before compression and collected after it, as
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,8 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 from common import machine, markdown_table, median  # noqa: E402
 
-from corehandler import analysis, compress  # noqa: E402
+from corehandler.analysis import unwind  # noqa: E402
+from corehandler.store import compress  # noqa: E402
 from support import realcore  # noqa: E402
 from support.crash import build_crasher  # noqa: E402
 
@@ -54,11 +54,11 @@ def timed(fn) -> float:
 
 
 def ingest(core: Path, store: Path, record: dict | None) -> None:
-    running = analysis.start(core, record) if record is not None else None
+    running = unwind.start(core, record) if record is not None else None
     stored = compress.store_file(core, store, "bench", enabled=True, level=3, threads=0)
     compress.verify(stored.path, stored.raw_bytes, stored.sha256)
     if running is not None:
-        analysis.finish(running)
+        unwind.finish(running)
     stored.path.unlink()
 
 
@@ -98,7 +98,7 @@ def main() -> int:
             for name, c in cores:
                 record = realcore.record_for(c, "bench")
                 s = samples[name]
-                s["analysis"].append(timed(lambda: results.__setitem__(name, analysis.analyse(c.core, record))))
+                s["analysis"].append(timed(lambda: results.__setitem__(name, unwind.analyse(c.core, record))))
                 s["gdb"].append(timed(lambda: gdb_bt(c)))
                 # without/with alternate who goes first, so neither always meets the other's page cache
                 order = ("compress", "ingest") if round_ % 2 == 0 else ("ingest", "compress")

@@ -37,13 +37,22 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from common import (describe_cache, filesystem_of, machine, markdown_table, median, page_cache_state,  # noqa: E402
-                    paired_ratio, plot_holds, spread)
+from common import (  # noqa: E402
+    describe_cache,
+    filesystem_of,
+    machine,
+    markdown_table,
+    median,
+    page_cache_state,
+    paired_ratio,
+    plot_holds,
+    spread,
+)
 from sdcd import systemd_coredump  # noqa: E402
 
 from corehandler import paths  # noqa: E402
 from corehandler.config import Config, render_csplice_settings  # noqa: E402
-from corehandler.install import PIDFD_SPECIFIER, SPECIFIERS  # noqa: E402
+from corehandler.csplice_contract import PIDFD_SPECIFIER, SPECIFIERS  # noqa: E402
 from support import cbuild  # noqa: E402
 from support.crash import build_crasher  # noqa: E402
 from support.host_core import host_core_settings  # noqa: E402

@@ -40,7 +40,8 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 from common import filesystem_of, machine, markdown_table, median  # noqa: E402
 
-from corehandler import listener, paths  # noqa: E402
+from corehandler import paths  # noqa: E402
+from corehandler.host import listener  # noqa: E402
 from support.crash import build_crasher  # noqa: E402
 from support.host_core import host_core_settings  # noqa: E402
 
@@ -283,7 +284,6 @@ def report(results: dict, args) -> str:
            "## Hold: crash trigger to reaped, ms\n"]
     rows = []
     for workload, by_handler in holds.items():
-        floor = by_handler["none"]
         row = [workload]
         for h in HANDLERS:
             s = by_handler[h]

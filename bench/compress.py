@@ -35,12 +35,21 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from common import (describe_cache, filesystem_of, machine, markdown_table, median, page_cache_state,  # noqa: E402
-                    paired_ratio, plot_holds)
+from common import (  # noqa: E402
+    describe_cache,
+    filesystem_of,
+    machine,
+    markdown_table,
+    median,
+    page_cache_state,
+    paired_ratio,
+    plot_holds,
+)
 from sdcd import systemd_coredump  # noqa: E402
 
-from corehandler import compress, paths  # noqa: E402
-from corehandler.install import SPECIFIERS  # noqa: E402
+from corehandler import paths  # noqa: E402
+from corehandler.csplice_contract import SPECIFIERS  # noqa: E402
+from corehandler.store import compress  # noqa: E402
 from support.crash import build_crasher  # noqa: E402
 from support.host_core import host_core_settings  # noqa: E402
 from support.waiting import wait_for  # noqa: E402
@@ -246,7 +255,8 @@ def main() -> int:
                     text, samples = bench_crash_to_indexed(crasher, a.indexed_mib, a.runs, sdcd)
                 parts.append("## Crash to indexed against systemd-coredump's hold, `corehandler serve` running "
                              "(default config: strategy auto, zstd level 3, threads = CPUs)\n\n"
-                             f"{describe_cache(page_cache_state())} at the end.\n\n" + text + "\n![crash to indexed](compress.png)\n")
+                             f"{describe_cache(page_cache_state())} at the end.\n\n" + text
+                             + "\n![crash to indexed](compress.png)\n")
                 plot_holds(a.out.with_suffix(".png"), "csplice crash to indexed against systemd-coredump's hold "
                            "(bench/compress.py)", {"dense": _by_series(samples)}, {})
     finally:

@@ -35,7 +35,7 @@ sys.path.insert(0, str(HERE))
 
 from common import machine, markdown_table, page_cache_state  # noqa: E402
 
-from corehandler import kernelprobe  # noqa: E402
+from corehandler.host import kernelprobe  # noqa: E402
 
 MiB = 1 << 20
 # Seed 002, Jens Axboe's table (Intel 12900K): dd block size -> GB/s with read_iter() (before) and with

@@ -2,14 +2,14 @@
 
 Against a real S3 server on loopback (SeaweedFS weed mini, as in the tests), all in one run:
 1. Throughput: 256 MiB and 1 GiB stored dumps (incompressible zstd files, so the object is as large as the
-   dump) uploaded the way the daemon does (corehandler.upload: SHA-256 digests, multipart with per-part
+   dump) uploaded the way the daemon does (corehandler.fleet.upload: SHA-256 digests, multipart with per-part
    checksums, HEAD verification, sidecar), against the same server's raw PUT of the same file (one
    put_object, no checksum): median of --rounds interleaved rounds, the ratio paired round by round, and the
    uploader's CPU seconds per GiB (this process's user+system time, the server's not included).
 2. Crash -> available: the feeder pipes a 64 MiB core into csplice (as the kernel would), the daemon ingests
    it and the uploader sends it; the clock stops when the sidecar answers a HEAD.
 3. `fleet list`: 1,000 and 10,000 sidecars of one day (spread over 10 hosts) listed and read
-   (corehandler.fleet.list_sidecars, what `fleet list` runs), with an empty cache and again with it filled.
+   (corehandler.fleet.reader.list_sidecars, what `fleet list` runs), with an empty cache and again with it filled.
 
     python -P bench/upload.py [--rounds 3] [--out bench/results/upload.md]
 """
@@ -34,10 +34,17 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 from common import filesystem_of, machine, markdown_table, median, paired_ratio  # noqa: E402
 
-from corehandler import bucket, fleet, paths, upload  # noqa: E402
+from corehandler import paths  # noqa: E402
 from corehandler.config import UploadConfig  # noqa: E402
 from corehandler.daemon import Settings  # noqa: E402
-from corehandler.store import Store, row_from_record  # noqa: E402
+from corehandler.fleet import (
+    bucket,  # noqa: E402
+    reader,  # noqa: E402
+    upload,  # noqa: E402
+    upload_queue,  # noqa: E402
+)
+from corehandler.store.dumprow import row_from_record  # noqa: E402
+from corehandler.store.index import Store  # noqa: E402
 from support import cbuild  # noqa: E402
 from support.daemon_harness import Running  # noqa: E402
 from support.s3server import S3Server  # noqa: E402
@@ -81,8 +88,8 @@ def make_dump(state: Path, size: int, n: int) -> str:
         store.insert(row_from_record(record, status="ok", problem=None, path=f"{dump_id}.zst", raw_bytes=raw,
                                      stored_bytes=(store_dir / f"{dump_id}.zst").stat().st_size,
                                      sha256=digest.hexdigest()))
-        upload.ensure_schema(store.db)
-        upload.enqueue(store.db, dump_id)
+        upload_queue.ensure_schema(store.db)
+        upload_queue.enqueue(store.db, dump_id)
     return dump_id
 
 
@@ -160,7 +167,7 @@ def fleet_listing(server: S3Server, work: Path, creds: Path, count: int, rounds:
     cfg = UploadConfig.model_validate({"url": f"s3://{bucket_name}/bench", "endpoint": server.endpoint,
                                        "credentials_file": str(creds), "host": "bench"})
     target = bucket.target(cfg)
-    client = bucket.client(cfg, pool=fleet.WORKERS + 4)
+    client = bucket.client(cfg, pool=reader.WORKERS + 4)
     now = time.time()
     day = bucket.crash_day(now)
 
@@ -176,10 +183,10 @@ def fleet_listing(server: S3Server, work: Path, creds: Path, count: int, rounds:
     for r in range(rounds):
         # Cold: a new cache, every sidecar read (what the first `fleet list` of a day costs); warm: the same
         # listing again, only the prefix listings (what every later one costs, plus the day's new dumps).
-        cache = fleet.SidecarCache(work / f"cache-{count}-{r}.sqlite")
+        cache = reader.SidecarCache(work / f"cache-{count}-{r}.sqlite")
         for times in (cold, warm):
             t = time.monotonic()
-            found = fleet.list_sidecars(client, target, [day], cache=cache)
+            found = reader.list_sidecars(client, target, [day], cache=cache)
             times.append(time.monotonic() - t)
             assert len(found) == count, len(found)
         cache.close()
@@ -246,7 +253,7 @@ def main() -> int:
         f"## `fleet list` of one day ({a.rounds} rounds)", "",
         markdown_table(["sidecars", "cold median s", "cold min–max s", "cold sidecars/s", "cached median s",
                         "cached min–max s"], listings),
-        f"Cold: one listing per host (10 hosts) and one GET per sidecar in a pool of {fleet.WORKERS} threads "
+        f"Cold: one listing per host (10 hosts) and one GET per sidecar in a pool of {reader.WORKERS} threads "
         "(boto3 costs some milliseconds of client CPU per request, so on two busy CPUs this is CPU-bound). "
         "Cached: the same listing with the local sidecar cache (key + ETag) `fleet list` keeps, so only new "
         "sidecars are read.", "",

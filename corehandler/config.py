@@ -25,9 +25,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from corehandler import units
 from corehandler.atomicfile import write_atomic
+from corehandler.csplice_contract import STRATEGIES, choose_strategy
 from corehandler.errors import ConfigError
 from corehandler.paths import DEFAULT_STATE_DIR, Paths
-from corehandler.strategy import STRATEGIES, choose_strategy
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,10 +24,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from corehandler import analysis, analysis_index, compress, elfcore, retention, spool, userview
+from corehandler import elfcore, spool
+from corehandler.analysis import findings, unwind
 from corehandler.errors import CorehandlerError
 from corehandler.inotify import IN_Q_OVERFLOW, Watch
-from corehandler.store import Store, row_from_record
+from corehandler.store import analyses, compress, retention, userview
+from corehandler.store.dumprow import row_from_record
+from corehandler.store.index import Store
 
 log = logging.getLogger("corehandler.daemon")
 
@@ -47,7 +50,7 @@ class Settings:
     sweep_interval: float = 30.0    # also picks up what inotify missed
     retry_interval: float = 60.0    # after a failed ingest (disk full, I/O error)
     analysis_enabled: bool = True
-    analysis_limits: analysis.Limits = field(default_factory=analysis.Limits)
+    analysis_limits: findings.Limits = field(default_factory=findings.Limits)
 
     @property
     def spool_dir(self) -> Path:
@@ -64,7 +67,7 @@ def settings_from_config(config, paths, **overrides) -> Settings:
                     threads=config.compression.threads,
                     policy=retention.policy_from_config(config.retention, total),
                     retention_interval=config.retention.interval, analysis_enabled=config.analysis.enabled,
-                    analysis_limits=analysis.Limits(timeout=config.analysis.timeout,
+                    analysis_limits=findings.Limits(timeout=config.analysis.timeout,
                                                     memory_bytes=config.analysis.max_memory,
                                                     threads=config.analysis.max_threads,
                                                     frames=config.analysis.max_frames,
@@ -120,7 +123,7 @@ class Daemon:
         self.reload = reload
         self.observer_failures = 0
         self._retry_at: dict[str, float] = {}
-        self._analysing: analysis.Running | None = None
+        self._analysing: unwind.Running | None = None
         self._stop = threading.Event()
         self._reload_pending = False
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -257,43 +260,43 @@ class Daemon:
         self._finish(dump)
         return True
 
-    # -- analysis (corehandler/analysis.py) ---------------------------------------------------------------------
+    # -- analysis (corehandler/analysis/unwind.py) ---------------------------------------------------------------------
 
     def _start_analysis(self, dump_id: str, record: dict, raw: Path, status: str) -> None:
         if self.settings.analysis_enabled and status in ("ok", "truncated"):
-            analysis_index.mark_pending(self.store, dump_id)
-            self._analysing = analysis.start(raw, record, self.settings.analysis_limits)
+            analyses.mark_pending(self.store, dump_id)
+            self._analysing = unwind.start(raw, record, self.settings.analysis_limits)
 
     def _finish_analysis(self, dump_id: str, record: dict, status: str) -> None:
         running, self._analysing = self._analysing, None
         if running is not None:
-            result = analysis.finish(running)
+            result = unwind.finish(running)
         elif not self.settings.analysis_enabled:
-            result = analysis.skipped(record, "analysis disabled ([analysis] enabled = false)")
+            result = findings.skipped(record, "analysis disabled ([analysis] enabled = false)")
         else:
-            result = analysis.skipped(record, f"no core to analyse ({status})")
-        analysis_index.put(self.store, dump_id, result)
-        if result["state"] == analysis.TIMEOUT:  # a failed unwind is a fact of the dump, a hang is ours
+            result = findings.skipped(record, f"no core to analyse ({status})")
+        analyses.put(self.store, dump_id, result)
+        if result["state"] == findings.TIMEOUT:  # a failed unwind is a fact of the dump, a hang is ours
             self.report_error("analysis", f"Analysis of {dump_id}: {result['state']}: "
                               f"{'; '.join(result['problems'][:3]) or 'no frames'}; the dump is kept", dump_id)
 
     def _cancel_analysis(self) -> None:
         running, self._analysing = self._analysing, None
         if running is not None:
-            analysis.cancel(running)
+            unwind.cancel(running)
 
     def _analyse_indexed(self) -> None:
         """Dumps indexed without an analysis: analysed now if their raw core is still in the spool (a kill
         after indexing), else marked skipped. Before sweep, which removes such raw cores."""
-        for dump_id, state in analysis_index.unanalysed(self.store):
+        for dump_id, state in analyses.unanalysed(self.store):
             raw = spool.core_path(self.settings.spool_dir, dump_id)
             dump = self.store.get(dump_id)
             if self.settings.analysis_enabled and raw.exists() and dump.status in ("ok", "truncated"):
-                result = analysis.analyse(raw, dump.record, self.settings.analysis_limits)
+                result = unwind.analyse(raw, dump.record, self.settings.analysis_limits)
             else:
-                why = "killed mid-analysis" if state == analysis_index.PENDING else "indexed before analysis existed"
-                result = analysis.skipped(dump.record, f"raw core gone before it was analysed ({why})")
-            analysis_index.put(self.store, dump_id, result)
+                why = "killed mid-analysis" if state == analyses.PENDING else "indexed before analysis existed"
+                result = findings.skipped(dump.record, f"raw core gone before it was analysed ({why})")
+            analyses.put(self.store, dump_id, result)
             log.info("Analysis of %s, indexed earlier: %s", dump_id, result["state"])
 
     def _finish(self, dump) -> None:
@@ -309,7 +312,7 @@ class Daemon:
             "id": dump.id, "path": str(path) if path else None, "raw_bytes": dump.raw_bytes,
             "compressed_bytes": dump.stored_bytes, "compress_seconds": dump.compress_seconds or 0.0,
             "ingest_seconds": dump.ingest_seconds or 0.0, "ingested_at": dump.ingested_at, "status": dump.status,
-            "problem": dump.problem, "analysis": analysis_index.analysis_for(self.store, dump.id)})
+            "problem": dump.problem, "analysis": analyses.analysis_for(self.store, dump.id)})
 
     def _try_ingest(self, dump_id: str) -> bool:
         if self._retry_at.get(dump_id, 0) > time.monotonic():
@@ -445,9 +448,9 @@ class Daemon:
         s.spool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         lock = self._lock()
         self.store = Store(s.state_dir)
-        analysis_index.ensure(self.store.db)
+        analyses.ensure(self.store.db)
         if s.analysis_enabled:
-            analysis.sandbox()  # probed now, not in the first dump's analysis time
+            unwind.sandbox()  # probed now, not in the first dump's analysis time
         self._notify("on_start")  # the state dir is ours now (the uploader starts its thread here)
         watch = Watch(s.spool_dir)
         try:

@@ -56,7 +56,7 @@ void settings_defaults(Settings *s) {
                 .spool_dir = CSPLICE_SPOOL_DIR,
                 /* bench/results/capture.md, stock 6.18 kernel: read/write of 256 KiB on a 1 MiB pipe held crashed
                  * processes no longer than a plain read/write loop, and up to 30% shorter. The file corehandler
-                 * renders picks the strategy per kernel (corehandler/strategy.py). */
+                 * renders picks the strategy per kernel (corehandler/csplice_contract.py). */
                 .strategy = STRATEGY_RW,
                 .chunk_size = 256 * 1024,
                 .pipe_size = 1024 * 1024,

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from corehandler import paths
-
 from support import cbuild, host_core, host_state, s3server
 
 HERE = Path(__file__).resolve().parent

@@ -1,4 +1,4 @@
-"""What `list` and `info` show of a dump's analysis (corehandler/analysis.py): the signature column,
+"""What `list` and `info` show of a dump's analysis (corehandler/analysis/unwind.py): the signature column,
 `list --group`, the filters --signature/--unit/--container/--pod, and info's trace, keys, build-ids and
 identity, in coredumpctl's layout. cli/dumps.py calls these; they know nothing of its other columns."""
 
@@ -7,9 +7,10 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 
-from corehandler import analysis
-from corehandler.store import Dump, Store
-from corehandler.userview import UserView
+from corehandler.analysis import findings
+from corehandler.store.dumprow import Dump
+from corehandler.store.index import Store
+from corehandler.store.userview import UserView
 
 TRACE_INDENT = " " * 16
 
@@ -136,7 +137,7 @@ def trace_lines(result: dict, all_threads: bool) -> list[str]:
     out = []
     threads = result.get("threads") or []
     for t in threads if all_threads else threads[:1]:
-        out += analysis.thread_lines(t) + [""]
+        out += findings.thread_lines(t) + [""]
     if not all_threads and len(threads) > 1:
         out.append(f"({len(threads) - 1} more threads: --all-threads shows them)")
     modules = result.get("modules") or []

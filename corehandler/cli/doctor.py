@@ -1,11 +1,11 @@
-"""doctor: what the running kernel offers a dump handler, found by reading and measuring (corehandler.kernelprobe)."""
+"""doctor: what the running kernel offers a dump handler, found by reading and measuring (host/kernelprobe.py)."""
 
 from __future__ import annotations
 
 import argparse
 
-from corehandler import kernelprobe
 from corehandler.cli.common import base_paths, emit
+from corehandler.host import kernelprobe
 
 
 def register(commands) -> None:

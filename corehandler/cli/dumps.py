@@ -1,6 +1,6 @@
 """list, info, dump, debug, vacuum: the stored dumps, in the habits of coredumpctl.
 
-Which dumps a MATCH names is one rule for every verb (corehandler/match.py, its options cli/selection.py):
+Which dumps a MATCH names is one rule for every verb (corehandler/store/match.py, its options cli/selection.py):
 a PID, an id or a unique id prefix, an executable path or a comm. Process-chosen names are printed escaped
 (printable.py) and searched as their real bytes. As root the verbs read the index; as another user, the
 user's own published dumps (userview.py).
@@ -20,17 +20,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-from corehandler import compress, retention, spool, userview
+from corehandler import fields
 from corehandler.cli import crashview
 from corehandler.cli.common import emit, load, write_output
 from corehandler.cli.common import table as format_table
+from corehandler.cli.progress import Progress
 from corehandler.cli.selection import add_match_options, open_dumps, select
 from corehandler.errors import CorehandlerError, NoMatchError, NotRootError, UsageError
 from corehandler.printable import display
-from corehandler.progress import Progress
-from corehandler.store import Dump, Store
+from corehandler.store import compress, retention, userview
+from corehandler.store.dumprow import Dump
+from corehandler.store.index import Store
+from corehandler.store.userview import UserView
 from corehandler.units import human_size
-from corehandler.userview import UserView
 
 
 def register(commands) -> None:
@@ -63,7 +65,7 @@ def register(commands) -> None:
 
 def signal_name(number: int | None) -> str:
     """The name as coredumpctl lists it (SEGV for 11); "-" when the record has none."""
-    name = spool.signal_name(number)
+    name = fields.signal_name(number)
     return "-" if name is None else name.removeprefix("SIG")
 
 

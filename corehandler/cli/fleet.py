@@ -9,10 +9,10 @@ import sqlite3
 import sys
 from pathlib import Path
 
-from corehandler import bucket, fleet
 from corehandler.cli.common import emit, load, table, write_output
+from corehandler.cli.progress import Progress
 from corehandler.errors import NoMatchError, UsageError
-from corehandler.progress import Progress
+from corehandler.fleet import bucket, reader
 from corehandler.units import human_size
 
 
@@ -59,7 +59,7 @@ def _date(text: str) -> dt.date:
 def _open(args: argparse.Namespace):
     config, _ = load(args)
     target = bucket.target(config.upload)
-    return bucket.client(config.upload, pool=fleet.WORKERS + 4), target, config.upload
+    return bucket.client(config.upload, pool=reader.WORKERS + 4), target, config.upload
 
 
 def _when(ts: float | None) -> str:
@@ -74,18 +74,18 @@ def run_list(args: argparse.Namespace) -> int:
     days = [last - dt.timedelta(days=n) for n in range(args.days - 1, -1, -1)]
     cache = None if args.no_cache else _cache(target, upload.endpoint)
     try:
-        sidecars = fleet.list_sidecars(client, target, days, args.host, cache=cache)
+        sidecars = reader.list_sidecars(client, target, days, args.host, cache=cache)
     finally:
         if cache:
             cache.close()
     if args.group:
-        groups = fleet.group(sidecars)
+        groups = reader.group(sidecars)
         rows = [("COUNT", "CORES", "HOSTS", "FIRST (UTC)", "LAST (UTC)", "LATEST", "SIGNATURE")]
         rows += [(str(g["count"]), str(g["cores"]), str(len(g["hosts"])), _when(g["first_seen"]),
                   _when(g["last_seen"]), g["latest"] or "-", g["signature"] or "-") for g in groups]
         emit(args, groups, table(rows) if groups else "")
     else:
-        found = [fleet.row(s) for s in sidecars]
+        found = [reader.row(s) for s in sidecars]
         rows = [("TIME (UTC)", "HOST", "ID", "CORE", "EXE")]
         rows += [(_when(r["crashed_at"]), r["host"] or "-", r["id"] or "-",
                   human_size(r["core_bytes"]) if r["core"] else "sidecar only", r["exe"] or r["comm"] or "-")
@@ -97,9 +97,9 @@ def run_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cache(target, endpoint: str) -> "fleet.SidecarCache | None":
+def _cache(target, endpoint: str) -> "reader.SidecarCache | None":
     try:
-        return fleet.SidecarCache(fleet.SidecarCache.default_path(target, endpoint))
+        return reader.SidecarCache(reader.SidecarCache.default_path(target, endpoint))
     except (OSError, sqlite3.Error) as e:  # a read-only home: list without one
         print(f"corehandler: no sidecar cache ({e}); reading every sidecar", file=sys.stderr)
         return None
@@ -107,11 +107,11 @@ def _cache(target, endpoint: str) -> "fleet.SidecarCache | None":
 
 def run_info(args: argparse.Namespace) -> int:
     client, target, _ = _open(args)
-    sc = fleet.find(client, target, args.id, args.host)
+    sc = reader.find(client, target, args.id, args.host)
     if args.json:
         emit(args, sc, "")
         return 0
-    r = fleet.row(sc)
+    r = reader.row(sc)
     core = sc.get("core")
     lines = [f"ID:        {r['id']}", f"Host:      {r['host']}", f"Crashed:   {_when(r['crashed_at'])} UTC",
              f"Exe:       {r['exe'] or '-'}", f"Signal:    {r['signal']}", f"Status:    {r['status']}",
@@ -132,14 +132,14 @@ def run_info(args: argparse.Namespace) -> int:
 
 def run_get(args: argparse.Namespace) -> int:
     client, target, _ = _open(args)
-    sc = fleet.find(client, target, args.id, args.host)
+    sc = reader.find(client, target, args.id, args.host)
     core = sc.get("core") or {}
     workdir = args.output.absolute().parent if args.output else None
 
     def write(out) -> None:
         # One bar over both steps: the download, then the decompression.
         with Progress((core.get("bytes") or 0) + (core.get("raw_bytes") or 0), sc["id"]) as progress:
-            fleet.fetch_core(client, target, sc, output=out, progress=progress, workdir=workdir)
+            reader.fetch_core(client, target, sc, output=out, progress=progress, workdir=workdir)
 
     write_output(args.output, write)
     print(f"wrote {sc['id']} from {sc['host']} ({human_size(core.get('raw_bytes') or 0)}) to "

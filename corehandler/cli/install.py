@@ -6,8 +6,8 @@ import argparse
 import subprocess
 from pathlib import Path
 
-from corehandler import install, supervise
 from corehandler.cli.common import emit, load
+from corehandler.host import install, overview, supervise
 from corehandler.units import human_size
 
 
@@ -148,7 +148,7 @@ def _store_line(store: dict | None) -> str:
 
 
 def _upload_line(up: dict) -> str:
-    from corehandler.upload import status_line
+    from corehandler.fleet.upload_queue import status_line
 
     where = up["url"] or "off (queue left from an earlier [upload])"
     if "error" in up:
@@ -158,7 +158,7 @@ def _upload_line(up: dict) -> str:
 
 def run_status(args: argparse.Namespace) -> int:
     config, paths = load(args)
-    st = install.status(config, paths, csplice=args.csplice)
+    st = overview.status(config, paths, csplice=args.csplice)
     handler = st["csplice"]
     pipe_note = "" if st["core_pipe_limit_ok"] else " (0: /proc/PID may vanish before csplice reads it)"
     lines = [

@@ -1,8 +1,8 @@
 """The MATCH arguments every verb that names dumps takes (list, info, dump, debug, and verbs to come), and the
 dumps they select: add_match_options(parser) when registering, then `with open_dumps(args) as dumps:
-select(args, dumps)`. The rule itself is corehandler/match.py's; this is its command line.
+select(args, dumps)`. The rule itself is corehandler/store/match.py's; this is its command line.
 
-Root reads the index; a user who may not reads their own published view (corehandler/userview.py).
+Root reads the index; a user who may not reads their own published view (corehandler/store/userview.py).
 """
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ import datetime as dt
 import os
 import signal as signals
 
-from corehandler import match
 from corehandler.cli import crashview
 from corehandler.cli.common import load
 from corehandler.errors import NoMatchError, UsageError
 from corehandler.printable import display
-from corehandler.store import Dump, Filter, Store
+from corehandler.store import match
+from corehandler.store.dumprow import Dump
+from corehandler.store.index import Filter, Store
+from corehandler.store.userview import UserView
 from corehandler.units import UnitError, parse_duration
-from corehandler.userview import UserView
 
 MATCH_HELP = ("PID, id (or a unique id prefix, as list prints it), /path/to/exe, or comm; pid=, id=, exe=, "
               "comm= say which. Words of one kind are alternatives, different kinds must all hold")

@@ -7,16 +7,17 @@ import logging
 import signal
 import sys
 
-from corehandler import install
 from corehandler.cli.common import load
 from corehandler.config import write_csplice_settings
+from corehandler.csplice_contract import csplice_version
 from corehandler.daemon import Daemon, Settings, settings_from_config
 from corehandler.errors import CorehandlerError
-from corehandler.install import csplice_version
-from corehandler.journal import JournalObserver
-from corehandler.metrics import MetricsObserver
+from corehandler.fleet.upload import Uploader
+from corehandler.host import overview
+from corehandler.observe.journal import JournalObserver
+from corehandler.observe.metrics import MetricsObserver
+from corehandler.observe.upload_metrics import UploadCollector
 from corehandler.paths import csplice_path
-from corehandler.upload import UploadCollector, Uploader
 
 log = logging.getLogger("corehandler.serve")
 
@@ -37,7 +38,7 @@ def observers_for(config, paths, store_limit) -> tuple[list, list[str]]:
     if config.metrics.enabled or config.metrics.textfile:
         metrics = MetricsObserver.from_config(config.metrics, state_dir=paths.state_dir,
                                               store_limit_bytes=store_limit, csplice_version=_csplice_version(),
-                                              capture_probe=lambda: install.capture_state(config, paths))
+                                              capture_probe=lambda: overview.capture_state(config, paths))
         if config.metrics.enabled:
             try:
                 metrics.serve(config.metrics.listen, config.metrics.port)

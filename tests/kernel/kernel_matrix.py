@@ -21,10 +21,9 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from corehandler.csplice_contract import SPECIFIERS
 from support import cbuild
 from support.crash import build_crasher
-
-from corehandler.install import SPECIFIERS
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

@@ -7,9 +7,8 @@ import json
 import struct
 import subprocess
 
-import pytest
-
 import kernel_matrix
+import pytest
 
 PATTERN = 0xC0FFEE00C0FFEE00
 ADDR = 0x7F0000000000

@@ -10,9 +10,8 @@ from __future__ import annotations
 import os
 import re
 
-import pytest
-
 import kernel_matrix as km
+import pytest
 from kernel_matrix import Case
 
 pytestmark = pytest.mark.qemu

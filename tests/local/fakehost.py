@@ -6,7 +6,7 @@ import os
 import shutil
 from pathlib import Path
 
-from corehandler import install
+from corehandler.host import install
 from corehandler.paths import Paths
 
 SYSTEMD_PATTERN = "|/lib/systemd/systemd-coredump %P %u %g %s %t 9223372036854775808 %h %d"

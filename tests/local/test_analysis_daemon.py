@@ -10,14 +10,16 @@ import time
 
 import pytest
 
-from corehandler import analysis, analysis_index, journal
+from corehandler.analysis import findings, unwind
 from corehandler.cli import main
 from corehandler.daemon import Settings
-from corehandler.metrics import MetricsObserver
-from corehandler.store import Store, row_from_record
+from corehandler.observe import journal
+from corehandler.observe.metrics import MetricsObserver
+from corehandler.store import analyses
+from corehandler.store.dumprow import row_from_record
+from corehandler.store.index import Store
 from support import realcore
 from support.daemon_harness import Recorder, Running, wait_for
-
 
 CONTAINER = "3f2a9c0e1b7d4c5a8e6f0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f"
 POD = "7c4d2a1e-93b5-4f0c-8d6e-1a2b3c4d5e6f"
@@ -58,16 +60,16 @@ def test_ingest_analyses_reports_and_shows(tmp_path, crashes, capsys):
     assert "corehandler_analysis_duration_seconds_count 5.0" in exposition
     assert "corehandler_signatures 3.0" in exposition
     a = events[ids["a"]]["analysis"]
-    assert a["state"] == analysis.OK and a["threads"][0]["frames"][0]["function"] == "crash_segv"
+    assert a["state"] == findings.OK and a["threads"][0]["frames"][0]["function"] == "crash_segv"
     assert a["signature"] == events[ids["b"]]["analysis"]["signature"]
     assert a["exact_key"] == events[ids["b"]]["analysis"]["exact_key"]
     assert events[ids["c"]]["analysis"]["signature_id"] != a["signature_id"]
     assert f'corehandler_signature_dumps{{signature="{a["signature"]}",signature_id="{a["signature_id"]}"}} 2.0' \
         in exposition
     with Store(state, readonly=True) as store:
-        assert analysis_index.analysis_for(store, ids["t"])["crashing_tid"] == crashes["thread"].tid
-        assert analysis_index.analysis_for(store.db, ids["a"])["signature_id"] == a["signature_id"]
-        assert analysis_index.analysis_for(store, "nonexistent") is None
+        assert analyses.analysis_for(store, ids["t"])["crashing_tid"] == crashes["thread"].tid
+        assert analyses.analysis_for(store.db, ids["a"])["signature_id"] == a["signature_id"]
+        assert analyses.analysis_for(store, "nonexistent") is None
 
     # the journal entry: trace in MESSAGE, identity and keys as fields
     record = json.loads(json.dumps(realcore.record_for(crashes["segv"], ids["a"])))
@@ -127,18 +129,18 @@ def test_a_hanging_analyser_delays_ingest_by_its_timeout_only(tmp_path, crashes,
     fake = tmp_path / "eu-stack"
     fake.write_text("#!/bin/sh\nexec sleep 600\n")
     fake.chmod(0o755)
-    real = analysis._tool
-    monkeypatch.setattr(analysis, "_tool", lambda name: str(fake) if name == "eu-stack" else real(name))
+    real = unwind._tool
+    monkeypatch.setattr(unwind, "_tool", lambda name: str(fake) if name == "eu-stack" else real(name))
     state = tmp_path / "state"
     first = realcore.spool(crashes["segv"], state / "spool")
     second = realcore.spool(crashes["other"], state / "spool")
     rec = Recorder()
     started = time.monotonic()
-    ingest_all(state, [rec], analysis_limits=analysis.Limits(timeout=1))
+    ingest_all(state, [rec], analysis_limits=findings.Limits(timeout=1))
     assert time.monotonic() - started < 30
     with Store(state, readonly=True) as store:
         assert {store.get(i).status for i in (first, second)} == {"ok"}
-        assert analysis_index.analysis_for(store, first)["state"] == analysis.TIMEOUT
+        assert analyses.analysis_for(store, first)["state"] == findings.TIMEOUT
     assert [e[1] for e in rec.of("error")] == ["analysis", "analysis"]
 
 
@@ -155,17 +157,17 @@ def test_restart_analyses_what_a_kill_left_and_skips_what_is_gone(tmp_path, cras
             record = json.loads((spool_dir / f"{dump_id}.json").read_text())
             store.insert(row_from_record(record, status="ok", problem=None, path=None, raw_bytes=1, stored_bytes=1,
                                          sha256=None))
-        analysis_index.mark_pending(store, gone)
+        analyses.mark_pending(store, gone)
     for dump_id in (gone, older):
         (spool_dir / f"{dump_id}.core").unlink()
     rec = Recorder()
     ingest_all(state, [rec])
     with Store(state, readonly=True) as store:
-        assert analysis_index.analysis_for(store, left)["signature"].startswith("analysed SIGSEGV crash_segv")
-        g, o = analysis_index.analysis_for(store, gone), analysis_index.analysis_for(store, older)
-        assert g["state"] == o["state"] == analysis.SKIPPED
+        assert analyses.analysis_for(store, left)["signature"].startswith("analysed SIGSEGV crash_segv")
+        g, o = analyses.analysis_for(store, gone), analyses.analysis_for(store, older)
+        assert g["state"] == o["state"] == findings.SKIPPED
         assert "killed mid-analysis" in g["problems"][0] and "before analysis existed" in o["problems"][0]
-        assert analysis_index.unanalysed(store) == []
+        assert analyses.unanalysed(store) == []
     assert not (spool_dir / f"{left}.core").exists()
     assert {e[1] for e in rec.of("ingested")} == {left, gone, older}
 
@@ -181,14 +183,14 @@ def test_metadata_only_and_disabled_are_skipped(tmp_path, crashes):
     off = realcore.spool(crashes["segv"], state / "spool")
     ingest_all(state)  # analysis on: the metadata-only dump is skipped
     with Store(state, readonly=True) as store:
-        m = analysis_index.analysis_for(store, meta)
-        assert m["state"] == analysis.SKIPPED and "metadata_only" in m["problems"][0]
+        m = analyses.analysis_for(store, meta)
+        assert m["state"] == findings.SKIPPED and "metadata_only" in m["problems"][0]
         assert m["identity"]["unit"] == "analysed.service"
     state2 = tmp_path / "state2"
     off = realcore.spool(crashes["segv"], state2 / "spool")
     ingest_all(state2, analysis_enabled=False)
     with Store(state2, readonly=True) as store:
-        assert "disabled" in analysis_index.analysis_for(store, off)["problems"][0]
+        assert "disabled" in analyses.analysis_for(store, off)["problems"][0]
 
 
 def test_a_deleted_dump_takes_its_analysis_along(tmp_path, crashes):
@@ -196,8 +198,8 @@ def test_a_deleted_dump_takes_its_analysis_along(tmp_path, crashes):
     dump_id = realcore.spool(crashes["segv"], state / "spool")
     ingest_all(state)
     with Store(state) as store:
-        full = analysis_index.analysis_for(store, dump_id)
+        full = analyses.analysis_for(store, dump_id)
         assert full["threads"] and full["identity"]["unit"] == "analysed.service"
         assert store.delete(store.get(dump_id), "max_count") is not None
-        assert analysis_index.analysis_for(store, dump_id) is None
+        assert analyses.analysis_for(store, dump_id) is None
         assert store.deletions()["max_count"][0] == 1

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from corehandler import analysis
+from corehandler.analysis import findings, unwind
 from support import realcore
 
 
@@ -34,9 +33,9 @@ def binary(cache):
     return realcore.build(cache, name="analysed")
 
 
-def analyse(tmp_path, binary, *args, limits=analysis.Limits(), **proc):
+def analyse(tmp_path, binary, *args, limits=findings.Limits(), **proc):
     c = realcore.crash(binary, tmp_path / f"core.{'-'.join(args)}", *args)
-    return c, analysis.analyse(c.core, realcore.record_for(c, "id", **proc), limits)
+    return c, unwind.analyse(c.core, realcore.record_for(c, "id", **proc), limits)
 
 
 def top(result):
@@ -44,8 +43,8 @@ def top(result):
 
 
 def test_segv_names_the_function_file_and_line(tmp_path, binary):
-    c, r = analyse(tmp_path, binary, "segv", limits=analysis.Limits(source_lines=True))
-    assert r["state"] == analysis.OK, r["problems"]
+    c, r = analyse(tmp_path, binary, "segv", limits=findings.Limits(source_lines=True))
+    assert r["state"] == findings.OK, r["problems"]
     assert r["crashing_tid"] == c.tid and r["threads"][0]["crashing"]
     f = top(r)
     assert f["function"] == "crash_segv" and f["file"].endswith("analysed.c") and f["line"]
@@ -77,10 +76,10 @@ def test_thread_crashing_among_eight(tmp_path, binary):
 
 
 def test_deep_recursion_is_cut_and_collapsed(tmp_path, binary):
-    _, r = analyse(tmp_path, binary, "recurse", limits=analysis.Limits(frames=32))
+    _, r = analyse(tmp_path, binary, "recurse", limits=findings.Limits(frames=32))
     t = r["threads"][0]
     assert len(t["frames"]) == 32 and t["frames_cut"]
-    assert r["state"] == analysis.PARTIAL and any("frames" in x for x in r["cut"])
+    assert r["state"] == findings.PARTIAL and any("frames" in x for x in r["cut"])
     assert r["signature"] == "analysed SIGSEGV recurse"
 
 
@@ -132,14 +131,14 @@ def test_replaced_and_deleted_exe(tmp_path, cache):
     b = realcore.build(here, name="analysed")
     c = realcore.crash(b, tmp_path / "core", "segv")
     os.replace(realcore.build(cache / "replacement", "-DPAD", name="analysed"), b)
-    r = analysis.analyse(c.core, realcore.record_for(c, "id"))
+    r = unwind.analyse(c.core, realcore.record_for(c, "id"))
     assert r["exe"]["state"] == "replaced" and r["exe"]["disk_build_id"] != r["exe"]["build_id"]
-    assert any("replaced" in p for p in r["problems"]) and r["state"] == analysis.PARTIAL
+    assert any("replaced" in p for p in r["problems"]) and r["state"] == findings.PARTIAL
     assert top(r)["function"] is None  # not symbolised from the wrong file
     b.unlink()
-    r = analysis.analyse(c.core, realcore.record_for(c, "id"))
+    r = unwind.analyse(c.core, realcore.record_for(c, "id"))
     assert r["exe"]["state"] == "deleted"
-    r = analysis.analyse(c.core, dict(realcore.record_for(c, "id"), proc={"exe": f"{b} (deleted)"}))
+    r = unwind.analyse(c.core, dict(realcore.record_for(c, "id"), proc={"exe": f"{b} (deleted)"}))
     assert r["exe"]["state"] == "deleted" and top(r)["offset"] is not None
 
 
@@ -150,21 +149,21 @@ def test_truncated_core(tmp_path, binary):
         cut = tmp_path / f"core.{keep}"
         with open(c.core, "rb") as src, open(cut, "wb") as dst:
             dst.write(src.read(keep))
-        r = analysis.analyse(cut, realcore.record_for(c, "id"))
-        assert r["state"] in (analysis.OK, analysis.PARTIAL, analysis.FAILED)
-        assert r["seconds"] < analysis.Limits().timeout
+        r = unwind.analyse(cut, realcore.record_for(c, "id"))
+        assert r["state"] in (findings.OK, findings.PARTIAL, findings.FAILED)
+        assert r["seconds"] < findings.Limits().timeout
 
 
 def test_thousands_of_threads_are_bounded(tmp_path, binary):
-    c, r = analyse(tmp_path, binary, "threads", "1500", limits=analysis.Limits(threads=64))
+    c, r = analyse(tmp_path, binary, "threads", "1500", limits=findings.Limits(threads=64))
     assert len(r["threads"]) == 64 and r["threads_seen"] == 1501
     assert r["threads"][0]["tid"] == c.tid and top(r)["function"] == "crash_segv"
     assert any("threads: 64 of 1501" in x for x in r["cut"])
 
 
 def test_output_over_the_cap_keeps_what_came_first(tmp_path, binary):
-    _, r = analyse(tmp_path, binary, "thread", limits=analysis.Limits(output_bytes=3000))
-    assert r["state"] == analysis.PARTIAL and any("SIGXFSZ" in p for p in r["problems"])
+    _, r = analyse(tmp_path, binary, "thread", limits=findings.Limits(output_bytes=3000))
+    assert r["state"] == findings.PARTIAL and any("SIGXFSZ" in p for p in r["problems"])
     assert top(r)["function"] == "worker_crash"
 
 
@@ -179,8 +178,8 @@ def test_package_note(tmp_path, cache):
 def test_python_interpreter_crash(tmp_path):
     core = tmp_path / "core"
     c = realcore.crash(Path(sys.executable).resolve(), core, "-c", "import os, signal; os.kill(os.getpid(), 11)")
-    r = analysis.analyse(core, realcore.record_for(c, "id"))
-    assert r["state"] in (analysis.OK, analysis.PARTIAL) and r["threads"][0]["frames"]
+    r = unwind.analyse(core, realcore.record_for(c, "id"))
+    assert r["state"] in (findings.OK, findings.PARTIAL) and r["threads"][0]["frames"]
     assert r["signature"].split()[1] == "SIGSEGV"
 
 
@@ -192,8 +191,8 @@ def fake_stack(tmp_path, monkeypatch):
         path = tmp_path / "fake-eu-stack"
         path.write_text("#!/bin/sh\n" + script)
         path.chmod(0o755)
-        real = analysis._tool
-        monkeypatch.setattr(analysis, "_tool", lambda name: str(path) if name == "eu-stack" else real(name))
+        real = unwind._tool
+        monkeypatch.setattr(unwind, "_tool", lambda name: str(path) if name == "eu-stack" else real(name))
         return path
     return install
 
@@ -202,9 +201,9 @@ def test_hanging_analyser_is_killed_at_the_timeout(tmp_path, binary, fake_stack)
     c = realcore.crash(binary, tmp_path / "core", "segv")
     fake_stack("echo 'TID 1:'\nsleep 600 & sleep 600\n")
     started = time.monotonic()
-    r = analysis.analyse(c.core, realcore.record_for(c, "id"), analysis.Limits(timeout=1))
+    r = unwind.analyse(c.core, realcore.record_for(c, "id"), findings.Limits(timeout=1))
     assert time.monotonic() - started < 20
-    assert r["state"] == analysis.TIMEOUT and "timeout" in r["problems"][0]
+    assert r["state"] == findings.TIMEOUT and "timeout" in r["problems"][0]
     assert r["modules"]  # eu-unstrip finished and is kept
     assert not subprocess.run(["pgrep", "-f", str(tmp_path / "fake-eu-stack")]).returncode == 0
 
@@ -212,15 +211,15 @@ def test_hanging_analyser_is_killed_at_the_timeout(tmp_path, binary, fake_stack)
 def test_crashing_analyser(tmp_path, binary, fake_stack):
     c = realcore.crash(binary, tmp_path / "core", "segv")
     fake_stack("kill -SEGV $$\n")
-    r = analysis.analyse(c.core, realcore.record_for(c, "id"))
-    assert r["state"] == analysis.FAILED and any("killed by SIGSEGV" in p for p in r["problems"])
+    r = unwind.analyse(c.core, realcore.record_for(c, "id"))
+    assert r["state"] == findings.FAILED and any("killed by SIGSEGV" in p for p in r["problems"])
 
 
 def test_missing_analyser(tmp_path, monkeypatch):
-    monkeypatch.setattr(analysis, "_tool", lambda name: None)
-    monkeypatch.setattr(analysis, "_SANDBOX", None)  # probed again without tools, restored afterwards
-    r = analysis.analyse(tmp_path / "nothing", {"tid": 1})
-    assert r["state"] == analysis.UNAVAILABLE and "elfutils" in r["problems"][0]
+    monkeypatch.setattr(unwind, "_tool", lambda name: None)
+    monkeypatch.setattr(unwind, "_SANDBOX", None)  # probed again without tools, restored afterwards
+    r = unwind.analyse(tmp_path / "nothing", {"tid": 1})
+    assert r["state"] == findings.UNAVAILABLE and "elfutils" in r["problems"][0]
 
 
 def test_the_child_has_no_core_no_network_no_proxies_and_low_priority(tmp_path, binary, fake_stack, monkeypatch):
@@ -228,10 +227,11 @@ def test_the_child_has_no_core_no_network_no_proxies_and_low_priority(tmp_path, 
     monkeypatch.setenv("http_proxy", "http://proxy.invalid:3128")
     monkeypatch.setenv("DEBUGINFOD_URLS", "http://debuginfod.invalid")
     fake_stack('echo "TID 1:"\n'
-               'echo "#0  0x0000000000000001 core=$(awk /core.file/{print\\ \\$5} /proc/self/limits),as=$(ulimit -v),nice=$(nice),'
+               'echo "#0  0x0000000000000001 core=$(awk /core.file/{print\\ \\$5} /proc/self/limits),'
+               'as=$(ulimit -v),nice=$(nice),'
                'net=$(awk -F: "NR>2 {gsub(/ /, \\"\\", \\$1); printf \\"%s+\\", \\$1}" /proc/self/net/dev),'
                'env=$(env | grep -ci -e proxy -e debuginfod) - x"\n')
-    r = analysis.analyse(c.core, realcore.record_for(c, "id"), analysis.Limits(memory_bytes=1 << 30))
+    r = unwind.analyse(c.core, realcore.record_for(c, "id"), findings.Limits(memory_bytes=1 << 30))
     facts = dict(kv.split("=", 1) for kv in top(r)["function"].split(","))
     assert facts["core"] == "1" and facts["as"] == str((1 << 30) // 1024) and facts["nice"] == "19"
     assert facts["env"] == "0" and {"limits", "nice", "ionice"} <= set(r["sandbox"])

@@ -9,9 +9,9 @@ import tomllib
 
 import pytest
 
-from corehandler import install
 from corehandler.cli import main
 from corehandler.errors import EXIT_CONFIG, EXIT_NOMATCH, EXIT_PERMISSION, EXIT_USAGE
+from corehandler.host import install
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ from corehandler import paths
 from corehandler.cli import main
 from corehandler.daemon import Settings
 from corehandler.errors import EXIT_CONFIG, EXIT_NOMATCH, EXIT_SYSTEM, EXIT_USAGE
-from corehandler.metrics import MetricsObserver
-from corehandler.store import Store
+from corehandler.observe.metrics import MetricsObserver
+from corehandler.store.index import Store
 from support import cbuild
 from support.daemon_harness import Running, wait_for
 from support.spoolfeed import feed, write_settings

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from corehandler import compress
+from corehandler.store import compress
 from support.spoolfeed import emit_core
 
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import subprocess
 
-from support.csplice_harness import Handler
-
-from corehandler import config, install, strategy
+from corehandler import config, csplice_contract
 from corehandler.paths import Paths
+from support.csplice_harness import Handler
 
 
 def listed(csplice, option: str) -> list[str]:
@@ -19,12 +18,13 @@ def listed(csplice, option: str) -> list[str]:
 
 
 def test_specifiers_are_the_ones_install_puts_in_core_pattern(csplice):
-    assert listed(csplice, "--list-specifiers") == [f"{install.SPECIFIERS} [{install.PIDFD_SPECIFIER}]"]
+    want = f"{csplice_contract.SPECIFIERS} [{csplice_contract.PIDFD_SPECIFIER}]"
+    assert listed(csplice, "--list-specifiers") == [want]
 
 
 def test_strategies_are_the_ones_the_config_accepts(csplice):
-    assert tuple(listed(csplice, "--list-strategies")) == strategy.STRATEGIES
-    config.Config.model_validate({"capture": {"strategy": strategy.STRATEGIES[-1]}})
+    assert tuple(listed(csplice, "--list-strategies")) == csplice_contract.STRATEGIES
+    config.Config.model_validate({"capture": {"strategy": csplice_contract.STRATEGIES[-1]}})
 
 
 def test_settings_are_the_capture_section_with_the_same_defaults(csplice, tmp_path):

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from support.csplice_harness import MiB, Handler, core_args, expected_digest, hash_file, make_fake_proc
+from support.csplice_harness import Handler, MiB, core_args, expected_digest, hash_file, make_fake_proc
 
 
 def resident_bytes(pid: int) -> int:

@@ -8,9 +8,8 @@ import shutil
 
 import pytest
 
-from corehandler.strategy import STRATEGIES
-
-from support.csplice_harness import GiB, MiB, Handler, expected_digest, hash_file
+from corehandler.csplice_contract import STRATEGIES
+from support.csplice_harness import GiB, Handler, MiB, expected_digest, hash_file
 
 MODES = ("write", "vmsplice")
 SIZES = (0, 1, 4095, 65537, 100 * MiB)

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from corehandler import identity
+from corehandler.analysis import identity
 from support.csplice_harness import Handler, core_args, make_fake_proc, rate_file, spool_files
-
 
 
 @pytest.fixture
@@ -137,7 +136,8 @@ def test_namespaces_and_the_oci_bundle_are_read(handler, tmp_path):
     OCI bundle's config.json (here a fake containerd tree under CSPLICE_BUNDLE_ROOT)."""
     cid = "ab" * 32
     proc_root = make_fake_proc(tmp_path / "proc", 4242, b"fakeproc", [b"x"], b"/usr/bin/x")
-    (proc_root / "4242" / "cgroup").write_text(f"0::/kubepods.slice/kubepods-pod1234.slice/cri-containerd-{cid}.scope\n")
+    cgroup = f"0::/kubepods.slice/kubepods-pod1234.slice/cri-containerd-{cid}.scope\n"
+    (proc_root / "4242" / "cgroup").write_text(cgroup)
     (proc_root / "4242" / "ns").mkdir()
     os.symlink("pid:[4026532300]", proc_root / "4242" / "ns" / "pid")
     os.symlink("mnt:[4026531841]", proc_root / "4242" / "ns" / "mnt")

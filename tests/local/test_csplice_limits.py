@@ -12,10 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from corehandler import paths
-from corehandler.strategy import STRATEGIES
-
-from support.csplice_harness import MiB, Handler, core_args, expected_digest, hash_file, make_fake_proc, spool_files
-
+from corehandler.csplice_contract import STRATEGIES
+from support.csplice_harness import Handler, MiB, core_args, expected_digest, hash_file, make_fake_proc, spool_files
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from support.csplice_harness import Handler, core_args, make_fake_proc
+from support.csplice_harness import Handler, core_args
 from support.record_schema import SPECIFIERS, check_record
 
 

@@ -13,8 +13,7 @@ import pytest
 
 import corehandler
 from corehandler import paths
-
-from support.csplice_harness import MiB, Handler
+from support.csplice_harness import Handler, MiB
 
 DEFAULT_SPOOL = "/var/lib/corehandler/spool"
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from support.csplice_harness import MiB, Handler, core_args, rate_file, spool_files
+from support.csplice_harness import Handler, MiB, core_args, rate_file, spool_files
 
 OWN_EXE = os.fsencode(os.readlink("/proc/self/exe"))
 

@@ -5,17 +5,16 @@ reload act; observers hear about all of it and cannot break it."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from pathlib import Path
 
 import pytest
 
-from corehandler import compress, spool
-from corehandler.daemon import Daemon, Settings
-from corehandler.retention import Policy
-from corehandler.store import Store
+from corehandler.daemon import Settings
+from corehandler.store import compress
+from corehandler.store.index import Store
+from corehandler.store.retention import Policy
 from support.daemon_harness import Recorder, Running, wait_for
 from support.spoolfeed import feed, write_settings
 
@@ -202,7 +201,7 @@ def test_recovery_finishes_every_half_done_state(tmp_path, state, feeder, csplic
     compress.store_file(spool_dir / a["core"], store_dir, a["id"], threads=1)
     # b: indexed, raw not removed yet
     with Store(state) as s:
-        from corehandler.store import row_from_record
+        from corehandler.store.dumprow import row_from_record
         stored = compress.store_file(spool_dir / b["core"], store_dir, b["id"], threads=1)
         s.insert(row_from_record(b, status="ok", problem=None, path=stored.path.name, raw_bytes=stored.raw_bytes,
                                  stored_bytes=stored.stored_bytes, sha256=stored.sha256))

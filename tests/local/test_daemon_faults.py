@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from corehandler import compress
 from corehandler.daemon import PAUSE_ENV, PAUSE_POINTS
-from corehandler.store import Store
+from corehandler.store import compress
+from corehandler.store.index import Store
 from support.spoolfeed import feed, write_settings
 
 RUNDAEMON = Path(__file__).parent.parent / "support" / "rundaemon.py"

@@ -10,15 +10,15 @@ import os
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from corehandler import retention
 from corehandler.cli import main
 from corehandler.cli.serve import observers_for
 from corehandler.config import Config
 from corehandler.daemon import Settings
 from corehandler.errors import EXIT_NOMATCH
 from corehandler.paths import Paths
-from corehandler.retention import Policy
-from corehandler.store import Store
+from corehandler.store import retention
+from corehandler.store.index import Store
+from corehandler.store.retention import Policy
 from support.daemon_harness import Recorder, Running, wait_for
 from support.spoolfeed import feed, write_settings
 

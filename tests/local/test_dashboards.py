@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from corehandler import upload
-from corehandler.metrics import MetricsObserver
-from corehandler.store import Store, row_from_record
+from corehandler.fleet import upload_queue
+from corehandler.observe import upload_metrics
+from corehandler.observe.metrics import MetricsObserver
+from corehandler.store.dumprow import row_from_record
+from corehandler.store.index import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "packaging/grafana/corehandler-dashboard.json"
@@ -92,8 +94,8 @@ def exported_names(tmp_path: Path) -> set[str]:
     observer.on_state(1, 2, 3)
     # The upload queue's metrics, which serve adds to the same registry when [upload] is set.
     with Store(tmp_path / "state") as store:
-        upload.ensure_schema(store.db)
-    observer.registry.register(upload.UploadCollector(tmp_path / "state" / "index.sqlite"))
+        upload_queue.ensure_schema(store.db)
+    observer.registry.register(upload_metrics.UploadCollector(tmp_path / "state" / "index.sqlite"))
     return {sample.name for family in observer.registry.collect() for sample in family.samples}
 
 

@@ -1,10 +1,10 @@
-"""Who crashed (corehandler/identity.py), from /proc/PID/cgroup and status texts as each runtime leaves them."""
+"""Who crashed (corehandler/analysis/identity.py), from /proc/PID/cgroup and status texts as each runtime leaves them."""
 
 import json
 
 import pytest
 
-from corehandler import identity
+from corehandler.analysis import identity
 
 ID = "3f2a9c0e1b7d4c5a8e6f0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f"
 UID = "7c4d2a1e-93b5-4f0c-8d6e-1a2b3c4d5e6f"

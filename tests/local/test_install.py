@@ -10,17 +10,24 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
-from corehandler import install, sysctl
-from corehandler.config import Config, render_csplice_settings
-from corehandler.paths import DIR_MODES
-from corehandler.errors import (EXIT_CONFLICT, EXIT_PERMISSION, HandlerConflictError, NotRootError, SystemFailure,
-                                UnsafePathError)
-from corehandler.store import Store, row_from_record
-
 from fakehost import SYSTEMD_PATTERN, FakeHost
 
-SPECS = install.SPECIFIERS
+from corehandler import csplice_contract
+from corehandler.config import Config, render_csplice_settings
+from corehandler.errors import (
+    EXIT_CONFLICT,
+    EXIT_PERMISSION,
+    HandlerConflictError,
+    NotRootError,
+    SystemFailure,
+    UnsafePathError,
+)
+from corehandler.host import install, overview, sysctl
+from corehandler.paths import DIR_MODES
+from corehandler.store.dumprow import row_from_record
+from corehandler.store.index import Store
+
+SPECS = csplice_contract.SPECIFIERS
 
 
 @pytest.fixture
@@ -233,7 +240,7 @@ def test_start_daemon_hook(host):
 
 
 def test_status_before_and_after_install(host):
-    before = install.status(Config(), host.paths, csplice=host.csplice)
+    before = overview.status(Config(), host.paths, csplice=host.csplice)
     assert before["installed"] is False and before["core_pattern"] == "core"
     assert before["core_pattern_matches"] is False and before["core_pipe_limit_ok"] is False
     assert before["sysctl_d"]["exists"] is False and before["previous"] is None
@@ -245,7 +252,7 @@ def test_status_before_and_after_install(host):
     json.dumps(before)
 
     install.install(Config(), host.paths, csplice=host.csplice)
-    after = install.status(Config(), host.paths, csplice=host.csplice)
+    after = overview.status(Config(), host.paths, csplice=host.csplice)
     assert after["installed"] and after["core_pattern_matches"] and after["core_pipe_limit_ok"]
     assert after["core_pipe_limit"] == 16
     assert after["sysctl_d"] == {"path": str(host.paths.sysctl_d / "50-corehandler.conf"), "exists": True,
@@ -253,7 +260,7 @@ def test_status_before_and_after_install(host):
     assert after["previous"]["kernel.core_pattern"] == "core"
     assert after["settings"]["state"] == "current"
     changed = Config.model_validate({"capture": {"fsync": True}})
-    assert install.status(changed, host.paths, csplice=host.csplice)["settings"]["state"].startswith("differs")
+    assert overview.status(changed, host.paths, csplice=host.csplice)["settings"]["state"].startswith("differs")
 
 
 def test_status_counts_spool_and_store(host):
@@ -269,7 +276,7 @@ def test_status_counts_spool_and_store(host):
                                          path=None, raw_bytes=size, stored_bytes=size, sha256=None))
         # A tombstone (retention removed it) is no stored dump.
         store.delete(store.get("17000000002-0123456789abcdef-2"), "max_count")
-    st = install.status(Config(), host.paths, csplice=host.csplice)
+    st = overview.status(Config(), host.paths, csplice=host.csplice)
     assert st["spool"]["pending"] == 3
     assert st["spool"]["bytes"] >= 3 * 8196
     assert st["store"] == {"path": str(host.paths.index_path), "count": 2, "bytes": 3000, "corrupt": 0}
@@ -278,13 +285,13 @@ def test_status_counts_spool_and_store(host):
 def test_status_reports_an_unreadable_index_instead_of_failing(host):
     host.paths.state_dir.mkdir(parents=True)
     host.paths.index_path.write_bytes(b"not a database" * 100)
-    st = install.status(Config(), host.paths, csplice=host.csplice)
+    st = overview.status(Config(), host.paths, csplice=host.csplice)
     assert "error" in st["store"]
 
 
 def test_status_reports_an_unsafe_csplice(host):
     os.chmod(host.csplice, 0o777)
-    st = install.status(Config(), host.paths, csplice=host.csplice)
+    st = overview.status(Config(), host.paths, csplice=host.csplice)
     assert "writable by group or others" in st["csplice"]["problem"]
     assert st["core_pattern_expected"] is None
 

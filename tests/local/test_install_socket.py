@@ -13,14 +13,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
-from corehandler import install, listener
-from corehandler.config import Config
-from corehandler.cli.install import _listener_line
-from corehandler.errors import HandlerConflictError, SystemFailure
-from corehandler.metrics import MetricsObserver
-
 from fakehost import FakeHost
+
+from corehandler.cli.install import _listener_line
+from corehandler.config import Config
+from corehandler.errors import HandlerConflictError, SystemFailure
+from corehandler.host import install, listener, overview
+from corehandler.observe.metrics import MetricsObserver
 
 SOCKET = Path("/run/corehandler/capture/coredump.socket")
 HEADER = "Num       RefCount Protocol Flags    Type St Inode Path\n"
@@ -89,14 +88,14 @@ def test_install_socket_mode_starts_the_listener_first_then_uninstall(host):
     assert host.get("core_pattern") == f"@@{SOCKET}" == done["core_pattern"]
     assert done["mode"] == "socket" and done["listening"] is True and fake.stopped == 0
 
-    st = install.status(Config(), host.paths, csplice=host.csplice)
+    st = overview.status(Config(), host.paths, csplice=host.csplice)
     assert st["installed"] and st["mode"] == "socket" and st["core_pattern_matches"]
     assert st["listener"]["listening"] is True and st["listener"]["socket_path"] == str(SOCKET)
-    assert install.capture_state(Config(), host.paths) == {"mode": "socket", "listening": True, "refused_peers": 0}
+    assert overview.capture_state(Config(), host.paths) == {"mode": "socket", "listening": True, "refused_peers": 0}
 
     fake.gone()  # the listener died: the kernel now drops dumps silently, and status must say so
-    assert install.status(Config(), host.paths, csplice=host.csplice)["listener"]["listening"] is False
-    assert install.capture_state(Config(), host.paths)["listening"] is False
+    assert overview.status(Config(), host.paths, csplice=host.csplice)["listener"]["listening"] is False
+    assert overview.capture_state(Config(), host.paths)["listening"] is False
 
     done = install.uninstall(host.paths, socket_path=SOCKET, stop_listener=fake.stop)
     assert done["was_installed"] and host.get("core_pattern") == "core" and fake.stopped == 1
@@ -152,7 +151,7 @@ def test_status_cli_says_loudly_when_nothing_listens(host):
     fake = FakeListener(host)
     install.install(Config(), host.paths, csplice=host.csplice, mode="socket", start_listener=fake.start)
     fake.gone()
-    line = _listener_line(install.status(Config(), host.paths, csplice=host.csplice)["listener"])
+    line = _listener_line(overview.status(Config(), host.paths, csplice=host.csplice)["listener"])
     assert "NOT LISTENING" in line and "DROPS EVERY DUMP SILENTLY" in line
 
 

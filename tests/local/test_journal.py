@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from corehandler import journal
+from corehandler.observe import journal
 from support.records import RecordMaker
 
 

@@ -1,4 +1,4 @@
-"""corehandler doctor's findings (corehandler/kernelprobe.py): what it reads from fake roots, how it tells a
+"""corehandler doctor's findings (corehandler/host/kernelprobe.py): what it reads from fake roots, how it tells a
 copied page from a referenced one in a core, and its measurements on this host agreeing with their verdicts."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from corehandler import kernelprobe
+from corehandler.host import kernelprobe
 
 
 def test_core_modes_read_from_the_sysctl_root(tmp_path):

@@ -10,9 +10,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
-from corehandler import metrics
-from corehandler.metrics import MetricsObserver
-from corehandler.store import Store, row_from_record
+from corehandler.observe import metrics
+from corehandler.observe.metrics import MetricsObserver
+from corehandler.store.dumprow import row_from_record
+from corehandler.store.index import Store
 from support.records import RecordMaker
 
 MIB = 1 << 20
@@ -232,9 +233,9 @@ def test_textfile_is_written_atomically_without_process_metrics(three_dumps, tmp
 
 def test_real_records_carry_the_release_time(maker):
     """csplice stamps the moment it let the process go, so hold time includes its start-up and metadata reads."""
-    from corehandler import spool
+    from corehandler import fields
 
     record = maker.make(256 * 1024)
     started, ended = record["handler"]["started_realtime_ns"], record["capture"]["ended_realtime_ns"]
-    assert spool.hold_seconds(record) == pytest.approx((ended - started) / 1e9, abs=1e-6)
+    assert fields.hold_seconds(record) == pytest.approx((ended - started) / 1e9, abs=1e-6)
     assert ended - started >= record["capture"]["ns"]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from corehandler import supervise
+from corehandler.host import supervise
 from corehandler.paths import Paths
 from support.waiting import wait_for
 
@@ -31,7 +31,8 @@ def supervisors_of(paths: Paths) -> list[int]:
             cmdline = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"corehandler.supervise" in cmdline and str(paths.run_dir).encode() in cmdline and alive(int(proc.name)):
+        ours = b"corehandler.host.supervise" in cmdline and str(paths.run_dir).encode() in cmdline
+        if ours and alive(int(proc.name)):
             found.append(int(proc.name))
     return found
 
@@ -102,7 +103,7 @@ def test_start_is_idempotent(paths, tmp_path):
 
 def test_a_second_supervisor_refuses_while_the_first_holds_the_lock(paths, tmp_path):
     first = supervise.start(paths, command=script(tmp_path, "sleeper.py", SLEEPER))
-    run = subprocess.run([sys.executable, "-m", "corehandler.supervise", "run", "--run-dir", str(paths.run_dir),
+    run = subprocess.run([sys.executable, "-m", "corehandler.host.supervise", "run", "--run-dir", str(paths.run_dir),
                           "--log-file", str(tmp_path / "second.log"), "--", "/bin/true"],
                          capture_output=True, text=True, timeout=30)
     assert run.returncode == 1

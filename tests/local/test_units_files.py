@@ -19,7 +19,7 @@ import pytest
 
 from corehandler import paths
 from corehandler.config import KernelConfig
-from corehandler.install import SPECIFIERS
+from corehandler.csplice_contract import SPECIFIERS
 from corehandler.paths import DIR_MODES
 
 ROOT = Path(__file__).resolve().parents[2]

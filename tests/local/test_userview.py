@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from corehandler import paths, userview
+from corehandler import paths
 from corehandler.cli import main
 from corehandler.daemon import Settings
 from corehandler.errors import EXIT_NOMATCH, EXIT_PERMISSION
 from corehandler.paths import DIR_MODES
+from corehandler.store import userview
 from support import cbuild
 from support.asuser import program_runnable_by, run_as, run_as_program
 from support.daemon_harness import Running, wait_for
@@ -150,7 +151,8 @@ def test_a_user_without_access_gets_one_line_and_exit_4(published):
     finally:
         os.chmod(state, DIR_MODES["state"])
     got = cli(published, USER, "vacuum")
-    assert got.returncode == EXIT_PERMISSION and got.stderr == b"corehandler: vacuum deletes stored dumps and needs root\n"
+    assert got.returncode == EXIT_PERMISSION
+    assert got.stderr == b"corehandler: vacuum deletes stored dumps and needs root\n"
 
 
 def test_views_follow_deletions_and_the_index_of_an_older_version(published, capsys):
@@ -159,7 +161,7 @@ def test_views_follow_deletions_and_the_index_of_an_older_version(published, cap
     state, *_ = published
     (state / "users" / f"{USER}.json").unlink()
     (state / "users" / "4242.json").write_text("{}")  # a user whose dumps are gone
-    from corehandler.store import Store
+    from corehandler.store.index import Store
 
     with Store(state) as store:
         userview.refresh(store)

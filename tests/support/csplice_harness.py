@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corehandler import paths
-
 from support import cbuild
 from support.record_schema import check_record
 

@@ -6,7 +6,6 @@ import functools
 import threading
 
 from corehandler.daemon import Daemon
-
 from support import waiting
 
 # The daemon's passes compress and index: give them longer than waiting.wait_for's default.

@@ -8,7 +8,7 @@ import fcntl
 from pathlib import Path
 
 # One lock for the tests, the benchmarks and doctor --probe: core_pattern is global.
-from corehandler.sysctl import CORE_PATTERN_LOCK
+from corehandler.host.sysctl import CORE_PATTERN_LOCK
 
 SYSCTLS = ("kernel/core_pattern", "kernel/core_pipe_limit")
 

@@ -16,9 +16,8 @@ import stat
 import subprocess
 from pathlib import Path
 
-from corehandler import supervise
+from corehandler.host import supervise
 from corehandler.paths import DEFAULT_CONFIG_DIR, DEFAULT_STATE_DIR, Paths
-
 from support.host_core import CORE_PATTERN_LOCK
 
 SYSCTLS = ("kernel/core_pattern", "kernel/core_pipe_limit", "fs/suid_dumpable")

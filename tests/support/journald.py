@@ -53,7 +53,7 @@ exec "$@"
 # stdin (`[method, args]`); each call answers one line of JSON (the result) on stdout.
 DRIVER = """
 import json, os, sys
-from corehandler.journal import JournalObserver
+from corehandler.observe.journal import JournalObserver
 observer = JournalObserver(**json.loads(sys.argv[1]))
 for line in sys.stdin:
     method, args = json.loads(line)
@@ -67,7 +67,7 @@ for line in sys.stdin:
 
 
 class JournalClient:
-    """corehandler.journal.JournalObserver in a process that sees the private journald's socket directory."""
+    """corehandler.observe.journal.JournalObserver in a process that sees the private journald's socket directory."""
 
     def __init__(self, root: Path, **options: object) -> None:
         self.stderr_path = root / f"client-{time.monotonic_ns()}.stderr"

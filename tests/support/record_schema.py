@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from corehandler.install import PIDFD_SPECIFIER, SPECIFIERS as _ARGV
-from corehandler.strategy import STRATEGIES
+from corehandler.csplice_contract import PIDFD_SPECIFIER, STRATEGIES
+from corehandler.csplice_contract import SPECIFIERS as _ARGV
 
 SPECIFIERS = tuple(spec.removeprefix("%") for spec in (*_ARGV.split(), PIDFD_SPECIFIER))
 TRUNCATED_REASONS = (None, "max_dump_size", "min_free", "timeout", "read_error", "write_error", "rlimit_core")

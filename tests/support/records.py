@@ -37,10 +37,6 @@ class RecordMaker:
         return store_dump(record, self.spool, self.store)
 
 
-def store_dump(self, record: dict) -> dict:
-        return store_dump(record, self.spool, self.store)
-
-
 def store_dump(record: dict, spool: Path, store: Path, level: int = 3) -> dict:
     """What the daemon reports in on_ingested's `stored`: the core compressed with zstd into `store`."""
     started = time.monotonic()

@@ -3,7 +3,7 @@
 Observer events are printed to stdout as JSON lines, so a test can see what the daemon reported.
 usage: rundaemon.py STATE_DIR [--no-compression] [--level N] [--threads N] [--sweep SEC] [--retry SEC]
                     [--max-count N] [--upload UPLOAD.json]
---upload adds the uploader (corehandler.upload.Uploader) with that [upload] section, given as JSON.
+--upload adds the uploader (corehandler.fleet.upload.Uploader) with that [upload] section, given as JSON.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from corehandler.daemon import Daemon, Settings
-from corehandler.retention import Policy
+from corehandler.store.retention import Policy
 
 
 class PrintObserver:
@@ -49,7 +49,7 @@ def main() -> int:
     observers = [PrintObserver()]
     if a.upload:
         from corehandler.config import UploadConfig
-        from corehandler.upload import Uploader
+        from corehandler.fleet.upload import Uploader
         observers.append(Uploader(UploadConfig.model_validate(json.loads(a.upload.read_text())), a.state_dir))
     return Daemon(settings, observers=observers, handle_signals=True).run()
 

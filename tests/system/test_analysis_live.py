@@ -10,11 +10,10 @@ import resource
 import subprocess
 
 import pytest
+from test_daemon_live import live, serve, stop  # noqa: F401 (live is a fixture)
 
 from support import realcore
 from support.daemon_harness import wait_for
-
-from test_daemon_live import live, serve, stop  # noqa: F401 (live is a fixture)
 
 pytestmark = [pytest.mark.root, pytest.mark.live_kernel]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from corehandler import elfcore, paths
-from corehandler.install import SPECIFIERS
+from corehandler.csplice_contract import SPECIFIERS
 from support.crash import build_crasher, crash
 from support.daemon_harness import wait_for
 

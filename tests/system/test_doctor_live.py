@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from corehandler import kernelprobe, strategy, sysctl
+from corehandler import csplice_contract
+from corehandler.host import kernelprobe, sysctl
 
 pytestmark = [pytest.mark.root, pytest.mark.live_kernel]
 
@@ -51,7 +52,7 @@ def test_probe_finds_pidfd_and_the_kernels_copy_kind_and_restores_the_pattern(ho
     use_pipe = found["coredump_use_pipe"]
     assert use_pipe["how"] == "probed"
     # The probe's behaviour and the kernel's symbol table (strategy.py) agree on which kernel this is.
-    assert use_pipe["value"] is strategy.kernel_vmsplices_cores(), use_pipe
+    assert use_pipe["value"] is csplice_contract.kernel_vmsplices_cores(), use_pipe
     assert use_pipe["core_bytes"] > 1 << 20  # the 1 MiB filler was dumped too
     # %F (6.16) predates socket mode (6.17): a kernel with the one passes a pidfd of the crashed process as %F.
     if "socket" in (kernelprobe.core_modes()["value"] or []):
@@ -73,4 +74,4 @@ def test_a_failed_probe_restores_the_pattern(host_core_settings, tmp_path, monke
 def test_doctor_probe_from_the_command_line_answers_in_json():
     found = doctor("--probe")
     assert found["coredump_use_pipe"]["how"] == found["pidfd_specifier"]["how"] == "probed"
-    assert found["coredump_use_pipe"]["value"] is strategy.kernel_vmsplices_cores()
+    assert found["coredump_use_pipe"]["value"] is csplice_contract.kernel_vmsplices_cores()

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from corehandler import paths as paths_mod
-from corehandler import sysctl
-from corehandler.install import SPECIFIERS
+from corehandler.csplice_contract import SPECIFIERS
+from corehandler.host import sysctl
 from support.crash import PATTERN, build_crasher
 from support.waiting import wait_for
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from corehandler import journal
+from corehandler.observe import journal
 from support.journald import PrivateJournald, expected_dump_fields, field_bytes, mismatches
 from support.records import RecordMaker
 

@@ -10,10 +10,12 @@ import urllib.request
 
 import pytest
 
-from corehandler import journal, paths
-from corehandler.install import SPECIFIERS
-from corehandler.metrics import MetricsObserver
-from corehandler.store import Store, row_from_record
+from corehandler import paths
+from corehandler.csplice_contract import SPECIFIERS
+from corehandler.observe import journal
+from corehandler.observe.metrics import MetricsObserver
+from corehandler.store.dumprow import row_from_record
+from corehandler.store.index import Store
 from support.crash import build_crasher, crash, python_crash
 from support.journald import PrivateJournald, expected_dump_fields, field_bytes, mismatches
 from support.prometheus import PrometheusServer, free_port

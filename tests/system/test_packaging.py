@@ -2,7 +2,7 @@
 process into it, `apt-get remove` (dumps kept), `apt-get purge` (nothing left), with the kernel's previous
 core handler given back exactly.
 
-This host has no systemd as PID 1, so the package runs the daemon through corehandler.supervise: that is the
+This host has no systemd as PID 1, so the package runs the daemon through corehandler.host.supervise: that is the
 path under test here. The unit file is checked as installed with systemd-analyze.
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from corehandler.csplice_contract import SPECIFIERS
 from corehandler.errors import EXIT_CONFLICT
-from corehandler.install import SPECIFIERS
 from corehandler.paths import DIR_MODES
 from support.crash import build_crasher, crash
 from support.waiting import wait_for
@@ -60,7 +60,7 @@ def package_state() -> str:
 
 
 def supervisor(verb: str) -> subprocess.CompletedProcess:
-    return run(PYTHON, "-m", "corehandler.supervise", verb, check=False, timeout=60)
+    return run(PYTHON, "-m", "corehandler.host.supervise", verb, check=False, timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def clean_host(host_core_settings):
     # stopped for the test and started again after, by the interpreter that ran it.
     host_python = live_supervisor_python()
     if host_python:
-        subprocess.run([host_python, "-m", "corehandler.supervise", "stop"], check=True, capture_output=True,
+        subprocess.run([host_python, "-m", "corehandler.host.supervise", "stop"], check=True, capture_output=True,
                        timeout=60)
     for name, value in FOREIGN.items():
         Path("/proc/sys", name).write_text(value + "\n")
@@ -100,13 +100,13 @@ def clean_host(host_core_settings):
                 shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
             os.rename(moved, path)
         if host_python:
-            subprocess.run([host_python, "-m", "corehandler.supervise", "start"], check=True, capture_output=True,
+            subprocess.run([host_python, "-m", "corehandler.host.supervise", "start"], check=True, capture_output=True,
                            timeout=60)
 
 
 def live_supervisor_python() -> str | None:
     """The interpreter of the host's running supervisor (from its pid file), or None when none runs."""
-    from corehandler import supervise
+    from corehandler.host import supervise
     from corehandler.paths import Paths
 
     current = supervise.status(Paths())

@@ -8,8 +8,9 @@ import os
 
 import pytest
 
-from corehandler.metrics import MetricsObserver
-from corehandler.store import Store, row_from_record
+from corehandler.observe.metrics import MetricsObserver
+from corehandler.store.dumprow import row_from_record
+from corehandler.store.index import Store
 from support.prometheus import PrometheusServer, free_port
 from support.records import RecordMaker
 

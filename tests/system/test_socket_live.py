@@ -22,13 +22,13 @@ import time
 from pathlib import Path
 
 import pytest
+from test_install_live import check_pattern, cli, parse_core, sysctl_d_file, wait_for_record  # noqa: F401 (a fixture)
 
-from corehandler import listener, supervise, sysctl
 from corehandler.cli.common import base_paths
+from corehandler.host import listener, supervise, sysctl
 from corehandler.paths import Paths
 from support.crash import build_crasher
 from support.waiting import wait_for
-from test_install_live import check_pattern, cli, parse_core, sysctl_d_file, wait_for_record  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.root, pytest.mark.live_kernel,
               pytest.mark.skipif(listener.socket_prefix() != "@@", reason="needs a kernel with @@ (Linux 6.17+)")]

@@ -9,10 +9,10 @@ import os
 import signal
 
 import pytest
+from test_daemon_live import live, logged, serve, sha_of, stop  # noqa: F401 (live is a fixture)  # pyflakes: ignore
 
 from support.crash import build_crasher, crash
 from support.daemon_harness import wait_for
-from test_daemon_live import live, logged, serve, sha_of, stop  # noqa: F401 (live is a fixture)  # pyflakes: ignore
 
 pytestmark = [pytest.mark.root, pytest.mark.live_kernel, pytest.mark.s3]
 

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from corehandler import upload
-from corehandler.bucket import client as bucket_client
 from corehandler.cli import main
 from corehandler.config import UploadConfig, toml_value
 from corehandler.daemon import Settings
 from corehandler.errors import EXIT_SYSTEM
-from corehandler.store import Store
+from corehandler.fleet import upload, upload_queue
+from corehandler.fleet.bucket import client as bucket_client
+from corehandler.store.index import Store
 from support.daemon_harness import Running, wait_for
 from support.spoolfeed import feed, write_settings
 
@@ -74,7 +74,7 @@ class Host:
         if not (self.state / "index.sqlite").exists():
             return None
         with Store(self.state, readonly=True) as store:
-            return upload.stats(store.db)
+            return upload_queue.stats(store.db)
 
     def done(self) -> int:
         st = self.queue()
@@ -180,7 +180,7 @@ def test_server_stopped_mid_multipart_and_restarted(tmp_path, s3_private, feeder
 
 
 def _rundaemon(host: Host, pause: str | None = None) -> subprocess.Popen:
-    config = host.root / "upload.json"
+    config = host.root / "uploader.json"
     config.write_text(json.dumps(host.upload))
     env = dict(os.environ)
     if pause:
@@ -253,7 +253,7 @@ def test_a_misconfigured_bucket_is_one_clear_line_not_a_retry_storm(tmp_path, s3
         s3.credentials_file(Path(host.upload["credentials_file"]), secret="not-the-secret")
     for i in range(3):
         host.crash(feeder, csplice, size=1 << 16, pid=500 + i, keep_core=False)
-    caplog.set_level(logging.INFO, logger="corehandler.upload")
+    caplog.set_level(logging.INFO, logger="corehandler.fleet.upload")
     with Running(host.settings, [host.uploader()]):
         wait_for(lambda: host.failures() >= 3, what="a few failed attempts", timeout=60)
     st = host.queue()
@@ -359,7 +359,7 @@ def _fake_host_store(state: Path, dump_id: str, payload: bytes) -> None:
     """A state dir whose index holds one stored dump of exe /usr/bin/crasher, signal 11."""
     import zstandard
 
-    from corehandler.store import row_from_record
+    from corehandler.store.dumprow import row_from_record
 
     (state / "store").mkdir(parents=True)
     (state / "store" / f"{dump_id}.zst").write_bytes(zstandard.ZstdCompressor().compress(payload))
@@ -369,8 +369,8 @@ def _fake_host_store(state: Path, dump_id: str, payload: bytes) -> None:
         store.insert(row_from_record(record, status="ok", problem=None, path=f"{dump_id}.zst",
                                      raw_bytes=len(payload), stored_bytes=0,
                                      sha256=hashlib.sha256(payload).hexdigest()))
-        upload.ensure_schema(store.db)
-        upload.enqueue(store.db, dump_id)
+        upload_queue.ensure_schema(store.db)
+        upload_queue.enqueue(store.db, dump_id)
 
 
 def test_a_simulated_fleet_racing_for_one_signature_leaves_exactly_n_cores(tmp_path, s3):

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from corehandler import analysis_index, paths
+from corehandler import paths
 from corehandler.config import Config, write_csplice_settings
+from corehandler.csplice_contract import SPECIFIERS
 from corehandler.daemon import Settings
 from corehandler.errors import EXIT_NOMATCH
-from corehandler.install import SPECIFIERS
-from corehandler.store import Store
+from corehandler.store import analyses
+from corehandler.store.index import Store
 from support.asuser import run_as
 from support.crash import build_crasher, crash
 from support.daemon_harness import Running, wait_for
@@ -76,7 +77,7 @@ def test_nobody_lists_and_dumps_their_own_real_crash_only(host_core_settings):
         assert row.split()[3:5] == [str(mine.pid), str(NOBODY)] and mine.id in row
         # The view carries the analysis too, as coredumpctl shows a user their own trace.
         with Store(state, readonly=True) as store:
-            signature_id = analysis_index.analysis_for(store, mine.id)["signature_id"]
+            signature_id = analyses.analysis_for(store, mine.id)["signature_id"]
         assert signature_id and signature_id in row, row
         info = run_as(NOBODY, NOBODY, argv + ["info", mine.id])
         assert info.returncode == 0 and b"Stack trace of thread" in info.stdout, info

@@ -1,15 +1,15 @@
-"""Parsing eu-stack output (corehandler/analysis.py) on crafted text: the shapes a real run
+"""Parsing eu-stack output (corehandler/analysis/unwind.py) on crafted text: the shapes a real run
 rarely shows (newlines in symbols, megabyte names, thousands of threads, errors)."""
 
 import io
 
-from corehandler import analysis
+from corehandler.analysis import findings
 
 BID = "3d7246d4cd6c9b2cff30032b2a5efcf0dbf058c5"
 
 
 def stack(text, **limits):
-    return analysis.parse_stack(io.BytesIO(text.encode("utf-8", "surrogateescape")), analysis.Limits(**limits))
+    return findings.parse_stack(io.BytesIO(text.encode("utf-8", "surrogateescape")), findings.Limits(**limits))
 
 
 def frame(i, function, module="t", offset=0x1186):
@@ -60,32 +60,32 @@ def test_errors_go_on_their_threads():
     err = io.BytesIO(b"/usr/bin/eu-stack: dwfl_thread_getframes tid 8 at 0x5555 in <unknown>: No DWARF\n"
                      b"eu-stack: tid 7: shown max number of frames (64, use -n 0 for unlimited)\n"
                      b"eu-stack: something else\n")
-    problems = analysis.apply_errors(out, err, analysis.Limits())
+    problems = findings.apply_errors(out, err, findings.Limits())
     t7, t8 = out["threads"]
     assert t7["frames_cut"] and t8["error"] == "No DWARF" and problems == ["eu-stack: something else"]
 
 
 def test_crashing_thread_first_by_tid():
     out = stack("TID 1:\n" + frame(0, "idle") + "TID 9:\n" + frame(0, "crash"))
-    result = analysis.build_result({"tid": 9, "signal": 11, "proc": {"exe": "/nonexistent/t"}}, out, [], False, [],
+    result = findings.build_result({"tid": 9, "signal": 11, "proc": {"exe": "/nonexistent/t"}}, out, [], False, [],
                                    False)
     assert [t["tid"] for t in result["threads"]] == [9, 1]
     assert result["threads"][0]["crashing"] and not result["threads"][1]["crashing"]
     assert result["signature"].startswith("t SIGSEGV crash")
-    assert result["exe"]["state"] == "deleted" and result["state"] == analysis.PARTIAL
+    assert result["exe"]["state"] == "deleted" and result["state"] == findings.PARTIAL
 
 
 def test_no_frames_is_failed():
-    result = analysis.build_result({"tid": 9}, stack(""), [], False, ["eu-stack killed by SIGSEGV"], False)
-    assert result["state"] == analysis.FAILED and "signature" not in result
+    result = findings.build_result({"tid": 9}, stack(""), [], False, ["eu-stack killed by SIGSEGV"], False)
+    assert result["state"] == findings.FAILED and "signature" not in result
 
 
 def test_exe_module():
     modules = [{"name": "/usr/lib/libc.so.6"}, {"name": "/tmp/t (deleted)"}]
-    assert analysis.exe_module(modules, "/tmp/t (deleted)") is modules[1]
-    assert analysis.exe_module(modules, "/other") is modules[0] and analysis.exe_module([], "/x") is None
+    assert findings.exe_module(modules, "/tmp/t (deleted)") is modules[1]
+    assert findings.exe_module(modules, "/other") is modules[0] and findings.exe_module([], "/x") is None
 
 
 def test_escape():
-    assert analysis.escape("a\nb\udcff", 100) == "a\\x0ab\\xff"
-    assert analysis.escape("x" * 10, 4) == "xxxx...[cut]"
+    assert findings.escape("a\nb\udcff", 100) == "a\\x0ab\\xff"
+    assert findings.escape("x" * 10, 4) == "xxxx...[cut]"

@@ -10,8 +10,15 @@ from pathlib import Path
 import pytest
 
 from corehandler import config as config_mod
-from corehandler.config import (Config, config_files, config_json, load_config, render_csplice_settings,
-                                render_toml, write_csplice_settings)
+from corehandler.config import (
+    Config,
+    config_files,
+    config_json,
+    load_config,
+    render_csplice_settings,
+    render_toml,
+    write_csplice_settings,
+)
 from corehandler.errors import EXIT_CONFIG, ConfigError
 from corehandler.paths import Paths
 from corehandler.units import SizeOrPercent
@@ -238,7 +245,8 @@ def test_render_csplice_settings(paths):
     c = load_config(paths)
     s = parse_settings(render_csplice_settings(c, c.paths(paths)))
     assert s == {
-        "spool_dir": "/var/lib/corehandler/spool", "strategy": "splice", "chunk_size": str(256 << 10), "pipe_size": str(1 << 20),
+        "spool_dir": "/var/lib/corehandler/spool", "strategy": "splice", "chunk_size": str(256 << 10),
+        "pipe_size": str(1 << 20),
         "max_dump_size": str(1 << 30), "direct_above": "0", "min_free": "13%", "max_pending": "64",
         "max_per_exe_per_minute": "16", "timeout": "2", "fsync": "no", "sparse": "yes",
         "collect_environ": "no", "collect_maps": "yes",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from corehandler.progress import Progress
+from corehandler.cli.progress import Progress
 
 
 class Tty(io.StringIO):
@@ -23,7 +23,7 @@ def test_no_bar_when_stderr_is_not_a_terminal():
 def test_a_terminal_gets_a_bar_that_ends_with_its_line(monkeypatch):
     out = Tty()
     ticks = iter(range(0, 1000))
-    monkeypatch.setattr("corehandler.progress.time.monotonic", lambda: next(ticks) * 1.0)
+    monkeypatch.setattr("corehandler.cli.progress.time.monotonic", lambda: next(ticks) * 1.0)
     with Progress(4 << 20, "1700-abc-1", out) as p:
         p(1 << 20)
         p(3 << 20)

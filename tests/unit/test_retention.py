@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corehandler.retention import Item, Policy, apply, plan, violations
+from corehandler.store.retention import Item, Policy, apply, plan, violations
 
 NOW = 1_000_000.0
 DAY = 86400.0

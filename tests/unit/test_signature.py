@@ -1,8 +1,8 @@
-"""The grouping keys (corehandler/signature.py): pure functions, tested by tables."""
+"""The grouping keys (corehandler/analysis/signature.py): pure functions, tested by tables."""
 
 import pytest
 
-from corehandler import signature
+from corehandler.analysis import signature
 
 
 def fr(function=None, module="app", offset=0x10, build_id="aa", pc=0x1000):

@@ -9,7 +9,8 @@ import pytest
 
 from corehandler.errors import UsageError
 from corehandler.paths import DIR_MODES
-from corehandler.store import SCHEMA_VERSION, UNKNOWN_RULE, Filter, Store, StoreError, row_from_record
+from corehandler.store.dumprow import row_from_record
+from corehandler.store.index import SCHEMA_VERSION, UNKNOWN_RULE, Filter, Store, StoreError
 
 
 def _record(n: int, *, pid=None, comm="app", exe="/usr/bin/app", signal=11, ts=None):

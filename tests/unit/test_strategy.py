@@ -1,11 +1,11 @@
-"""corehandler.strategy: telling a COREDUMP_USE_PIPE kernel from a stock one by its kallsyms, and what
+"""corehandler.csplice_contract: telling a COREDUMP_USE_PIPE kernel from a stock one by its kallsyms, and what
 `strategy = "auto"` then renders into csplice.conf. (That csplice knows every name: test_csplice_contract.py.)"""
 
 from __future__ import annotations
 
 import pytest
 
-from corehandler import config, strategy
+from corehandler import config, csplice_contract
 from corehandler.paths import Paths
 
 STOCK = b"""\
@@ -38,7 +38,7 @@ def test_auto_follows_the_kind_of_kernel(tmp_path, kallsyms, patched):
     """A patched kernel vmsplices the process's own pages into the pipe, so a splicing handler copies them
     never; on a stock kernel the pipe holds the kernel's copy and read/write measured best."""
     (tmp_path / "kallsyms").write_bytes(kallsyms)
-    assert strategy.kernel_vmsplices_cores(tmp_path) is patched
+    assert csplice_contract.kernel_vmsplices_cores(tmp_path) is patched
     chosen = rendered_strategy(tmp_path)
     assert chosen.startswith("splice") is patched, chosen
 
@@ -51,7 +51,7 @@ def test_a_configured_strategy_is_not_second_guessed(tmp_path):
 
 def test_unreadable_kallsyms_reads_as_stock(tmp_path):
     """Unreadable reads as stock: the stock choice is never slow on a patched kernel, the reverse can be."""
-    assert strategy.kernel_vmsplices_cores(tmp_path) is False  # no kallsyms at all
+    assert csplice_contract.kernel_vmsplices_cores(tmp_path) is False  # no kallsyms at all
     (tmp_path / "kallsyms").mkdir()
-    assert strategy.kernel_vmsplices_cores(tmp_path) is False
+    assert csplice_contract.kernel_vmsplices_cores(tmp_path) is False
     assert not rendered_strategy(tmp_path).startswith("splice")

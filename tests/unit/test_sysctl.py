@@ -6,8 +6,8 @@ import stat
 
 import pytest
 
-from corehandler import sysctl
 from corehandler.errors import SystemFailure
+from corehandler.host import sysctl
 
 
 @pytest.fixture

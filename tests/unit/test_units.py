@@ -8,8 +8,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corehandler.units import (MAX_DURATION, MAX_SIZE, SizeOrPercent, UnitError, format_duration, format_percent,
-                               format_size, human_size, parse_duration, parse_percent, parse_size)
+from corehandler.units import (
+    MAX_DURATION,
+    MAX_SIZE,
+    SizeOrPercent,
+    UnitError,
+    format_duration,
+    format_percent,
+    format_size,
+    human_size,
+    parse_duration,
+    parse_percent,
+    parse_size,
+)
 
 K, M, G, T = 1024, 1024**2, 1024**3, 1024**4
 

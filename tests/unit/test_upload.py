@@ -15,10 +15,11 @@ import pytest
 import zstandard
 from botocore.exceptions import ClientError, EndpointConnectionError
 
-from corehandler import bucket, upload
 from corehandler.config import Config, UploadConfig
 from corehandler.errors import ConfigError
-from corehandler.store import Store, row_from_record
+from corehandler.fleet import bucket, payload, upload, upload_queue
+from corehandler.store.dumprow import row_from_record
+from corehandler.store.index import Store
 
 moto = pytest.importorskip("moto", reason="moto is a test dependency (scripts/pip/test.txt)")
 
@@ -38,7 +39,7 @@ def test_digests_match_the_s3_checksums(tmp_path, size, part):
     data = random.Random(size).randbytes(size)
     path = tmp_path / "f"
     path.write_bytes(data)
-    d = upload.digests(path, part)
+    d = payload.digests(path, part)
     assert d.size == size and d.sha256 == hashlib.sha256(data).hexdigest()
     assert d.full_b64 == base64.b64encode(hashlib.sha256(data).digest()).decode()
     parts = [hashlib.sha256(data[i:i + part]).digest() for i in range(0, size, part)]
@@ -48,20 +49,20 @@ def test_digests_match_the_s3_checksums(tmp_path, size, part):
 def test_check_object_compares_size_and_checksum(tmp_path):
     path = tmp_path / "f"
     path.write_bytes(b"x" * 100)
-    d = upload.digests(path, 5 << 20)
-    assert upload.check_object({"ContentLength": 100, "ChecksumSHA256": d.full_b64}, d, multipart=False) is None
-    assert upload.check_object({"ContentLength": 100, "ChecksumSHA256": d.composite_b64}, d, multipart=True) is None
-    assert "size" in upload.check_object({"ContentLength": 99, "ChecksumSHA256": d.full_b64}, d, multipart=False)
-    assert "checksum" in upload.check_object({"ContentLength": 100, "ChecksumSHA256": "AAAA"}, d, multipart=False)
-    assert upload.check_object({"ContentLength": 100}, d, multipart=False) is None  # no checksums kept: size
-    assert upload.check_object({"ContentLength": 1}, d, multipart=False) is not None
+    d = payload.digests(path, 5 << 20)
+    assert payload.check_object({"ContentLength": 100, "ChecksumSHA256": d.full_b64}, d, multipart=False) is None
+    assert payload.check_object({"ContentLength": 100, "ChecksumSHA256": d.composite_b64}, d, multipart=True) is None
+    assert "size" in payload.check_object({"ContentLength": 99, "ChecksumSHA256": d.full_b64}, d, multipart=False)
+    assert "checksum" in payload.check_object({"ContentLength": 100, "ChecksumSHA256": "AAAA"}, d, multipart=False)
+    assert payload.check_object({"ContentLength": 100}, d, multipart=False) is None  # no checksums kept: size
+    assert payload.check_object({"ContentLength": 1}, d, multipart=False) is not None
 
 
 def test_what_capture_keeps_locally_stays_unless_upload_says():
     record = {"id": "x", "proc": {"exe": "/bin/x", "environ": ["SECRET=1"], "maps": "00400000-..."}}
-    assert upload.shareable_record(record, environ=False, maps=False)["proc"] == {"exe": "/bin/x"}
-    assert upload.shareable_record(record, environ=True, maps=False)["proc"]["environ"] == ["SECRET=1"]
-    assert "maps" in upload.shareable_record(record, environ=False, maps=True)["proc"]
+    assert payload.shareable_record(record, environ=False, maps=False)["proc"] == {"exe": "/bin/x"}
+    assert payload.shareable_record(record, environ=True, maps=False)["proc"]["environ"] == ["SECRET=1"]
+    assert "maps" in payload.shareable_record(record, environ=False, maps=True)["proc"]
     assert record["proc"]["environ"] == ["SECRET=1"]  # the index's copy is untouched
 
 
@@ -179,8 +180,8 @@ def _store_with_dump(state: Path, dump_id: str, payload: bytes) -> None:
     with Store(state) as store:
         store.insert(row_from_record(record, status="ok", problem=None, path=f"{dump_id}.zst", raw_bytes=len(payload),
                                      stored_bytes=0, sha256=hashlib.sha256(payload).hexdigest()))
-        upload.ensure_schema(store.db)
-        upload.enqueue(store.db, dump_id)
+        upload_queue.ensure_schema(store.db)
+        upload_queue.enqueue(store.db, dump_id)
 
 
 @pytest.fixture
@@ -211,7 +212,7 @@ def test_an_endpoint_down_for_an_hour_loses_nothing_and_retries_at_the_backoffs_
     uploader = upload.Uploader(cfg, tmp_path, client_factory=lambda: flaky, clock=clock)
     with Store(tmp_path) as store:
         _drive(uploader, store, clock, clock.now + 7200)
-        st = upload.stats(store.db, clock.now)
+        st = upload_queue.stats(store.db, clock.now)
     assert st["states"]["done"] == 1 and st["problem"] is None
     # 2 s doubling to the 10 min cap, halved by jitter at worst: some 15 tries in the hour, not thousands.
     assert 8 <= st["failures"]["connection"] <= 25
@@ -240,7 +241,7 @@ def test_a_server_that_ignores_conditional_creates_gets_every_core(tmp_path, s3m
 
 
 def test_retention_deleting_a_waiting_dump_counts_it_lost(tmp_path):
-    from corehandler import retention
+    from corehandler.store import retention
 
     dump_id = f"{int(time.time() * 1e6)}-0123456789abcdef-7"
     _store_with_dump(tmp_path, dump_id, b"x" * 4096)
@@ -249,7 +250,7 @@ def test_retention_deleting_a_waiting_dump_counts_it_lost(tmp_path):
         assert retention.vacuum(store, retention.Policy(max_count=0 or None, max_use=1)) == []
         deleted = retention.vacuum(store, retention.Policy(keep_free=1 << 62))
         assert [d.id for d in deleted] == [dump_id]
-        st = upload.stats(store.db)
+        st = upload_queue.stats(store.db)
     assert st["states"]["failed"] == 1 and st["failures"] == {"lost": 1}
 
 
@@ -261,7 +262,7 @@ def test_a_reload_moves_turns_off_and_turns_on_the_uploader_thread(tmp_path, s3m
     """What SIGHUP does to [upload] (cli/serve.py passes the new section): the running thread takes it between
     two uploads. Off: nothing is queued, what waited leaves the queue so retention governs it again; on:
     the store's dumps are queued again (backfill), under the new settings."""
-    from corehandler import retention
+    from corehandler.store import retention
 
     first = f"{int(time.time() * 1e6)}-0123456789abcdef-7"
     _store_with_dump(tmp_path, first, b"first " * 100)
@@ -279,11 +280,11 @@ def test_a_reload_moves_turns_off_and_turns_on_the_uploader_thread(tmp_path, s3m
         # Off: a dump ingested now is not queued, and one already waiting leaves the queue.
         off = UploadConfig.model_validate({"url": ""})
         with Store(tmp_path) as store:
-            upload.enqueue(store.db, "1-0123456789abcdef-1")  # a row still waiting when uploads go off
+            upload_queue.enqueue(store.db, "1-0123456789abcdef-1")  # a row still waiting when uploads go off
         uploader.reconfigure(off)
         third = _insert_and_ingest(tmp_path, uploader, b"third " * 100, 9)
         with Store(tmp_path) as store:
-            wait_until(lambda: upload.waiting_ids(store.db) == set())
+            wait_until(lambda: upload_queue.waiting_ids(store.db) == set())
             assert store.db.execute("SELECT id FROM uploads WHERE id = ?", (third,)).fetchone() is None
             # Nothing waits, so max_count may take the oldest dump again.
             assert [d.id for d in retention.vacuum(store, retention.Policy(max_count=2))] == [first]
@@ -303,11 +304,11 @@ def test_the_latest_reload_wins_before_the_thread_takes_it(tmp_path):
     with Store(tmp_path) as store:
         uploader.reconfigure(UploadConfig.model_validate({"url": ""}))
         uploader.on_ingested({}, {"id": "1-0123456789abcdef-1"})
-        assert upload.stats(store.db) is None  # off counts before the thread takes it
+        assert upload_queue.stats(store.db) is None  # off counts before the thread takes it
         uploader.reconfigure(on)
         assert not uploader._take_reconfigured()
         uploader.on_ingested({}, {"id": "1-0123456789abcdef-2"})
-        assert upload.waiting_ids(store.db) == {"1-0123456789abcdef-2"}
+        assert upload_queue.waiting_ids(store.db) == {"1-0123456789abcdef-2"}
     uploader.close()
 
 
@@ -317,9 +318,9 @@ def test_uploads_that_were_never_on_leave_no_queue(tmp_path):
     uploader = upload.Uploader(UploadConfig.model_validate({"url": ""}), tmp_path)
     with Store(tmp_path) as store:
         uploader._recover(store)
-        assert upload.stats(store.db) is None
+        assert upload_queue.stats(store.db) is None
         uploader.on_ingested({}, {"id": "1-0123456789abcdef-1"})
-        assert upload.stats(store.db) is None
+        assert upload_queue.stats(store.db) is None
 
 
 def _insert_and_ingest(state: Path, uploader: upload.Uploader, payload: bytes, n: int) -> str:
@@ -387,14 +388,14 @@ def test_the_uploader_reports_an_unsafe_credentials_file_as_the_queue_problem(tm
     with Store(tmp_path / "state") as store:
         for _ in range(5):
             clock.now += uploader.step(store) + 0.001
-        st = upload.stats(store.db, clock.now)
+        st = upload_queue.stats(store.db, clock.now)
     assert st["problem"]["reason"] == "credentials" and "readable by others" in st["problem"]["message"]
     assert st["states"]["pending"] == 1
     assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 1
 
 
 def test_fleet_list_reads_each_sidecar_once_and_again_when_it_changes(tmp_path, s3mock):
-    from corehandler import fleet
+    from corehandler.fleet import reader
 
     target = bucket.Target("fleet-test", "p", "h1")
     now = time.time()
@@ -408,15 +409,15 @@ def test_fleet_list_reads_each_sidecar_once_and_again_when_it_changes(tmp_path, 
         gets.append(kw["Key"])
         return real_get(**kw)
     s3mock.get_object = counting_get
-    cache = fleet.SidecarCache(tmp_path / "cache" / "fleet.sqlite")
+    cache = reader.SidecarCache(tmp_path / "cache" / "fleet.sqlite")
     day = bucket.crash_day(now)
-    first = fleet.list_sidecars(s3mock, target, [day], cache=cache)
+    first = reader.list_sidecars(s3mock, target, [day], cache=cache)
     assert [s["id"] for s in first] == ["0", "1", "2", "3", "4"] and len(gets) == 5
     gets.clear()
-    again = fleet.list_sidecars(s3mock, target, [day], cache=cache)
+    again = reader.list_sidecars(s3mock, target, [day], cache=cache)
     assert [s["id"] for s in again] == ["0", "1", "2", "3", "4"] and gets == []
     s3mock.put_object(Bucket="fleet-test", Key=keys[2], Body=json.dumps({"id": "2b", "crashed_at": now + 2}).encode())
-    third = fleet.list_sidecars(s3mock, target, [day], cache=cache)
+    third = reader.list_sidecars(s3mock, target, [day], cache=cache)
     assert gets == [keys[2]] and [s["id"] for s in third] == ["0", "1", "2b", "3", "4"]
     assert (tmp_path / "cache" / "fleet.sqlite").stat().st_mode & 0o077 == 0
     cache.close()

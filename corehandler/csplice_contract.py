@@ -21,7 +21,10 @@ csplice/settings.c, printed by `csplice --list-strategies`) is compared with it 
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
+
+from corehandler.errors import SystemFailure
 
 STRATEGIES = ("rw", "splice", "rw2", "splice2", "direct")
 
@@ -50,3 +53,29 @@ def kernel_vmsplices_cores(proc_root: Path = Path("/proc")) -> bool:
 def choose_strategy(proc_root: Path = Path("/proc")) -> str:
     """The capture strategy bench/capture.py measured fastest for this kind of kernel."""
     return PATCHED_KERNEL_STRATEGY if kernel_vmsplices_cores(proc_root) else STOCK_KERNEL_STRATEGY
+
+
+# The kernel's %-specifiers csplice takes, in csplice's argv order: the Python side's one copy of csplice's
+# arg_names table (csplice/record.h), which `csplice --list-specifiers` prints and a test compares with these.
+SPECIFIERS = "%P %i %I %u %g %d %s %t %c %h %e"
+
+
+
+# %F, a pidfd of the crashed process, exists from Linux 6.16; older kernels would pass it through literally.
+PIDFD_SPECIFIER = "%F"
+
+
+
+PIDFD_SINCE = (6, 16)
+
+
+
+def csplice_version(path: Path) -> str:
+    try:
+        result = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SystemFailure(f"cannot run {path} --version: {e}") from None
+    if result.returncode != 0:
+        raise SystemFailure(f"{path} --version failed with exit code {result.returncode}")
+    return result.stdout.strip()
+

@@ -30,11 +30,12 @@ import struct
 from pathlib import Path
 from typing import Iterable
 
-from corehandler import analysis_index, match
 from corehandler.atomicfile import write_atomic
 from corehandler.errors import NotRootError
 from corehandler.paths import DIR_MODES
-from corehandler.store import Dump, Filter, Store
+from corehandler.store import analyses, match
+from corehandler.store.dumprow import Dump
+from corehandler.store.index import Filter, Store
 
 log = logging.getLogger(__name__)
 
@@ -131,10 +132,10 @@ def _publish(store: Store, uid: int) -> None:
                 pass
     rows = [dataclasses.asdict(d) for d in dumps]
     ids = [d.id for d in dumps]
-    analyses = {i: a for i in ids if (a := analysis_index.analysis_for(store, i)) is not None}
+    analyses = {i: a for i in ids if (a := analyses.analysis_for(store, i)) is not None}
     # ensure_ascii: the names' invalid bytes stay lone-surrogate escapes, as in the spool record.
     data = json.dumps({"schema": SCHEMA, "uid": uid, "dumps": rows, "analysis": analyses,
-                       "analysis_summaries": analysis_index.summaries(store, ids)},
+                       "analysis_summaries": analyses.summaries(store, ids)},
                       ensure_ascii=True, sort_keys=True).encode()
     write_atomic(path, data, 0o600, prepare=lambda fd: _grant(fd, uid))
 

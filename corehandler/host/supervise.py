@@ -163,7 +163,7 @@ def start(paths: Paths, config_dir: Path | None = None, *, command: list[str] | 
     except OSError as err:
         raise SuperviseError(f"cannot prepare {err.filename} for the supervised daemon: {err.strerror}") from None
     log_file = _log_file(paths, service)
-    argv = [sys.executable, "-m", "corehandler.supervise", "run", "--run-dir", str(paths.run_dir),
+    argv = [sys.executable, "-m", "corehandler.host.supervise", "run", "--run-dir", str(paths.run_dir),
             "--log-file", str(log_file), "--kill-after", str(kill_after), "--service", service.name]
     ready_r, ready_w = os.pipe()
     child = os.fork()
@@ -413,10 +413,10 @@ def _describe(returncode: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m corehandler.supervise start|stop|status|reload`: what the package's maintainer scripts run
+    """`python -m corehandler.host.supervise start|stop|status|reload`: what the package's maintainer scripts run
     where systemd is not PID 1 (they must not depend on the CLI's verbs); `run` is the supervisor itself.
     Exit codes are the CLI's (errors.py): `status` and `reload` exit 5 (EXIT_CONFLICT) when it is not running."""
-    parser = argparse.ArgumentParser(prog="python -m corehandler.supervise")
+    parser = argparse.ArgumentParser(prog="python -m corehandler.host.supervise")
     verbs = parser.add_subparsers(dest="verb", required=True)
     for verb in ("start", "stop", "status", "reload"):
         sub = verbs.add_parser(verb)

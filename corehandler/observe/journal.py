@@ -32,7 +32,8 @@ from typing import Any, TextIO
 
 from systemd import journal
 
-from corehandler import analysis, spool
+from corehandler import fields
+from corehandler.analysis import findings
 from corehandler.printable import display
 
 log = logging.getLogger(__name__)
@@ -171,15 +172,15 @@ def _mib(value: float | None) -> str:
 
 
 def dump_entry(record: Mapping[str, Any], stored: Mapping[str, Any]) -> Fields:
-    cap = spool.capture(record)
-    outcome, reason = spool.outcome(record, stored)
-    number = spool.signal_number(record)
-    name = spool.signal_name(number)
-    comm, exe = spool.comm(record), spool.exe(record)
-    argv = spool.cmdline(record)
-    seconds = spool.capture_seconds(record)
-    throughput = spool.number(cap, "throughput_bytes_per_second")
-    timestamp = spool.number(record, "timestamp")
+    cap = fields.capture(record)
+    outcome, reason = fields.outcome(record, stored)
+    number = fields.signal_number(record)
+    name = fields.signal_name(number)
+    comm, exe = fields.comm(record), fields.exe(record)
+    argv = fields.cmdline(record)
+    seconds = fields.capture_seconds(record)
+    throughput = fields.number(cap, "throughput_bytes_per_second")
+    timestamp = fields.number(record, "timestamp")
 
     f: Fields = {"MESSAGE_ID": MESSAGE_ID_DUMP, "PRIORITY": str(PRIORITY_CRIT),
                  "SYSLOG_IDENTIFIER": SYSLOG_IDENTIFIER}
@@ -189,15 +190,15 @@ def dump_entry(record: Mapping[str, Any], stored: Mapping[str, Any]) -> Fields:
     what = (f"Process {'unknown' if pid is None else pid} ({display(comm) or 'unknown'}) of user "
             f"{'unknown' if uid is None else uid} ")
     on = name or "an unknown signal"
-    if outcome == spool.ORPHAN:
-        what += f"dumped core on {on}, found without its record ({_mib(spool.number(cap, 'bytes'))})"
-    elif outcome == spool.DROPPED:
+    if outcome == fields.ORPHAN:
+        what += f"dumped core on {on}, found without its record ({_mib(fields.number(cap, 'bytes'))})"
+    elif outcome == fields.DROPPED:
         what += f"crashed on {on}; dump dropped ({reason}), metadata kept"
-    elif outcome == spool.TRUNCATED:
-        what += (f"dumped core on {on}; truncated ({reason}) at {_mib(spool.number(cap, 'bytes'))} "
-                 f"of {_mib(spool.dump_bytes(record))}")
+    elif outcome == fields.TRUNCATED:
+        what += (f"dumped core on {on}; truncated ({reason}) at {_mib(fields.number(cap, 'bytes'))} "
+                 f"of {_mib(fields.dump_bytes(record))}")
     else:
-        what += f"dumped core on {on}: {_mib(spool.dump_bytes(record))}"
+        what += f"dumped core on {on}: {_mib(fields.dump_bytes(record))}"
     if seconds and throughput:
         what += f", captured in {seconds:.3f} s ({throughput / 2**20:.0f} MiB/s)"
     if stored.get("path"):
@@ -217,26 +218,26 @@ def dump_entry(record: Mapping[str, Any], stored: Mapping[str, Any]) -> Fields:
     # µs since the Epoch, as systemd-coredump's field of the same name.
     _put(f, "COREDUMP_TIMESTAMP", None if timestamp is None else int(timestamp) * 1_000_000)
     _put(f, "COREDUMP_RLIMIT", record.get("rlimit_core"))
-    _put(f, "COREDUMP_TRUNCATED", outcome == spool.TRUNCATED)
+    _put(f, "COREDUMP_TRUNCATED", outcome == fields.TRUNCATED)
     _put(f, "COREDUMP_FILENAME", stored.get("path"))
     _put(f, "COREHANDLER_ID", stored.get("id") or record.get("id"))
     _put(f, "COREHANDLER_OUTCOME", outcome)
-    _put(f, "COREHANDLER_TRUNCATED_REASON", reason if outcome == spool.TRUNCATED else None)
-    _put(f, "COREHANDLER_DROPPED", outcome == spool.DROPPED)
-    _put(f, "COREHANDLER_DROPPED_REASON", reason if outcome == spool.DROPPED else None)
+    _put(f, "COREHANDLER_TRUNCATED_REASON", reason if outcome == fields.TRUNCATED else None)
+    _put(f, "COREHANDLER_DROPPED", outcome == fields.DROPPED)
+    _put(f, "COREHANDLER_DROPPED_REASON", reason if outcome == fields.DROPPED else None)
     _put(f, "COREHANDLER_STATUS", stored.get("status"))
     _put(f, "COREHANDLER_PROBLEM", stored.get("problem"))
     _put(f, "COREHANDLER_CAPTURE_ERROR", cap.get("error"))
-    _put(f, "COREHANDLER_DUMP_BYTES", spool.dump_bytes(record))
+    _put(f, "COREHANDLER_DUMP_BYTES", fields.dump_bytes(record))
     _put(f, "COREHANDLER_CAPTURED_BYTES", cap.get("bytes"))
     _put(f, "COREHANDLER_DRAINED_BYTES", cap.get("drained_bytes"))
     _put(f, "COREHANDLER_CAPTURE_SECONDS", _seconds(seconds))
     _put(f, "COREHANDLER_THROUGHPUT_BYTES_PER_SECOND", None if throughput is None else round(throughput))
-    _put(f, "COREHANDLER_HOLD_SECONDS", _seconds(spool.hold_seconds(record)))
+    _put(f, "COREHANDLER_HOLD_SECONDS", _seconds(fields.hold_seconds(record)))
     _put(f, "COREHANDLER_STRATEGY", cap.get("strategy"))
     _put(f, "COREHANDLER_RAW_BYTES", stored.get("raw_bytes"))
     _put(f, "COREHANDLER_COMPRESSED_BYTES", stored.get("compressed_bytes"))
-    _put(f, "COREHANDLER_COMPRESS_SECONDS", _seconds(spool.number(stored, "compress_seconds")))
+    _put(f, "COREHANDLER_COMPRESS_SECONDS", _seconds(fields.number(stored, "compress_seconds")))
     errors = record.get("errors")
     if isinstance(errors, list) and errors:
         _put(f, "COREHANDLER_RECORD_ERRORS", "\n".join(str(e) for e in errors))
@@ -250,7 +251,7 @@ MAX_TRACE_BYTES = 16 << 10
 
 
 def analysis_fields(f: Fields, result: Mapping[str, Any] | None) -> None:
-    """The analysis (corehandler/analysis.py) as systemd-coredump spells it where it has a field (COREDUMP_UNIT,
+    """The analysis (corehandler/analysis/unwind.py) as systemd-coredump spells it where it has a field (COREDUMP_UNIT,
     COREDUMP_SLICE, COREDUMP_PACKAGE_*, the trace in MESSAGE), COREHANDLER_* for the rest."""
     if not result:
         return
@@ -258,7 +259,7 @@ def analysis_fields(f: Fields, result: Mapping[str, Any] | None) -> None:
     exe = result.get("exe") or {}
     threads = result.get("threads") or []
     if threads:
-        trace = "\n".join(analysis.thread_lines(threads[0]))
+        trace = "\n".join(findings.thread_lines(threads[0]))
         if len(trace) > MAX_TRACE_BYTES:
             trace = trace[:MAX_TRACE_BYTES] + "\n... (cut)"
         f["MESSAGE"] += "\n\n" + trace
@@ -273,7 +274,7 @@ def analysis_fields(f: Fields, result: Mapping[str, Any] | None) -> None:
     if package:
         _put(f, "COREDUMP_PACKAGE_JSON", json.dumps(package, sort_keys=True))
     _put(f, "COREHANDLER_ANALYSIS", result.get("state"))
-    _put(f, "COREHANDLER_ANALYSIS_SECONDS", _seconds(spool.number(result, "seconds")))
+    _put(f, "COREHANDLER_ANALYSIS_SECONDS", _seconds(fields.number(result, "seconds")))
     if result.get("problems"):
         _put(f, "COREHANDLER_ANALYSIS_PROBLEMS", "\n".join(result["problems"]))
     _put(f, "COREHANDLER_SIGNATURE", result.get("signature"))

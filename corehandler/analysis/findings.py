@@ -1,47 +1,46 @@
-"""Crash analysis of a raw core: every thread's stack, the build-id of every mapped module, the exe checked
-against the file on disk, its package note, and the grouping keys (docs/analysis.md).
-
-The unwinder is elfutils' `eu-stack`. It runs as a child of the daemon, never in its process, behind
-`prlimit` (address space, CPU time, output file size, no core dumps of its own), `nice`/`ionice` and
-`unshare --net` (as far as the host allows: see sandbox()), with an environment holding no DEBUGINFOD_URLS
-and no proxies: nothing leaves the host. Its output goes to memory files capped by RLIMIT_FSIZE and is
-parsed line by line with every line cut at `Limits.line_chars`, so neither a core with thousands of threads
-nor a megabyte C++ symbol makes the daemon hold more than the caps.
-
-The modules and their build-ids come from the core's own notes and first pages (coremodules.py), in the
-daemon: a few preads.
-
-start() launches the child and returns at once, so the daemon compresses the same raw core meanwhile;
-finish() waits for it until the timeout (counted from start), kills it if it is still running, and parses.
-"""
+"""What an analysis found: eu-stack's output parsed, the result record, its lines for display."""
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
-import signal as signals
-import subprocess
-import threading
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from corehandler import coremodules, elfcore, identity, signature, spool
+from corehandler import elfcore, fields
+from corehandler.analysis import identity, signature
 
 # Outcomes of an analysis (the `state` of an analysis row).
 OK = "ok"                    # every thread unwound as far as the caps allow
+
+
+
 PARTIAL = "partial"          # frames found, but something was cut or failed (see `problems`)
+
+
+
 FAILED = "failed"            # the unwinder found nothing (crashed, or a core it cannot read)
+
+
+
 TIMEOUT = "timeout"          # killed at the timeout; whatever it wrote before is kept
+
+
+
 UNAVAILABLE = "unavailable"  # eu-stack is not installed
+
+
+
 SKIPPED = "skipped"          # no core to analyse (metadata only, invalid, raw core gone)
+
+
+
 STATES = (OK, PARTIAL, FAILED, TIMEOUT, UNAVAILABLE, SKIPPED)
 
+
+
 MAX_PROBLEMS = 32
-# No proxies, no debuginfod: the analyser never reaches the network (and as root has none, see _command).
-_ENV = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "LC_ALL": "C"}
+
 
 
 @dataclass(frozen=True)
@@ -56,6 +55,7 @@ class Limits:
     source_lines: bool = False          # eu-stack -s: file:line per frame (costs 50-300 ms with debug info)
 
 
+
 def escape(text: str, limit: int) -> str:
     """Printable text: control characters and undecodable bytes as \\xNN, cut at limit characters."""
     out = []
@@ -68,6 +68,7 @@ def escape(text: str, limit: int) -> str:
         else:
             out.append(ch)
     return "".join(out) + ("...[cut]" if len(text) > limit else "")
+
 
 
 def _lines(f: BinaryIO, limit: int):
@@ -86,14 +87,29 @@ def _lines(f: BinaryIO, limit: int):
         yield line[:limit].rstrip(b"\n").decode("utf-8", "surrogateescape"), cut
 
 
-# -- eu-stack's output --------------------------------------------------------------------------------------
 
 _TID = re.compile(r"^TID (\d+):$")
+
+
+
 _FRAME = re.compile(r"^#(\d+)\s+0x([0-9a-f]+)(?: (.*))?$")
+
+
+
 _BUILD_ID = re.compile(r"^    \[([0-9a-f]*)\]@0x([0-9a-f]+)\+0x([0-9a-f]+)$")
+
+
+
 _SOURCE = re.compile(r"^    (.+?):(\d+)(?::\d+)?$")
+
+
+
 _THREAD_ERROR = re.compile(r"^(?:\S*/)?eu-stack: dwfl_thread_getframes tid (\d+) at 0x[0-9a-f]+ in .*?: (.*)$")
+
+
+
 _MAX_FRAMES = re.compile(r"^(?:\S*/)?eu-stack: tid (\d+): shown max number of frames")
+
 
 
 def _frame_fields(frame: dict, rest: str | None, limit: int) -> None:
@@ -108,6 +124,7 @@ def _frame_fields(frame: dict, rest: str | None, limit: int) -> None:
                 function, module = rest, None
     frame["function"] = escape(function, limit) if function else None
     frame["module"] = escape(module, limit) if module else None
+
 
 
 def parse_stack(f: BinaryIO, limits: Limits) -> dict:
@@ -159,6 +176,7 @@ def parse_stack(f: BinaryIO, limits: Limits) -> dict:
     return {"threads": threads, "threads_seen": seen, "threads_cut": seen > len(threads), "lines_cut": lines_cut}
 
 
+
 def apply_errors(stack: dict, stderr: BinaryIO, limits: Limits) -> list[str]:
     """eu-stack's complaints: per-thread unwinding errors go on the thread, frame caps set frames_cut;
     the rest comes back as problems."""
@@ -182,7 +200,6 @@ def apply_errors(stack: dict, stderr: BinaryIO, limits: Limits) -> list[str]:
     return problems
 
 
-# -- the files on disk --------------------------------------------------------------------------------------
 
 def check_exe(exe_path: str | None, core_build_id: str | None) -> dict:
     """The exe then (its build-id in the core) against the file at its path now: "same", "replaced" (other
@@ -205,6 +222,7 @@ def check_exe(exe_path: str | None, core_build_id: str | None) -> dict:
     return out
 
 
+
 def exe_module(modules: list[dict], exe_path: str | None) -> dict | None:
     """The module of the executable: the one mapped from its path, else the lowest mapped one."""
     path = (exe_path or "").removesuffix(" (deleted)")
@@ -214,200 +232,11 @@ def exe_module(modules: list[dict], exe_path: str | None) -> dict | None:
     return modules[0] if modules else None
 
 
+
 def packages(modules: list[dict]) -> dict[str, dict]:
     """The package notes (.note.package) of the mapped modules, by module name, as the core holds them."""
     return {m["name"]: m["package"] for m in modules if m.get("package")}
 
-
-# -- the children -------------------------------------------------------------------------------------------
-
-def _tool(name: str) -> str | None:
-    return shutil.which(name, path=_ENV["PATH"])
-
-
-_SANDBOX: list[tuple[str, list[str]]] | None = None
-
-
-def _works(cmd: list[str]) -> bool:
-    try:
-        return subprocess.run(cmd + ["true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, env=_ENV, timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-# RLIMIT_CORE 1, not 0: the kernel runs a pipe handler even for RLIMIT_CORE 0 (csplice then keeps metadata),
-# but skips the dump of a process whose limit is 1 (fs/coredump.c's guard for a handler's own helpers), so a
-# crashing analyser never reaches our own spool; csplice refuses 1 in socket mode the same way.
-CORE_LIMIT = "--core=1"
-
-
-def sandbox() -> list[tuple[str, list[str]]]:
-    """The wrappers that work here, probed once per process: under a systemd unit whose seccomp filter denies
-    setrlimit, or without the capability to make a network namespace, a wrapper fails and is left out
-    rather than failing every analysis (the result's `sandbox` says which applied)."""
-    global _SANDBOX
-    if _SANDBOX is None:
-        found = []
-        candidates = [("limits", [_tool("prlimit"), CORE_LIMIT, "--"]), ("nice", [_tool("nice"), "-n", "19"]),
-                      ("ionice", [_tool("ionice"), "-c", "2", "-n", "7"])]
-        for name, cmd in candidates:
-            if cmd[0] and _works(cmd):
-                found.append((name, cmd))
-        unshare = _tool("unshare")
-        for cmd in ([unshare, "--net", "--"], [unshare, "--user", "--map-root-user", "--net", "--"]):
-            if unshare and _works(cmd):
-                found.append(("no-network", cmd))
-                break
-        _SANDBOX = found
-    return _SANDBOX
-
-
-def _command(argv: list[str], limits: Limits) -> list[str]:
-    """argv behind the resource limits, low priority and no network, as far as this host allows."""
-    cmd = []
-    for name, wrapper in sandbox():
-        if name == "limits":
-            cmd += [wrapper[0], f"--as={limits.memory_bytes}", CORE_LIMIT, f"--cpu={limits.cpu_seconds}",
-                    f"--fsize={limits.output_bytes}", "--"]
-        else:
-            cmd += wrapper
-    return cmd + argv
-
-
-@dataclass
-class _Child:
-    proc: subprocess.Popen
-    stdout: BinaryIO
-    stderr: BinaryIO
-    ended: float | None = None          # when it exited, noted by the waiter thread
-    waiter: threading.Thread | None = None
-
-    def _wait(self) -> None:
-        self.proc.wait()
-        self.ended = time.monotonic()
-
-
-def _spawn(argv: list[str], limits: Limits) -> _Child:
-    out = os.fdopen(os.memfd_create("corehandler-analysis-out", os.MFD_CLOEXEC), "w+b")
-    err = os.fdopen(os.memfd_create("corehandler-analysis-err", os.MFD_CLOEXEC), "w+b")
-    try:
-        proc = subprocess.Popen(_command(argv, limits), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                env=_ENV, cwd="/", start_new_session=True, close_fds=True)
-    except BaseException:
-        out.close()
-        err.close()
-        raise
-    child = _Child(proc, out, err)
-    # A thread notes the exit as it happens: finish() runs only after compression, and the analysis's time
-    # is the child's, not the compression's.
-    child.waiter = threading.Thread(target=child._wait, name="analysis-wait", daemon=True)
-    child.waiter.start()
-    return child
-
-
-@dataclass
-class Running:
-    """An analysis under way: both children started, the daemon free to compress meanwhile."""
-    core: Path
-    record: dict
-    limits: Limits
-    started: float
-    available: bool = True
-    stack: _Child | None = None
-    problems: list[str] = field(default_factory=list)
-
-
-def start(core: Path, record: dict, limits: Limits = Limits()) -> Running:
-    run = Running(Path(core), record, limits, time.monotonic())
-    stack = _tool("eu-stack")
-    if stack is None:
-        run.available = False
-        run.problems.append("eu-stack not found (install elfutils)")
-        return run
-    core_arg = f"--core={run.core}"
-    # No -e EXE: libdwfl then finds every file, the executable too, by the core's file names and rejects one
-    # whose build-id differs, so a binary replaced since the crash shows unsymbolised frames, not wrong ones
-    # (with -e it would take the file as given).
-    argv = [stack, core_arg, "-b", "-m", "-n", str(limits.frames)] + (["-s"] if limits.source_lines else [])
-    try:
-        run.stack = _spawn(argv, limits)
-    except OSError as e:
-        run.problems.append(f"cannot start the analyser: {e.strerror}")
-        cancel(run)
-    return run
-
-
-def _wait(child: _Child | None, deadline: float) -> bool:
-    """True if the child exited by the deadline; else it is killed (its whole session)."""
-    if child is None:
-        return True
-    child.waiter.join(max(0.0, deadline - time.monotonic()))
-    if not child.waiter.is_alive():
-        return True
-    try:
-        os.killpg(child.proc.pid, signals.SIGKILL)
-    except ProcessLookupError:
-        pass
-    child.waiter.join()
-    return False
-
-
-def cancel(run: Running) -> None:
-    """Kills and reaps the child (ingest gave up on this dump, or the daemon is stopping)."""
-    if run.stack is not None:
-        _wait(run.stack, 0)
-        run.stack.stdout.close()
-        run.stack.stderr.close()
-    run.stack = None
-
-
-def _exit_problem(name: str, child: _Child) -> str | None:
-    rc = child.proc.returncode
-    if rc < 0:
-        sig = spool.signal_name(-rc)
-        why = " (output over the cap)" if -rc == signals.SIGXFSZ else ""
-        return f"{name} killed by {sig}{why}"
-    return None
-
-
-def finish(run: Running) -> dict:
-    """Waits for the children (until start + timeout), parses what they wrote, and returns the result: the
-    `result` column of the analysis row (docs/analysis.md)."""
-    limits = run.limits
-    deadline = run.started + limits.timeout
-    timed_out = not _wait(run.stack, deadline)
-    parse_started = time.monotonic()
-    ended = run.stack.ended if run.stack is not None and run.stack.ended is not None else parse_started
-    problems = list(run.problems)
-    stack = {"threads": [], "threads_seen": 0, "threads_cut": False, "lines_cut": 0}
-    modules: list[dict] = []
-    modules_cut = False
-    if run.stack is not None:
-        for f in (run.stack.stdout, run.stack.stderr):
-            f.seek(0)
-        stack = parse_stack(run.stack.stdout, limits)
-        problems += apply_errors(stack, run.stack.stderr, limits)
-        p = _exit_problem("eu-stack", run.stack)
-        if p:
-            problems.append(p)
-    cancel(run)
-    try:
-        modules, modules_cut = coremodules.modules(run.core)
-    except OSError as e:
-        problems.append(f"cannot read the modules of {run.core.name}: {e.strerror}")
-    if timed_out:
-        problems.insert(0, f"analyser killed at the {limits.timeout:g} s timeout")
-    # The child's own time plus our parsing: not the compression finish() waited behind.
-    seconds = ended - run.started + time.monotonic() - parse_started
-    result = build_result(run.record, stack, modules, modules_cut, problems, timed_out, available=run.available,
-                          seconds=seconds)
-    result["sandbox"] = [name for name, _ in sandbox()]
-    return result
-
-
-def analyse(core: Path, record: dict, limits: Limits = Limits()) -> dict:
-    return finish(start(core, record, limits))
 
 
 def build_result(record: dict, stack: dict, modules: list[dict], modules_cut: bool, problems: list[str],
@@ -422,7 +251,7 @@ def build_result(record: dict, stack: dict, modules: list[dict], modules_cut: bo
         t["crashing"] = t is crashing
         t.setdefault("error", None)
         t.setdefault("frames_cut", False)
-    exe_path = spool.proc(record).get("exe")
+    exe_path = fields.proc(record).get("exe")
     exe_path = exe_path if isinstance(exe_path, str) else None
     main = exe_module(modules, exe_path)
     exe = check_exe(exe_path, main["build_id"] if main else None)
@@ -452,16 +281,15 @@ def build_result(record: dict, stack: dict, modules: list[dict], modules_cut: bo
     else:
         state = OK
     frames = crashing["frames"] if crashing else []
-    sig = spool.signal_number(record)
-    name = exe_path or spool.comm(record)
-    keys = signature.keys(name, exe["build_id"], sig, spool.signal_name(sig), frames) if frames else {}
+    sig = fields.signal_number(record)
+    name = exe_path or fields.comm(record)
+    keys = signature.keys(name, exe["build_id"], sig, fields.signal_name(sig), frames) if frames else {}
     return {"state": state, "problems": problems[:MAX_PROBLEMS], "cut": cut, "seconds": round(seconds, 6),
             "analyser": "eu-stack", "crashing_tid": crashing["tid"] if crashing else tid,
             "threads": threads, "threads_seen": stack["threads_seen"], "modules": modules, "exe": exe,
             "packages": packages(modules), "identity": identity.identify(record), **keys}
 
 
-# -- how it reads (info, the journal) --------------------------------------------------------------------
 
 def frame_line(f: dict) -> str:
     """One frame as coredumpctl shows it: `#0  0x00005555555551af crash_segv (app + 0x11af) [app.c:6]`."""
@@ -469,6 +297,7 @@ def frame_line(f: dict) -> str:
     where = f"{module} + {f['offset']:#x}" if module and f.get("offset") is not None else (module or "n/a")
     source = f" [{f['file']}:{f['line']}]" if f.get("file") else ""
     return f"#{f['index']:<2} {f['pc']:#018x} {f.get('function') or 'n/a'} ({where}){source}"
+
 
 
 def thread_lines(t: dict) -> list[str]:
@@ -481,8 +310,10 @@ def thread_lines(t: dict) -> list[str]:
     return out
 
 
+
 def skipped(record: dict, reason: str) -> dict:
     """The result of a dump with nothing to unwind: identity only."""
     return {"state": SKIPPED, "problems": [reason], "cut": [], "seconds": 0.0, "analyser": None,
             "crashing_tid": record.get("tid"), "threads": [], "threads_seen": 0, "modules": [], "exe": None,
             "packages": {}, "identity": identity.identify(record)}
+

@@ -8,7 +8,7 @@ see what the kernel really hands a pipe handler: whether %F arrives as a pidfd o
 whether the dump's pages are copies (stock) or references to the process's own pages (COREDUMP_USE_PIPE).
 
 The probe handler is this module itself, run by the kernel:
-    python -P -m corehandler.kernelprobe handler RESULT_FILE %P %F
+    python -P -m corehandler.host.kernelprobe handler RESULT_FILE %P %F
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import termios
 import time
 from pathlib import Path
 
-from corehandler import sysctl
 from corehandler.errors import NotRootError, SystemFailure
+from corehandler.host import sysctl
 
 MiB = 1 << 20
 PMD_SIZE = 2 * MiB
@@ -264,7 +264,7 @@ def probe_crash(sysctl_root: Path = sysctl.SYSCTL_ROOT, timeout: float = 30,
         raise NotRootError("doctor --probe needs root: it crashes a process through a temporary core_pattern")
     with tempfile.TemporaryDirectory(prefix="corehandler-probe.", dir="/run") as tmp:
         result = Path(tmp) / "result.json"
-        pattern = f"|{sys.executable} -P -m corehandler.kernelprobe handler {result} %P %F"
+        pattern = f"|{sys.executable} -P -m corehandler.host.kernelprobe handler {result} %P %F"
         if len(pattern) > 127:
             raise SystemFailure(f"probe core_pattern too long ({len(pattern)} > 127): {pattern}")
         with sysctl.core_pattern_exclusive(sysctl_root, lock):

@@ -23,8 +23,6 @@ it went up is `failed` with reason `lost` (retention's keep_free had to take it,
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import logging
 import os
@@ -33,141 +31,37 @@ import sqlite3
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
-from corehandler import analysis_index, bucket
-from corehandler.bucket import BucketError, Target
 from corehandler.errors import CorehandlerError
-from corehandler.store import Store
-
-log = logging.getLogger("corehandler.upload")
-
-STATES = ("pending", "uploading", "done", "failed")
-WAITING = ("pending", "uploading")
-SIDECAR_SCHEMA = 1
-LOST = "lost"
-KEPT_BACK = "kept_back"
-CHUNK = 8 << 20
-PAUSE_ENV = "COREHANDLER_TEST_UPLOAD_PAUSE_AT"  # test-only: "core_sent" stops forever before the sidecar
-
-_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS uploads (
-        id TEXT PRIMARY KEY,
-        state TEXT NOT NULL,
-        attempts INTEGER NOT NULL DEFAULT 0,
-        next_attempt REAL NOT NULL DEFAULT 0,
-        last_error TEXT,
-        reason TEXT,
-        queued_at REAL NOT NULL,
-        done_at REAL,
-        budget TEXT,
-        core_key TEXT,
-        sidecar_key TEXT,
-        bytes INTEGER NOT NULL DEFAULT 0,
-        seconds REAL NOT NULL DEFAULT 0)""",
-    "CREATE INDEX IF NOT EXISTS uploads_due ON uploads (state, next_attempt)",
-    # Failures by reason since the index began: a counter the metrics read at scrape time.
-    "CREATE TABLE IF NOT EXISTS upload_failures (reason TEXT PRIMARY KEY, count INTEGER NOT NULL)",
-    # The problem holding the queue, if any (one row): what `status` shows.
-    "CREATE TABLE IF NOT EXISTS upload_problem (one INTEGER PRIMARY KEY CHECK (one = 1), reason TEXT, "
-    "message TEXT, since REAL)",
+from corehandler.fleet import bucket
+from corehandler.fleet.bucket import BucketError, Target
+from corehandler.fleet.payload import (
+    check_object,
+    digests,
+    fallback_signature,
+    sidecar,
+    signature_key,
+    transfer_part_size,
 )
+from corehandler.fleet.upload_queue import (
+    KEPT_BACK,
+    _count_failure,
+    backfill,
+    drop_waiting,
+    enqueue,
+    ensure_schema,
+    mark_lost,
+)
+from corehandler.store import analyses
+from corehandler.store.index import Store
+
+log = logging.getLogger("corehandler.fleet.upload")
+
+PAUSE_ENV = "COREHANDLER_TEST_UPLOAD_PAUSE_AT"  # test-only: "core_sent" stops forever before the sidecar
 
 
 # --- the queue (plain functions on an index connection) --------------------------------------------------
-
-def ensure_schema(db: sqlite3.Connection) -> None:
-    """Creates the queue's tables, all in one transaction (a reader sees all of them or none)."""
-    if _has_queue(db):
-        return
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        for statement in _SCHEMA:
-            db.execute(statement)
-        db.commit()
-    except BaseException:
-        db.rollback()
-        raise
-
-
-def _has_queue(db: sqlite3.Connection) -> bool:
-    return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'uploads'").fetchone() is not None
-
-
-def enqueue(db: sqlite3.Connection, dump_id: str, now: float | None = None) -> bool:
-    with db:
-        cur = db.execute("INSERT OR IGNORE INTO uploads (id, state, queued_at) VALUES (?, 'pending', ?)",
-                         (dump_id, time.time() if now is None else now))
-    return cur.rowcount == 1
-
-
-def backfill(db: sqlite3.Connection, now: float | None = None) -> int:
-    """Queues every live dump the queue has not seen (a kill between indexing and enqueueing, or a store
-    that existed before [upload] was set)."""
-    with db:
-        cur = db.execute("INSERT OR IGNORE INTO uploads (id, state, queued_at) SELECT id, 'pending', ? FROM dumps "
-                         "WHERE deleting = 0", (time.time() if now is None else now,))
-    return cur.rowcount
-
-
-def drop_waiting(db: sqlite3.Connection) -> int:
-    """Uploads are off: what waited leaves the queue, so retention's rules govern those dumps again (turning
-    uploads on queues whatever the store still holds, by backfill)."""
-    if not _has_queue(db):
-        return 0
-    with db:
-        return db.execute("DELETE FROM uploads WHERE state IN ('pending', 'uploading')").rowcount
-
-
-def waiting_ids(db: sqlite3.Connection) -> set[str]:
-    """Dumps still to upload: retention keeps them unless the disk floor forces it."""
-    if not _has_queue(db):
-        return set()
-    return {r[0] for r in db.execute("SELECT id FROM uploads WHERE state IN ('pending', 'uploading')")}
-
-
-def mark_lost(db: sqlite3.Connection, dump_id: str, why: str) -> None:
-    with db:
-        n = db.execute("UPDATE uploads SET state = 'failed', reason = ?, last_error = ? WHERE id = ? AND state IN "
-                       "('pending', 'uploading')", (LOST, why, dump_id)).rowcount
-        if n:
-            _count_failure(db, LOST)
-
-
-def _count_failure(db: sqlite3.Connection, reason: str) -> None:
-    db.execute("INSERT INTO upload_failures (reason, count) VALUES (?, 1) "
-               "ON CONFLICT (reason) DO UPDATE SET count = count + 1", (reason,))
-
-
-def stats(db: sqlite3.Connection, now: float | None = None) -> dict | None:
-    """The queue at a glance (status, metrics); None when this index never had one."""
-    if not _has_queue(db):
-        return None
-    now = time.time() if now is None else now
-    states = dict.fromkeys(STATES, 0)
-    states.update(dict(db.execute("SELECT state, COUNT(*) FROM uploads GROUP BY state")))
-    oldest = db.execute("SELECT MIN(queued_at) FROM uploads WHERE state IN ('pending', 'uploading')").fetchone()[0]
-    sent = db.execute("SELECT COALESCE(SUM(bytes), 0), COALESCE(SUM(seconds), 0), "
-                      "COALESCE(SUM(budget = 'kept_back'), 0), COALESCE(SUM(core_key IS NOT NULL), 0) "
-                      "FROM uploads WHERE state = 'done'").fetchone()
-    problem = db.execute("SELECT reason, message, since FROM upload_problem").fetchone()
-    return {"states": states, "oldest_pending_seconds": max(0.0, now - oldest) if oldest else 0.0,
-            "uploaded_bytes": int(sent[0]), "upload_seconds": float(sent[1]), "kept_back": int(sent[2]),
-            "cores": int(sent[3]), "failures": dict(db.execute("SELECT reason, count FROM upload_failures")),
-            "problem": {"reason": problem[0], "message": problem[1], "since": problem[2]} if problem else None}
-
-
-def status_line(st: dict | None) -> str:
-    if st is None:
-        return "off"
-    s = st["states"]
-    line = f"{s['pending'] + s['uploading']} waiting, {s['done']} done, {s['failed']} failed"
-    if st["oldest_pending_seconds"]:
-        line += f", oldest waiting {st['oldest_pending_seconds']:.0f}s"
-    if st["problem"]:
-        line += f"; FAILING ({st['problem']['reason']}): {st['problem']['message']}"
-    return line
 
 
 def backoff(attempts: int, initial: float, cap: float, rand: random.Random = random) -> float:
@@ -178,92 +72,6 @@ def backoff(attempts: int, initial: float, cap: float, rand: random.Random = ran
 
 
 # --- what goes into the bucket -------------------------------------------------------------------------
-
-def fallback_signature(dump) -> str:
-    """A signature for dumps without an analysis: the executable and the signal (coarser than the analysed
-    one, which adds the top frames)."""
-    return f"{dump.exe or dump.comm or '?'}:{dump.signal}"
-
-
-def signature_key(signature: str) -> str:
-    """The signature as a bucket key component."""
-    return hashlib.sha256(signature.encode("utf-8", "surrogateescape")).hexdigest()[:32]
-
-
-def shareable_record(record: dict, *, environ: bool, maps: bool) -> dict:
-    """The record as it may leave the host: what [capture] kept locally only stays unless [upload] says."""
-    out = dict(record)
-    proc = dict(out.get("proc") or {})
-    if not environ:
-        proc.pop("environ", None)
-    if not maps:
-        proc.pop("maps", None)
-    if "proc" in out:
-        out["proc"] = proc
-    return out
-
-
-def sidecar(dump, *, host: str, core: dict | None, budget: str | None, analysis: dict | None, signature: str,
-            environ: bool, maps: bool) -> dict:
-    row = {k: v for k, v in dump.summary().items() if k not in ("record", "path", "deleting")}
-    return {"schema": SIDECAR_SCHEMA, "id": dump.id, "host": host, "crashed_at": dump.crashed_at,
-            "uploaded_at": time.time(), "signature": signature,
-            "signature_source": "analysis" if analysis and analysis.get("signature") else "exe+signal",
-            "core": core, "budget": budget, "sha256": dump.sha256,
-            "index": row, "record": shareable_record(dump.record, environ=environ, maps=maps),
-            "analysis": analysis}
-
-
-@dataclass(frozen=True)
-class Digests:
-    size: int
-    sha256: str          # hex, of the object's bytes
-    full_b64: str        # the S3 full-object SHA-256 checksum
-    composite_b64: str   # the S3 multipart (composite) checksum: sha256 of the parts' digests, "-N"
-
-
-def digests(path: Path, part_size: int) -> Digests:
-    """One read of the file: its SHA-256 and the checksum S3 reports for it sent in parts of part_size."""
-    full, parts, size = hashlib.sha256(), [], 0
-    with open(path, "rb") as f:
-        while True:
-            part = hashlib.sha256()
-            left = part_size
-            while left:
-                chunk = f.read(min(CHUNK, left))
-                if not chunk:
-                    break
-                part.update(chunk)
-                full.update(chunk)
-                left -= len(chunk)
-                size += len(chunk)
-            if left == part_size:
-                break
-            parts.append(part.digest())
-            if left:
-                break
-    composite = base64.b64encode(hashlib.sha256(b"".join(parts)).digest()).decode() + f"-{len(parts)}"
-    return Digests(size, full.hexdigest(), base64.b64encode(full.digest()).decode(), composite)
-
-
-def transfer_part_size(part_size: int, size: int) -> int:
-    """The part size s3transfer really uses for a file (it grows parts to stay within 10,000)."""
-    from s3transfer.utils import ChunksizeAdjuster
-    return ChunksizeAdjuster().adjust_chunksize(part_size, size)
-
-
-def check_object(head: dict, expect: Digests, *, multipart: bool) -> str | None:
-    """Why the HEAD of an uploaded core does not match what was sent, or None when it does. A server that
-    keeps no checksums is checked by size only (the sidecar says so: core.verified = "size")."""
-    if head.get("ContentLength") != expect.size:
-        return f"size {head.get('ContentLength')} in the bucket, {expect.size} sent"
-    got = head.get("ChecksumSHA256")
-    if got is None:
-        return None
-    want = expect.composite_b64 if "-" in got else expect.full_b64
-    if got != want:
-        return f"checksum {got} in the bucket, {want} sent" + (" (multipart)" if multipart else "")
-    return None
 
 
 # --- the uploader ---------------------------------------------------------------------------------------
@@ -278,7 +86,7 @@ class Uploader:
         self._client_factory = client_factory or (lambda: bucket.client(self.config,
                                                                         pool=max(16, self.config.concurrency)))
         self._reconfigured = None   # a reloaded [upload] section, for the thread to take between two uploads
-        self._analysis = analysis or analysis_index.analysis_for
+        self._analysis = analysis or analyses.analysis_for
         self._clock = clock
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -633,51 +441,3 @@ def _pause(point: str) -> None:
             time.sleep(3600)
 
 
-class UploadCollector:
-    """The queue's metrics, read from the index at scrape time (so they survive restarts without replay)."""
-
-    def __init__(self, index_path: Path):
-        self.index_path = Path(index_path)
-
-    def describe(self):
-        return []
-
-    def collect(self):
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        try:
-            db = sqlite3.connect(f"file:{self.index_path}?mode=ro", uri=True, timeout=5)
-            try:
-                st = stats(db)
-            finally:
-                db.close()
-        except sqlite3.Error as e:
-            log.debug("metrics: upload queue unreadable: %s", e)
-            return
-        if st is None:
-            return
-        yield CounterMetricFamily("corehandler_upload_bytes", "Bytes uploaded to the fleet bucket (cores and "
-                                  "sidecars)", value=st["uploaded_bytes"])
-        yield CounterMetricFamily("corehandler_upload_seconds", "Seconds spent on uploads that succeeded",
-                                  value=st["upload_seconds"])
-        done = CounterMetricFamily("corehandler_uploads", "Dumps uploaded, by what went up", labels=["kind"])
-        done.add_metric(["core"], st["cores"])
-        done.add_metric(["sidecar_only"], st["states"]["done"] - st["cores"])
-        yield done
-        yield CounterMetricFamily("corehandler_upload_kept_back", "Dumps whose core the fleet budget kept "
-                                  "home (sidecar only)", value=st["kept_back"])
-        failures = CounterMetricFamily("corehandler_upload_failures", "Failed upload attempts by reason "
-                                       "(lost: deleted before it was uploaded)", labels=["reason"])
-        for reason in (*bucket.REASONS, LOST):
-            failures.add_metric([reason], st["failures"].get(reason, 0))
-        yield failures
-        queue = GaugeMetricFamily("corehandler_upload_queue", "Dumps in the upload queue by state",
-                                  labels=["state"])
-        for state in STATES:
-            queue.add_metric([state], st["states"][state])
-        yield queue
-        yield GaugeMetricFamily("corehandler_upload_oldest_pending_seconds", "Age of the oldest dump waiting "
-                                "to upload; 0 when none waits", value=st["oldest_pending_seconds"])
-        yield GaugeMetricFamily("corehandler_upload_failing", "1 while a problem of the bucket (credentials, "
-                                "missing bucket, clock skew, no connection) holds the queue",
-                                value=1 if st["problem"] else 0)

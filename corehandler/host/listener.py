@@ -14,7 +14,7 @@ import re
 import time
 from pathlib import Path
 
-from corehandler import sysctl
+from corehandler.host import sysctl
 
 CORE_MODES = "kernel.core_modes"
 SOCKET_SINCE = (6, 16)  # "@path": the kernel connects and streams

@@ -19,9 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable
 
-from corehandler import bucket, compress
-from corehandler.bucket import BucketError, Target
 from corehandler.errors import CorehandlerError, NoMatchError
+from corehandler.fleet import bucket
+from corehandler.fleet.bucket import BucketError, Target
+from corehandler.store import compress
 
 WORKERS = 32
 CHUNK = 8 << 20

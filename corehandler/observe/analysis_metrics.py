@@ -1,4 +1,4 @@
-"""Prometheus metrics of crash analysis (corehandler/analysis.py), registered by metrics.MetricsObserver.
+"""Prometheus metrics of crash analysis (corehandler/analysis/unwind.py), registered by metrics.MetricsObserver.
 
 - corehandler_analyses{outcome}: analyses that ended in each state, counted as dumps are ingested (this
   daemon run; Prometheus reads a restart as a counter reset);
@@ -20,7 +20,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from corehandler import analysis, analysis_index, spool
+from corehandler import fields
+from corehandler.analysis import findings
+from corehandler.store import analyses
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +36,7 @@ class AnalysisMetrics:
     def __init__(self, registry: CollectorRegistry, state_dir: str | os.PathLike | None) -> None:
         self.analyses = Counter("corehandler_analyses", "Crash analyses by outcome (ok, partial, failed, timeout, "
                                 "unavailable, skipped)", ["outcome"], registry=registry)
-        for state in analysis.STATES:
+        for state in findings.STATES:
             self.analyses.labels(state)
         self.duration = Histogram("corehandler_analysis_duration_seconds", "Wall time of each crash analysis "
                                   "(it runs beside compression)", buckets=BUCKETS, registry=registry)
@@ -43,11 +45,11 @@ class AnalysisMetrics:
 
     def count(self, stored: Mapping[str, Any]) -> None:
         result = stored.get("analysis")
-        if not isinstance(result, Mapping) or result.get("state") not in analysis.STATES:
+        if not isinstance(result, Mapping) or result.get("state") not in findings.STATES:
             return
         self.analyses.labels(result["state"]).inc()
-        seconds = spool.number(result, "seconds")
-        if seconds and result["state"] != analysis.SKIPPED:
+        seconds = fields.number(result, "seconds")
+        if seconds and result["state"] != findings.SKIPPED:
             self.duration.observe(seconds)
 
 
@@ -64,7 +66,7 @@ class _SignatureCollector:
         try:
             db = sqlite3.connect(f"file:{self.index}?mode=ro", uri=True, timeout=2)
             try:
-                top = analysis_index.top_signatures(db, TOP_SIGNATURES)
+                top = analyses.top_signatures(db, TOP_SIGNATURES)
                 (distinct,) = db.execute("SELECT COUNT(DISTINCT signature_id) FROM analysis a JOIN dumps d "
                                          "ON d.id = a.id WHERE d.deleting = 0") .fetchone() \
                     if top else (0,)

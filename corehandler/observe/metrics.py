@@ -25,10 +25,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer, generate_latest, start_http_server
 from prometheus_client.process_collector import ProcessCollector
 
-from corehandler import __version__, spool
-from corehandler.analysis_metrics import AnalysisMetrics
+from corehandler import __version__, fields
 from corehandler.atomicfile import write_atomic
-from corehandler.store import STATUSES, Store, StoreError
+from corehandler.observe.analysis_metrics import AnalysisMetrics
+from corehandler.store.dumprow import STATUSES
+from corehandler.store.index import Store, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -175,36 +176,36 @@ class MetricsObserver:
         return OTHER_EXE
 
     def _count_dump(self, record: Mapping[str, Any], stored: Mapping[str, Any]) -> None:
-        outcome, reason = spool.outcome(record, stored)
-        signal = spool.signal_name(spool.signal_number(record)) or "unknown"
-        exe = self.exe_label(spool.exe(record))
+        outcome, reason = fields.outcome(record, stored)
+        signal = fields.signal_name(fields.signal_number(record)) or "unknown"
+        exe = self.exe_label(fields.exe(record))
         self.dumps.labels(signal, outcome, reason, exe).inc()
-        if spool.socket_rejected(record):
+        if fields.socket_rejected(record):
             self.socket_rejects.labels(reason).inc()
-        cap = spool.capture(record)
-        kept = spool.number(cap, "bytes") or 0.0
+        cap = fields.capture(record)
+        kept = fields.number(cap, "bytes") or 0.0
         self.captured_bytes.labels(exe).inc(kept)
-        self.drained_bytes.inc(spool.number(cap, "drained_bytes") or 0.0)
-        size = spool.dump_bytes(record)
+        self.drained_bytes.inc(fields.number(cap, "drained_bytes") or 0.0)
+        size = fields.dump_bytes(record)
         if size is not None:
             self.dump_size.observe(size)
-        seconds = spool.capture_seconds(record)
-        throughput = spool.number(cap, "throughput_bytes_per_second")
+        seconds = fields.capture_seconds(record)
+        throughput = fields.number(cap, "throughput_bytes_per_second")
         # A dropped dump is drained too, so its figures are real capture figures; a zero-length copy is not.
         if seconds is not None and seconds > 0:
             self.capture_duration.observe(seconds)
             if throughput is not None:
                 self.throughput.observe(throughput)
-        hold = spool.hold_seconds(record)
+        hold = fields.hold_seconds(record)
         if hold is not None:
             self.hold.observe(hold)
         self._count_stored(stored)
 
     def _count_stored(self, stored: Mapping[str, Any]) -> None:
-        raw = spool.number(stored, "raw_bytes")
-        packed = spool.number(stored, "compressed_bytes")
+        raw = fields.number(stored, "raw_bytes")
+        packed = fields.number(stored, "compressed_bytes")
         if packed is None:  # an index row (store.py) calls it stored_bytes
-            packed = spool.number(stored, "stored_bytes")
+            packed = fields.number(stored, "stored_bytes")
         # Metadata-only dumps have nothing compressed: 0 bytes, and no ratio or compression time to count.
         if not packed:
             packed = None
@@ -212,10 +213,10 @@ class MetricsObserver:
             self.compressed_bytes.inc(packed)
             if raw:
                 self.compression_ratio.observe(raw / packed)
-            seconds = spool.number(stored, "compress_seconds")
+            seconds = fields.number(stored, "compress_seconds")
             if seconds is not None:
                 self.compress_duration.observe(seconds)
-        seconds = spool.number(stored, "ingest_seconds")
+        seconds = fields.number(stored, "ingest_seconds")
         if seconds is not None:
             self.ingest_duration.observe(seconds)
 

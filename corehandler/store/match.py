@@ -24,11 +24,11 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
-from corehandler import spool
+from corehandler import fields
 from corehandler.errors import UsageError
 
 if TYPE_CHECKING:
-    from corehandler.store import Dump
+    from corehandler.store.dumprow import Dump
 
 # pid_t and the kernel's signal numbers are C ints; a larger number is no PID.
 MAX_C_INT = 2**31 - 1
@@ -79,7 +79,7 @@ class Filter:
 
 def comms(record: dict) -> list[str]:
     """Every name the record gives the process: /proc's comm, and the kernel's %e form of it."""
-    names = [spool.comm(record)]
+    names = [fields.comm(record)]
     kernel = record.get("comm")
     if isinstance(kernel, str) and kernel not in names:
         names.append(kernel)

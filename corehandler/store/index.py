@@ -8,22 +8,18 @@ table: dumps and bytes removed by each rule, ever), which the metrics read at sc
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sqlite3
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from corehandler import analysis_index, match, spool
 from corehandler.errors import EXIT_PERMISSION, CorehandlerError
-from corehandler.match import Filter  # noqa: F401 (the store's query takes one; callers import it from here)
 from corehandler.paths import DIR_MODES
-from corehandler.printable import display
+from corehandler.store import analyses, match
+from corehandler.store.dumprow import _COLUMNS, Dump
+from corehandler.store.match import Filter
 
 SCHEMA_VERSION = 4
-STATUSES = ("ok", "truncated", "metadata_only", "invalid", "orphan")
 
 _SCHEMA_TABLE = """
 CREATE TABLE IF NOT EXISTS dumps (
@@ -57,9 +53,6 @@ _COUNT_DELETIONS = ("INSERT INTO deletions (rule, dumps, freed_bytes) VALUES (?,
 _SCHEMA_INDEXES = ("CREATE INDEX IF NOT EXISTS dumps_crashed_at ON dumps (crashed_at)",
                    "CREATE INDEX IF NOT EXISTS dumps_exe ON dumps (exe)")
 
-_COLUMNS = ("id", "crashed_at", "ingested_at", "pid", "uid", "gid", "signal", "exe", "comm", "cmdline",
-            "hostname", "boot_id", "raw_bytes", "stored_bytes", "sha256", "status", "problem", "path",
-            "deleting", "record", "deleted_rule", "freed_bytes", "compress_seconds", "ingest_seconds", "corrupt")
 # Added by schema 2; an index of schema 1 gets them by ALTER TABLE. Schema 4 adds corrupt: what a check of the
 # stored file found wrong (NULL: nothing found), set by whoever found it (`info`, `dump`, `debug`, `list` as
 # root), read by the daemon (errors_total{kind="corrupt"}) and the metrics (corehandler_store_corrupt_dumps).
@@ -80,100 +73,6 @@ class StoreAccessError(StoreError):
     """The index is root's: this user may not read it (exit 4, not a damaged index)."""
 
     exit_code = EXIT_PERMISSION
-
-
-@dataclass(frozen=True)
-class Dump:
-    id: str
-    crashed_at: float
-    ingested_at: float
-    pid: int | None
-    uid: int | None
-    gid: int | None
-    signal: int | None
-    exe: str | None
-    comm: str | None
-    cmdline: list[str] | None
-    hostname: str | None
-    boot_id: str | None
-    raw_bytes: int
-    stored_bytes: int
-    sha256: str | None
-    status: str
-    problem: str | None
-    path: str | None  # file name inside the store directory, None for metadata-only
-    deleting: bool
-    record: dict
-    deleted_rule: str | None = None    # set when its deletion starts: the rule removing it
-    freed_bytes: int | None = None     # bytes its file took, measured when the deletion started
-    # What ingest took (None in rows a schema-1 daemon wrote).
-    compress_seconds: float | None = None
-    ingest_seconds: float | None = None
-    corrupt: str | None = None         # what a check of the stored file found wrong (schema 4)
-
-    @classmethod
-    def from_row(cls, row: sqlite3.Row) -> "Dump":
-        values = dict(zip(_COLUMNS, row))
-        values["cmdline"] = json.loads(values["cmdline"]) if values["cmdline"] else None
-        values["record"] = json.loads(values["record"])
-        values["deleting"] = bool(values["deleting"])
-        return cls(**exact_names(values))
-
-    def summary(self) -> dict:
-        """Every column, as JSON-ready values (the record separately, under "record")."""
-        return {k: getattr(self, k) for k in _COLUMNS}
-
-
-def _crash_time(record: dict) -> float:
-    ts = record.get("timestamp")
-    if isinstance(ts, (int, float)):
-        return float(ts)
-    started = (record.get("handler") or {}).get("started_realtime_ns")
-    if isinstance(started, int):
-        return started / 1e9
-    try:
-        return int(record["id"].split("-", 1)[0]) / 1e6
-    except (KeyError, ValueError):
-        return time.time()
-
-
-def exact_names(values: dict) -> dict:
-    """The row's exe, comm, cmdline and hostname as the process's bytes, from its record: the index columns
-    hold display forms (an index of v0.1 too), the record the bytes (lone surrogates, see docs/design.md)."""
-    record = values["record"]
-    proc = spool.proc(record)
-    values["exe"] = proc.get("exe") if isinstance(proc.get("exe"), str) else values["exe"]
-    values["comm"] = spool.comm(record) or values["comm"]
-    values["cmdline"] = spool.cmdline(record) or values["cmdline"]
-    if isinstance(record.get("hostname"), str):
-        values["hostname"] = record["hostname"]
-    return values
-
-
-def row_from_record(record: dict, *, status: str, problem: str | None, path: str | None, raw_bytes: int,
-                    stored_bytes: int, sha256: str | None, ingested_at: float | None = None,
-                    compress_seconds: float | None = None, ingest_seconds: float | None = None) -> dict:
-    """The index row for a spool record. Text columns are display forms (SQLite text is UTF-8); the record
-    keeps the exact bytes, which Dump reads back."""
-    proc = record.get("proc") or {}
-    cmdline = proc.get("cmdline")
-    return {
-        "id": record["id"],
-        "crashed_at": _crash_time(record),
-        "ingested_at": time.time() if ingested_at is None else ingested_at,
-        "pid": record.get("pid"), "uid": record.get("uid"), "gid": record.get("gid"),
-        "signal": record.get("signal"),
-        "exe": display(proc.get("exe")),
-        "comm": display(spool.comm(record)),
-        "cmdline": json.dumps([display(a) for a in cmdline]) if isinstance(cmdline, list) else None,
-        "hostname": display(record.get("hostname")),
-        "boot_id": record.get("boot_id"),
-        "raw_bytes": raw_bytes, "stored_bytes": stored_bytes, "sha256": sha256,
-        "status": status, "problem": problem, "path": path, "deleting": 0,
-        "compress_seconds": compress_seconds, "ingest_seconds": ingest_seconds,
-        # ensure_ascii keeps the lone surrogates as \udcXX escapes, which round-trip through json.loads.
-        "record": json.dumps(record, ensure_ascii=True, sort_keys=True),
-    }
 
 
 class Store:
@@ -260,10 +159,10 @@ class Store:
 
     # The CLI reads a dump's analysis through these, from the index or (userview.UserView) a user's view.
     def analysis_for(self, dump_id: str) -> dict | None:
-        return analysis_index.analysis_for(self, dump_id)
+        return analyses.analysis_for(self, dump_id)
 
     def analysis_summaries(self, ids: Iterable[str]) -> dict[str, dict]:
-        return analysis_index.summaries(self, ids)
+        return analyses.summaries(self, ids)
 
     def insert(self, row: dict) -> bool:
         """Adds a row; False when the id is already indexed (ingest is idempotent)."""
@@ -397,7 +296,7 @@ class Store:
         with self.db:
             if self.db.execute("DELETE FROM dumps WHERE id = ? AND deleting = 1", (dump_id,)).rowcount:
                 self.db.execute(_COUNT_DELETIONS, (done.deleted_rule, 1, done.freed_bytes))
-            analysis_index.forget(self.db, dump_id)
+            analyses.forget(self.db, dump_id)
         return done
 
     def finish_deletions(self) -> list[Dump]:

@@ -25,27 +25,19 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import stat
-import subprocess
 import time
 from pathlib import Path
 from typing import Callable
 
-from corehandler import listener, spool, supervise, sysctl
 from corehandler import paths as paths_mod
 from corehandler.atomicfile import write_atomic
-from corehandler.config import Config, render_csplice_settings, write_csplice_settings
+from corehandler.config import Config, write_csplice_settings
+from corehandler.csplice_contract import PIDFD_SINCE, PIDFD_SPECIFIER, SPECIFIERS, csplice_version
 from corehandler.errors import HandlerConflictError, NotRootError, SystemFailure, UnsafePathError
+from corehandler.host import listener, sysctl
 from corehandler.paths import Paths
-from corehandler.store import Store, StoreError
 
-# The kernel's %-specifiers csplice takes, in csplice's argv order: the Python side's one copy of csplice's
-# arg_names table (csplice/record.h), which `csplice --list-specifiers` prints and a test compares with these.
-SPECIFIERS = "%P %i %I %u %g %d %s %t %c %h %e"
-# %F, a pidfd of the crashed process, exists from Linux 6.16; older kernels would pass it through literally.
-PIDFD_SPECIFIER = "%F"
-PIDFD_SINCE = (6, 16)
 # The kernel's CORENAME_MAX_SIZE is 128 with the terminating NUL; longer patterns are cut short silently.
 MAX_CORE_PATTERN = 127
 # Non-zero keeps /proc/PID of a crashed process alive until csplice has read it; 16 concurrent captures.
@@ -125,16 +117,6 @@ def check_handler_path(path: Path) -> Path:
             raise UnsafePathError(f"refusing csplice at {real}: {part} is writable by group or others "
                                   f"(mode {stat.S_IMODE(st.st_mode):04o}), and the kernel runs csplice as root")
     return real
-
-
-def csplice_version(path: Path) -> str:
-    try:
-        result = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise SystemFailure(f"cannot run {path} --version: {e}") from None
-    if result.returncode != 0:
-        raise SystemFailure(f"{path} --version failed with exit code {result.returncode}")
-    return result.stdout.strip()
 
 
 def require_root(verb: str) -> None:
@@ -218,7 +200,8 @@ def install(config: Config, paths: Paths, *, csplice: Path | None = None, force:
     write_csplice_settings(config, paths)
     listening = None
     if mode != "pipe":
-        pattern, listening = _socket_mode(config, paths, program, mode, start_listener, stop_listener) or (pattern, None)
+        pattern, listening = (_socket_mode(config, paths, program, mode, start_listener, stop_listener)
+                              or (pattern, None))
     pipe_limit = str(max(PIPE_LIMIT, _int_or_zero(live[sysctl.CORE_PIPE_LIMIT])))
     values = {sysctl.CORE_PATTERN: pattern, sysctl.CORE_PIPE_LIMIT: pipe_limit}
     # A package ships its own sysctl.d file (/usr/lib/sysctl.d); a second one in /etc would outlive its removal.
@@ -237,10 +220,11 @@ def install(config: Config, paths: Paths, *, csplice: Path | None = None, force:
         start_daemon(paths)
     if mode_of(pattern) == "pipe" and stop_listener is not None:
         stop_listener(paths)  # a listener from an earlier socket-mode install serves nobody now
-    return {"mode": mode_of(pattern), "listening": listening, "core_pattern": pattern, "core_pipe_limit": pipe_limit, "csplice": str(program),
-            "csplice_version": version, "replaced": None if already_ours else current, "previous_saved": not already_ours,
-            "sysctl_d": None if sysctl_d is None else str(sysctl_d), "settings": str(paths.csplice_settings), "state_dir": str(paths.state_dir),
-            "daemon_started": start_daemon is not None}
+    return {"mode": mode_of(pattern), "listening": listening, "core_pattern": pattern,
+            "core_pipe_limit": pipe_limit, "csplice": str(program), "csplice_version": version,
+            "replaced": None if already_ours else current, "previous_saved": not already_ours,
+            "sysctl_d": None if sysctl_d is None else str(sysctl_d), "settings": str(paths.csplice_settings),
+            "state_dir": str(paths.state_dir), "daemon_started": start_daemon is not None}
 
 
 def _socket_mode(config: Config, paths: Paths, program: Path, mode: str,
@@ -308,133 +292,4 @@ def uninstall(paths: Paths, *, stop_daemon: Callable[[Paths], object] | None = N
 
 # --- status ----------------------------------------------------------------------------------------------
 
-def _spool_summary(spool_dir: Path) -> dict:
-    summary = {"path": str(spool_dir), "exists": spool_dir.is_dir(), "pending": 0, "orphans": None, "bytes": 0}
-    try:
-        entries = list(os.scandir(spool_dir))
-    except FileNotFoundError:
-        return summary
-    except OSError as e:
-        return {**summary, "error": e.strerror}
-    for entry in entries:
-        if entry.is_file(follow_symlinks=False):
-            summary["bytes"] += entry.stat(follow_symlinks=False).st_blocks * 512
-            if entry.name.endswith(".json") and not entry.name.startswith("."):
-                summary["pending"] += 1
-    summary["orphans"] = len(spool.find_orphans(spool_dir))
-    return summary
 
-
-def _store_summary(index_path: Path) -> dict | None:
-    """Count and bytes of the stored dumps (not the tombstones of deleted ones), from the index opened
-    read-only so status never creates it."""
-    if not index_path.exists():
-        return None
-    try:
-        with Store(index_path.parent, readonly=True) as store:
-            stored, count = store.totals()
-            corrupt = len(store.corrupt())
-    except (StoreError, sqlite3.Error) as e:
-        return {"path": str(index_path), "error": str(e)}
-    return {"path": str(index_path), "count": count, "bytes": stored, "corrupt": corrupt}
-
-
-def _upload_summary(config: Config, index_path: Path) -> dict | None:
-    """The upload queue and the problem holding it, if any; None when [upload] is off and never ran."""
-    from corehandler import upload
-
-    if not index_path.exists():
-        return {"url": config.upload.url, "queue": None} if config.upload.url else None
-    try:
-        with Store(index_path.parent, readonly=True) as store:
-            queue = upload.stats(store.db)
-    except (StoreError, sqlite3.Error) as e:
-        return {"url": config.upload.url, "error": str(e)}
-    if queue is None and not config.upload.url:
-        return None
-    return {"url": config.upload.url, "queue": queue}
-
-
-def _daemon_summary(paths: Paths) -> dict:
-    found = supervise.status(paths)
-    return {"state": "running" if found.running else "stopped", **found.as_dict()}
-
-
-def _settings_summary(config: Config, paths: Paths) -> dict:
-    path = paths.csplice_settings
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return {"path": str(path), "state": "missing (csplice runs on its built-in defaults)"}
-    except OSError as e:
-        return {"path": str(path), "state": f"unreadable: {e.strerror}"}
-    current = text == render_csplice_settings(config, paths)
-    return {"path": str(path), "state": "current" if current else "differs from the config (reinstall or reload)"}
-
-
-def capture_state(config: Config, paths: Paths) -> dict:
-    """The mode the live core_pattern gives (None when it is not ours), whether the socket listener listens,
-    and the socket peers refused: cheap enough for every metrics scrape."""
-    pattern = sysctl.read(sysctl.CORE_PATTERN, _sysctl_root(paths))
-    socket_path = config.kernel.socket_path
-    mode = mode_of(pattern) if is_ours(pattern, socket_path) else None
-    return {"mode": mode, "listening": mode == "socket" and listener.listening(socket_path, paths.proc_root),
-            "refused_peers": spool.refused_count(paths.spool_dir)}
-
-
-def _listener_summary(config: Config, paths: Paths, mode: str | None) -> dict | None:
-    """In socket mode: whether anything listens on the socket (if not, the kernel drops dumps silently)."""
-    if mode != "socket":
-        return None
-    found = supervise.status(paths, supervise.LISTENER)
-    path = config.kernel.socket_path
-    return {"socket_path": str(path), "listening": listener.listening(path, paths.proc_root),
-            "supervised": found.running, "pid": found.daemon_pid, "log_file": found.log_file,
-            "refused_peers": spool.refused_count(paths.spool_dir)}
-
-
-def status(config: Config, paths: Paths, *, csplice: Path | None = None) -> dict:
-    """What is installed and how the spool and store stand; never changes anything, needs no root."""
-    root = _sysctl_root(paths)
-    program = csplice or paths_mod.csplice_path()
-    live = _live(paths)
-    handler = {"path": str(program), "exists": program.exists(), "version": None, "problem": None}
-    expected = None
-    try:
-        real = check_handler_path(program)
-        handler["version"] = csplice_version(real)
-        expected = core_pattern_for(real, sysctl.read("kernel.osrelease", root))
-    except (UnsafePathError, SystemFailure) as e:
-        handler["problem"] = e.message
-    pipe_limit = _int_or_zero(live[sysctl.CORE_PIPE_LIMIT])
-    persistent = sysctl.read_sysctl_d(paths.sysctl_d)
-    try:
-        previous = read_previous(paths)
-    except SystemFailure as e:
-        previous = {"error": e.message}
-    pattern = live[sysctl.CORE_PATTERN]
-    installed = is_ours(pattern, config.kernel.socket_path)
-    mode = mode_of(pattern) if installed else None
-    if mode == "socket":
-        prefix = listener.socket_prefix(paths.proc_root)
-        expected = prefix and listener.socket_pattern(prefix, config.kernel.socket_path)
-    return {
-        "installed": installed,
-        "mode": mode,
-        "listener": _listener_summary(config, paths, mode),
-        "core_pattern": pattern,
-        "core_pattern_expected": expected,
-        "core_pattern_matches": expected is not None and pattern == expected,
-        "core_pipe_limit": pipe_limit,
-        "core_pipe_limit_ok": pipe_limit > 0,
-        "sysctl_d": {"path": str(sysctl.sysctl_d_file(paths.sysctl_d)), "exists": persistent is not None,
-                     "matches_live": persistent is not None and all(persistent.get(k) == v for k, v in live.items())},
-        "previous": previous,
-        "csplice": handler,
-        "settings": _settings_summary(config, paths),
-        "state_dir": str(paths.state_dir),
-        "spool": _spool_summary(paths.spool_dir),
-        "store": _store_summary(paths.index_path),
-        "daemon": _daemon_summary(paths),
-        "upload": _upload_summary(config, paths.index_path),
-    }

@@ -174,12 +174,12 @@ def vacuum(store, policy: Policy, *, now: float | None = None, busy: Iterable[st
     """Plans against the store's index and filesystem, then deletes (unless dry_run)."""
     if not any((policy.max_use, policy.keep_free, policy.max_age, policy.max_count, policy.max_per_exe)):
         return []  # no limits: nothing to read
-    from corehandler import upload  # the queue lives in the same index
+    from corehandler.fleet import upload_queue  # the queue lives in the same index
 
     # A dump whose spool record is still there has not finished ingest (a kill between its index row and the
     # cleanup): the daemon completes it from that record, so its row must still be there.
     busy = set(busy) | set(spool.committed_ids(store.state_dir / "spool"))
-    unsent = upload.waiting_ids(store.db)
+    unsent = upload_queue.waiting_ids(store.db)
     items = [Item(i, t, exe, size, i in busy, i in unsent) for i, t, exe, size in store.sizes()]
     _, free = filesystem(store.store_dir)
     decisions = plan(items, policy, free_bytes=free, now=time.time() if now is None else now)
@@ -188,5 +188,5 @@ def vacuum(store, policy: Policy, *, now: float | None = None, busy: Iterable[st
     for d in deleted:
         if d.id in unsent and not dry_run:
             log.error("Retention had to delete %s before it was uploaded (%s): lost to the fleet", d.id, d.rule)
-            upload.mark_lost(store.db, d.id, f"deleted by retention ({d.rule}) before it was uploaded")
+            upload_queue.mark_lost(store.db, d.id, f"deleted by retention ({d.rule}) before it was uploaded")
     return deleted

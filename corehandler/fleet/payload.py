@@ -1,0 +1,111 @@
+"""What a host puts into the bucket: the sidecar, the record as it may leave the host, the checksums."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SIDECAR_SCHEMA = 1
+
+
+
+CHUNK = 8 << 20
+
+
+
+def fallback_signature(dump) -> str:
+    """A signature for dumps without an analysis: the executable and the signal (coarser than the analysed
+    one, which adds the top frames)."""
+    return f"{dump.exe or dump.comm or '?'}:{dump.signal}"
+
+
+
+def signature_key(signature: str) -> str:
+    """The signature as a bucket key component."""
+    return hashlib.sha256(signature.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
+
+def shareable_record(record: dict, *, environ: bool, maps: bool) -> dict:
+    """The record as it may leave the host: what [capture] kept locally only stays unless [upload] says."""
+    out = dict(record)
+    proc = dict(out.get("proc") or {})
+    if not environ:
+        proc.pop("environ", None)
+    if not maps:
+        proc.pop("maps", None)
+    if "proc" in out:
+        out["proc"] = proc
+    return out
+
+
+
+def sidecar(dump, *, host: str, core: dict | None, budget: str | None, analysis: dict | None, signature: str,
+            environ: bool, maps: bool) -> dict:
+    row = {k: v for k, v in dump.summary().items() if k not in ("record", "path", "deleting")}
+    return {"schema": SIDECAR_SCHEMA, "id": dump.id, "host": host, "crashed_at": dump.crashed_at,
+            "uploaded_at": time.time(), "signature": signature,
+            "signature_source": "analysis" if analysis and analysis.get("signature") else "exe+signal",
+            "core": core, "budget": budget, "sha256": dump.sha256,
+            "index": row, "record": shareable_record(dump.record, environ=environ, maps=maps),
+            "analysis": analysis}
+
+
+
+@dataclass(frozen=True)
+class Digests:
+    size: int
+    sha256: str          # hex, of the object's bytes
+    full_b64: str        # the S3 full-object SHA-256 checksum
+    composite_b64: str   # the S3 multipart (composite) checksum: sha256 of the parts' digests, "-N"
+
+
+
+def digests(path: Path, part_size: int) -> Digests:
+    """One read of the file: its SHA-256 and the checksum S3 reports for it sent in parts of part_size."""
+    full, parts, size = hashlib.sha256(), [], 0
+    with open(path, "rb") as f:
+        while True:
+            part = hashlib.sha256()
+            left = part_size
+            while left:
+                chunk = f.read(min(CHUNK, left))
+                if not chunk:
+                    break
+                part.update(chunk)
+                full.update(chunk)
+                left -= len(chunk)
+                size += len(chunk)
+            if left == part_size:
+                break
+            parts.append(part.digest())
+            if left:
+                break
+    composite = base64.b64encode(hashlib.sha256(b"".join(parts)).digest()).decode() + f"-{len(parts)}"
+    return Digests(size, full.hexdigest(), base64.b64encode(full.digest()).decode(), composite)
+
+
+
+def transfer_part_size(part_size: int, size: int) -> int:
+    """The part size s3transfer really uses for a file (it grows parts to stay within 10,000)."""
+    from s3transfer.utils import ChunksizeAdjuster
+    return ChunksizeAdjuster().adjust_chunksize(part_size, size)
+
+
+
+def check_object(head: dict, expect: Digests, *, multipart: bool) -> str | None:
+    """Why the HEAD of an uploaded core does not match what was sent, or None when it does. A server that
+    keeps no checksums is checked by size only (the sidecar says so: core.verified = "size")."""
+    if head.get("ContentLength") != expect.size:
+        return f"size {head.get('ContentLength')} in the bucket, {expect.size} sent"
+    got = head.get("ChecksumSHA256")
+    if got is None:
+        return None
+    want = expect.composite_b64 if "-" in got else expect.full_b64
+    if got != want:
+        return f"checksum {got} in the bucket, {want} sent" + (" (multipart)" if multipart else "")
+    return None
+

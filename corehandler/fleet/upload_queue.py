@@ -1,0 +1,149 @@
+"""The durable upload queue: the uploads table of the index and what status and metrics read of it."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+STATES = ("pending", "uploading", "done", "failed")
+
+
+
+WAITING = ("pending", "uploading")
+
+
+
+LOST = "lost"
+
+
+
+KEPT_BACK = "kept_back"
+
+
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS uploads (
+        id TEXT PRIMARY KEY,
+        state TEXT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt REAL NOT NULL DEFAULT 0,
+        last_error TEXT,
+        reason TEXT,
+        queued_at REAL NOT NULL,
+        done_at REAL,
+        budget TEXT,
+        core_key TEXT,
+        sidecar_key TEXT,
+        bytes INTEGER NOT NULL DEFAULT 0,
+        seconds REAL NOT NULL DEFAULT 0)""",
+    "CREATE INDEX IF NOT EXISTS uploads_due ON uploads (state, next_attempt)",
+    # Failures by reason since the index began: a counter the metrics read at scrape time.
+    "CREATE TABLE IF NOT EXISTS upload_failures (reason TEXT PRIMARY KEY, count INTEGER NOT NULL)",
+    # The problem holding the queue, if any (one row): what `status` shows.
+    "CREATE TABLE IF NOT EXISTS upload_problem (one INTEGER PRIMARY KEY CHECK (one = 1), reason TEXT, "
+    "message TEXT, since REAL)",
+)
+
+
+
+def ensure_schema(db: sqlite3.Connection) -> None:
+    """Creates the queue's tables, all in one transaction (a reader sees all of them or none)."""
+    if _has_queue(db):
+        return
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        for statement in _SCHEMA:
+            db.execute(statement)
+        db.commit()
+    except BaseException:
+        db.rollback()
+        raise
+
+
+
+def _has_queue(db: sqlite3.Connection) -> bool:
+    return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'uploads'").fetchone() is not None
+
+
+
+def enqueue(db: sqlite3.Connection, dump_id: str, now: float | None = None) -> bool:
+    with db:
+        cur = db.execute("INSERT OR IGNORE INTO uploads (id, state, queued_at) VALUES (?, 'pending', ?)",
+                         (dump_id, time.time() if now is None else now))
+    return cur.rowcount == 1
+
+
+
+def backfill(db: sqlite3.Connection, now: float | None = None) -> int:
+    """Queues every live dump the queue has not seen (a kill between indexing and enqueueing, or a store
+    that existed before [upload] was set)."""
+    with db:
+        cur = db.execute("INSERT OR IGNORE INTO uploads (id, state, queued_at) SELECT id, 'pending', ? FROM dumps "
+                         "WHERE deleting = 0", (time.time() if now is None else now,))
+    return cur.rowcount
+
+
+
+def drop_waiting(db: sqlite3.Connection) -> int:
+    """Uploads are off: what waited leaves the queue, so retention's rules govern those dumps again (turning
+    uploads on queues whatever the store still holds, by backfill)."""
+    if not _has_queue(db):
+        return 0
+    with db:
+        return db.execute("DELETE FROM uploads WHERE state IN ('pending', 'uploading')").rowcount
+
+
+
+def waiting_ids(db: sqlite3.Connection) -> set[str]:
+    """Dumps still to upload: retention keeps them unless the disk floor forces it."""
+    if not _has_queue(db):
+        return set()
+    return {r[0] for r in db.execute("SELECT id FROM uploads WHERE state IN ('pending', 'uploading')")}
+
+
+
+def mark_lost(db: sqlite3.Connection, dump_id: str, why: str) -> None:
+    with db:
+        n = db.execute("UPDATE uploads SET state = 'failed', reason = ?, last_error = ? WHERE id = ? AND state IN "
+                       "('pending', 'uploading')", (LOST, why, dump_id)).rowcount
+        if n:
+            _count_failure(db, LOST)
+
+
+
+def _count_failure(db: sqlite3.Connection, reason: str) -> None:
+    db.execute("INSERT INTO upload_failures (reason, count) VALUES (?, 1) "
+               "ON CONFLICT (reason) DO UPDATE SET count = count + 1", (reason,))
+
+
+
+def stats(db: sqlite3.Connection, now: float | None = None) -> dict | None:
+    """The queue at a glance (status, metrics); None when this index never had one."""
+    if not _has_queue(db):
+        return None
+    now = time.time() if now is None else now
+    states = dict.fromkeys(STATES, 0)
+    states.update(dict(db.execute("SELECT state, COUNT(*) FROM uploads GROUP BY state")))
+    oldest = db.execute("SELECT MIN(queued_at) FROM uploads WHERE state IN ('pending', 'uploading')").fetchone()[0]
+    sent = db.execute("SELECT COALESCE(SUM(bytes), 0), COALESCE(SUM(seconds), 0), "
+                      "COALESCE(SUM(budget = 'kept_back'), 0), COALESCE(SUM(core_key IS NOT NULL), 0) "
+                      "FROM uploads WHERE state = 'done'").fetchone()
+    problem = db.execute("SELECT reason, message, since FROM upload_problem").fetchone()
+    return {"states": states, "oldest_pending_seconds": max(0.0, now - oldest) if oldest else 0.0,
+            "uploaded_bytes": int(sent[0]), "upload_seconds": float(sent[1]), "kept_back": int(sent[2]),
+            "cores": int(sent[3]), "failures": dict(db.execute("SELECT reason, count FROM upload_failures")),
+            "problem": {"reason": problem[0], "message": problem[1], "since": problem[2]} if problem else None}
+
+
+
+def status_line(st: dict | None) -> str:
+    if st is None:
+        return "off"
+    s = st["states"]
+    line = f"{s['pending'] + s['uploading']} waiting, {s['done']} done, {s['failed']} failed"
+    if st["oldest_pending_seconds"]:
+        line += f", oldest waiting {st['oldest_pending_seconds']:.0f}s"
+    if st["problem"]:
+        line += f"; FAILING ({st['problem']['reason']}): {st['problem']['message']}"
+    return line
+

@@ -1,0 +1,1 @@
+"""The host side: install and status, sysctls, the socket listener and its supervisor, kernel probes."""

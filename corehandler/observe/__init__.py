@@ -1,0 +1,1 @@
+"""Observers of the daemon: journald records and Prometheus metrics."""
