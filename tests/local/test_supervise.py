@@ -195,7 +195,7 @@ def test_a_stale_pid_file_is_not_a_running_daemon(paths):
 
 def test_the_callers_output_pipe_is_not_held_open(paths, tmp_path):
     """dpkg and test runners read a maintainer script's output to EOF: the daemon must not keep it open."""
-    code = ("from pathlib import Path; from corehandler import supervise; from corehandler.paths import Paths; "
+    code = ("from pathlib import Path; from corehandler.host import supervise; from corehandler.paths import Paths; "
             f"supervise.start(Paths(run_dir=Path({str(paths.run_dir)!r}), log_dir=Path({str(paths.log_dir)!r})), "
             f"command=[{sys.executable!r}, {str(tmp_path / 'sleeper.py')!r}]); print('started')")
     (tmp_path / "sleeper.py").write_text(SLEEPER)
