@@ -132,9 +132,9 @@ def _publish(store: Store, uid: int) -> None:
                 pass
     rows = [dataclasses.asdict(d) for d in dumps]
     ids = [d.id for d in dumps]
-    analyses = {i: a for i in ids if (a := analyses.analysis_for(store, i)) is not None}
+    results = {i: a for i in ids if (a := analyses.analysis_for(store, i)) is not None}
     # ensure_ascii: the names' invalid bytes stay lone-surrogate escapes, as in the spool record.
-    data = json.dumps({"schema": SCHEMA, "uid": uid, "dumps": rows, "analysis": analyses,
+    data = json.dumps({"schema": SCHEMA, "uid": uid, "dumps": rows, "analysis": results,
                        "analysis_summaries": analyses.summaries(store, ids)},
                       ensure_ascii=True, sort_keys=True).encode()
     write_atomic(path, data, 0o600, prepare=lambda fd: _grant(fd, uid))
