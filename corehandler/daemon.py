@@ -24,10 +24,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from corehandler import elfcore, spool
+from corehandler import elfcore, paths, spool
 from corehandler.analysis import findings, unwind
 from corehandler.errors import CorehandlerError
 from corehandler.inotify import IN_Q_OVERFLOW, Watch
+from corehandler.observe.observer import Observer, Stored
 from corehandler.store import analyses, compress, retention, userview
 from corehandler.store.dumprow import row_from_record
 from corehandler.store.index import Store
@@ -54,7 +55,7 @@ class Settings:
 
     @property
     def spool_dir(self) -> Path:
-        return self.state_dir / "spool"
+        return paths.spool_dir(self.state_dir)
 
 
 def settings_from_config(config, paths, **overrides) -> Settings:
@@ -114,12 +115,12 @@ def _status(record: dict, info: elfcore.CoreInfo | None, core_missing: bool) -> 
 
 
 class Daemon:
-    def __init__(self, settings: Settings, observers: Sequence = (),
+    def __init__(self, settings: Settings, observers: Sequence[Observer] = (),
                  reload: Callable[[], Settings] | None = None, *, handle_signals: bool = False):
         """handle_signals: SIGTERM/SIGINT stop, SIGHUP reloads (the process's main thread only; tests
         running the daemon in a thread call stop() and request_reload())."""
         self.settings = settings
-        self.observers = list(observers)
+        self.observers: list[Observer] = list(observers)
         self.reload = reload
         self.observer_failures = 0
         self._retry_at: dict[str, float] = {}
@@ -136,26 +137,25 @@ class Daemon:
 
     # -- observers ----------------------------------------------------------------------------------------
 
-    def _notify(self, method: str, *args) -> None:
+    def _notify(self, event: str, call: Callable[[Observer], None]) -> None:
         for obs in self.observers:
-            fn = getattr(obs, method, None)
-            if fn is None:
-                continue
             try:
-                fn(*args)
+                call(obs)
             except Exception as e:  # an observer never stops ingest
                 self.observer_failures += 1
-                log.exception("Observer %r failed in %s, ignoring", obs, method)
-                if method != "on_error":
-                    self._notify("on_error", "observer", f"{type(obs).__name__}.{method}: {e}", None)
+                log.exception("Observer %r failed in %s, ignoring", obs, event)
+                if event != "on_error":
+                    message = f"{type(obs).__name__}.{event}: {e}"
+                    self._notify("on_error", lambda o: o.on_error("observer", message, None))
 
     def report_error(self, kind: str, message: str, dump_id: str | None = None) -> None:
         log.error("%s", message)
-        self._notify("on_error", kind, message, dump_id)
+        self._notify("on_error", lambda obs: obs.on_error(kind, message, dump_id))
 
     def _state(self) -> None:
         size, count = self.store.totals()
-        self._notify("on_state", len(spool.committed_ids(self.settings.spool_dir)), size, count)
+        backlog = len(spool.committed_ids(self.settings.spool_dir))
+        self._notify("on_state", lambda obs: obs.on_state(backlog, size, count))
 
     # -- control --------------------------------------------------------------------------------------------
 
@@ -229,7 +229,7 @@ class Daemon:
         self._start_analysis(dump_id, record, raw, status)
         if info is not None:
             try:
-                stored = compress.store_file(raw, s.state_dir / "store", dump_id, enabled=s.compression,
+                stored = compress.store_file(raw, paths.store_dir(s.state_dir), dump_id, enabled=s.compression,
                                              level=s.level, threads=s.threads, checkpoint=self._checkpoint)
                 compress.verify_written(stored)
             except compress.DiskFullError as e:
@@ -307,12 +307,8 @@ class Daemon:
         spool.remove_record(self.settings.spool_dir, dump.id)
         log.info("Ingested %s: %s%s, %d -> %d bytes", dump.id, dump.status,
                  f" ({dump.problem})" if dump.problem else "", dump.raw_bytes, dump.stored_bytes)
-        path = self.store.file_path(dump)
-        self._notify("on_ingested", dump.record, {
-            "id": dump.id, "path": str(path) if path else None, "raw_bytes": dump.raw_bytes,
-            "compressed_bytes": dump.stored_bytes, "compress_seconds": dump.compress_seconds or 0.0,
-            "ingest_seconds": dump.ingest_seconds or 0.0, "ingested_at": dump.ingested_at, "status": dump.status,
-            "problem": dump.problem, "analysis": analyses.analysis_for(self.store, dump.id)})
+        stored = Stored.of(dump, self.store.file_path(dump), analyses.analysis_for(self.store, dump.id))
+        self._notify("on_ingested", lambda obs: obs.on_ingested(dump.record, stored))
 
     def _try_ingest(self, dump_id: str) -> bool:
         if self._retry_at.get(dump_id, 0) > time.monotonic():
@@ -366,7 +362,7 @@ class Daemon:
         for d in self.store.finish_deletions():
             log.warning("Finished the interrupted deletion of %s (%s)", d.id, d.deleted_rule)
             # The killed daemon never reported it (the index counted it when the row went).
-            self._notify("on_deleted", d.id, d.exe, d.deleted_rule, d.freed_bytes or 0)
+            self._notify("on_deleted", lambda obs: obs.on_deleted(d.id, d.exe, d.deleted_rule, d.freed_bytes or 0))
         for tmp in self.store.temp_files():
             log.warning("Removing %s, left by an interrupted compression", tmp.name)
             tmp.unlink(missing_ok=True)
@@ -403,7 +399,7 @@ class Daemon:
             self.report_error("ingest", f"Retention failed: {e}")
             return []
         for d in deleted:
-            self._notify("on_deleted", d.id, d.exe, d.rule, d.freed_bytes)
+            self._notify("on_deleted", lambda obs: obs.on_deleted(d.id, d.exe, d.rule, d.freed_bytes))
         if deleted:
             self._publish(None)
         self._state()
@@ -448,10 +444,10 @@ class Daemon:
         s.spool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         lock = self._lock()
         self.store = Store(s.state_dir)
-        analyses.ensure(self.store.db)
         if s.analysis_enabled:
             unwind.sandbox()  # probed now, not in the first dump's analysis time
-        self._notify("on_start")  # the state dir is ours now (the uploader starts its thread here)
+        # the state dir is ours now (the uploader starts its thread here)
+        self._notify("on_start", lambda obs: obs.on_start())
         watch = Watch(s.spool_dir)
         try:
             log.info("Watching %s (compression %s, level %d)", s.spool_dir,
@@ -500,9 +496,7 @@ class Daemon:
             self.store.close()
             os.close(lock)  # the wake-up pipe stays: stop() may still be called from another thread
             for obs in self.observers:
-                close = getattr(obs, "close", None)
-                if close:
-                    try:
-                        close()
-                    except Exception:
-                        log.exception("Observer %r failed to close, ignoring", obs)
+                try:
+                    obs.close()
+                except Exception:
+                    log.exception("Observer %r failed to close, ignoring", obs)

@@ -38,6 +38,23 @@ def csplice_path() -> Path:
     return libexec_dir() / "csplice"
 
 
+# The state directory's layout, spelled here only: every module that has a state directory asks these.
+def spool_dir(state_dir: Path) -> Path:
+    return Path(state_dir) / "spool"
+
+
+def store_dir(state_dir: Path) -> Path:
+    return Path(state_dir) / "store"
+
+
+def users_dir(state_dir: Path) -> Path:
+    return Path(state_dir) / "users"
+
+
+def index_path(state_dir: Path) -> Path:
+    return Path(state_dir) / "index.sqlite"
+
+
 @dataclass(frozen=True)
 class Paths:
     state_dir: Path = DEFAULT_STATE_DIR
@@ -50,19 +67,19 @@ class Paths:
 
     @property
     def spool_dir(self) -> Path:
-        return self.state_dir / "spool"
+        return spool_dir(self.state_dir)
 
     @property
     def store_dir(self) -> Path:
-        return self.state_dir / "store"
+        return store_dir(self.state_dir)
 
     @property
     def users_dir(self) -> Path:
-        return self.state_dir / "users"
+        return users_dir(self.state_dir)
 
     @property
     def index_path(self) -> Path:
-        return self.state_dir / "index.sqlite"
+        return index_path(self.state_dir)
 
     @property
     def config_file(self) -> Path:

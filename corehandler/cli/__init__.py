@@ -1,7 +1,7 @@
 """The corehandler command line: `corehandler [--config-dir DIR] [--state-dir DIR] [--json] VERB ...`.
 
-Verbs live in modules, one per verb group, listed in COMMAND_MODULES; what they share is in cli/common.py,
-which they import (never this package, which imports them). The registration convention:
+Verbs live in modules, one per verb group, imported here and listed in COMMAND_MODULES; what they share is in
+cli/common.py, which they import (never this package, which imports them). The registration convention:
 
     def register(commands: Commands) -> None:
         parser = commands.add("status", run_status, help="one line for --help")
@@ -21,22 +21,15 @@ named DEFAULT_COMMAND runs if a module registered it (as coredumpctl lists by de
 from __future__ import annotations
 
 import argparse
-import importlib
 import sqlite3
 import sys
 
 from corehandler import __version__
+from corehandler.cli import config, doctor, dumps, fleet, install, serve
 from corehandler.cli.common import Commands, global_options
 from corehandler.errors import EXIT_PERMISSION, EXIT_SYSTEM, EXIT_USAGE, CorehandlerError
 
-COMMAND_MODULES = (
-    "corehandler.cli.install",
-    "corehandler.cli.config",
-    "corehandler.cli.dumps",
-    "corehandler.cli.serve",
-    "corehandler.cli.doctor",
-    "corehandler.cli.fleet",
-)
+COMMAND_MODULES = (install, config, dumps, serve, doctor, fleet)
 DEFAULT_COMMAND = "list"
 
 
@@ -51,7 +44,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
     subparsers = parser.add_subparsers(dest="command", metavar="VERB")
     commands = Commands(subparsers, common)
     for module in COMMAND_MODULES:
-        importlib.import_module(module).register(commands)
+        module.register(commands)
     return parser, commands.names
 
 

@@ -9,8 +9,7 @@ import datetime as dt
 
 from corehandler.analysis import findings
 from corehandler.store.dumprow import Dump
-from corehandler.store.index import Store
-from corehandler.store.userview import UserView
+from corehandler.store.dumps import Dumps
 
 TRACE_INDENT = " " * 16
 
@@ -58,7 +57,7 @@ def _matches(args: argparse.Namespace, a: dict | None, ident: dict) -> bool:
     return True
 
 
-def apply_filters(args: argparse.Namespace, store: Store | UserView, dumps: list[Dump], last: int | None) -> list[Dump]:
+def apply_filters(args: argparse.Namespace, store: Dumps, dumps: list[Dump], last: int | None) -> list[Dump]:
     """The dumps the analysis filters keep; `last` (-n) applies after them."""
     if not filtering(args):
         return dumps
@@ -74,7 +73,7 @@ def apply_filters(args: argparse.Namespace, store: Store | UserView, dumps: list
 
 # -- list ---------------------------------------------------------------------------------------------------
 
-def signatures(dumps: Store | UserView, found: list[Dump]) -> dict[str, dict]:
+def signatures(dumps: Dumps, found: list[Dump]) -> dict[str, dict]:
     return dumps.analysis_summaries([d.id for d in found])
 
 
@@ -188,9 +187,9 @@ def info_fields(result: dict | None) -> list[tuple[str, str | None]]:
     return fields
 
 
-def result(dumps: Store | UserView, d: Dump) -> dict | None:
+def result(dumps: Dumps, d: Dump) -> dict | None:
     return dumps.analysis_for(d.id)
 
 
-def info_json(dumps: Store | UserView, d: Dump) -> dict:
+def info_json(dumps: Dumps, d: Dump) -> dict:
     return {"analysis": result(dumps, d)}

@@ -30,8 +30,8 @@ from corehandler.errors import CorehandlerError, NoMatchError, NotRootError, Usa
 from corehandler.printable import display
 from corehandler.store import compress, retention, userview
 from corehandler.store.dumprow import Dump
+from corehandler.store.dumps import Dumps
 from corehandler.store.index import Store
-from corehandler.store.userview import UserView
 from corehandler.units import human_size
 
 
@@ -71,7 +71,6 @@ def signal_name(number: int | None) -> str:
 
 # -- the stored file's state ----------------------------------------------------------------------------------
 
-Dumps = Store | UserView
 
 
 def file_state(dumps: Dumps, d: Dump, verify: bool) -> tuple[str, str | None]:

@@ -18,7 +18,9 @@ from corehandler.errors import NoMatchError, UsageError
 from corehandler.printable import display
 from corehandler.store import match
 from corehandler.store.dumprow import Dump
-from corehandler.store.index import Filter, Store
+from corehandler.store.dumps import Dumps
+from corehandler.store.index import Store
+from corehandler.store.match import Filter
 from corehandler.store.userview import UserView
 from corehandler.units import UnitError, parse_duration
 
@@ -82,7 +84,7 @@ def build_filter(args: argparse.Namespace) -> Filter:
                        last=None if crashview.filtering(args) else getattr(args, "last", None))
 
 
-def open_dumps(args: argparse.Namespace) -> Store | UserView:
+def open_dumps(args: argparse.Namespace) -> Dumps:
     """The index, read-only, when this user may read it (root); else the user's own view."""
     _, paths = load(args)
     index = paths.index_path
@@ -93,7 +95,7 @@ def open_dumps(args: argparse.Namespace) -> Store | UserView:
     return Store(paths.state_dir, readonly=True)
 
 
-def select(args: argparse.Namespace, dumps: Store | UserView) -> list[Dump]:
+def select(args: argparse.Namespace, dumps: Dumps) -> list[Dump]:
     found = dumps.query(build_filter(args))
     if crashview.filtering(args):
         found = crashview.apply_filters(args, dumps, found, getattr(args, "last", None))

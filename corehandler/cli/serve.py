@@ -16,7 +16,6 @@ from corehandler.fleet.upload import Uploader
 from corehandler.host import overview
 from corehandler.observe.journal import JournalObserver
 from corehandler.observe.metrics import MetricsObserver
-from corehandler.observe.upload_metrics import UploadCollector
 from corehandler.paths import csplice_path
 
 log = logging.getLogger("corehandler.serve")
@@ -83,9 +82,6 @@ def run_serve(args: argparse.Namespace) -> int:
     observers, problems = observers_for(config, paths, lambda: daemon.settings.policy.max_use)
     daemon.observers.extend(observers)
     daemon.observers.append(uploader)
-    for obs in observers:
-        if isinstance(obs, MetricsObserver):
-            obs.registry.register(UploadCollector(paths.index_path))
     for problem in problems:
         daemon.report_error("config", problem)
     return daemon.run()

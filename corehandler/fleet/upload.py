@@ -33,6 +33,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from corehandler import paths
 from corehandler.errors import CorehandlerError
 from corehandler.fleet import bucket
 from corehandler.fleet.bucket import BucketError, Target
@@ -53,6 +54,7 @@ from corehandler.fleet.upload_queue import (
     ensure_schema,
     mark_lost,
 )
+from corehandler.observe.observer import Quiet
 from corehandler.store import analyses
 from corehandler.store.index import Store
 
@@ -76,7 +78,7 @@ def backoff(attempts: int, initial: float, cap: float, rand: random.Random = ran
 
 # --- the uploader ---------------------------------------------------------------------------------------
 
-class Uploader:
+class Uploader(Quiet):
     """A daemon observer that enqueues each ingested dump, and the thread that uploads the queue."""
 
     def __init__(self, config, state_dir: Path, *, client_factory=None, analysis=None, clock=time.time):
@@ -111,7 +113,7 @@ class Uploader:
             if not (self._reconfigured or self.config).url:
                 return
             if self._enqueue_db is None:
-                self._enqueue_db = sqlite3.connect(self.state_dir / "index.sqlite", timeout=30,
+                self._enqueue_db = sqlite3.connect(paths.index_path(self.state_dir), timeout=30,
                                                    check_same_thread=False)
                 ensure_schema(self._enqueue_db)
             enqueue(self._enqueue_db, stored["id"], self._clock())
@@ -267,7 +269,8 @@ class Uploader:
 
     def _send(self, store: Store, dump, budget: str | None) -> tuple[int, str | None, str | None]:
         cfg = self.config
-        analysis = self._analysis(store, dump.id)  # docs/analysis.md, "Result"; None before D's wing ran
+        # docs/analysis.md, "Result"; None for dumps indexed before analysis existed
+        analysis = self._analysis(store, dump.id)
         signature = (analysis or {}).get("signature") or fallback_signature(dump)
         path = store.file_path(dump)
         send_core = cfg.send == "cores" and path is not None

@@ -5,65 +5,29 @@ from __future__ import annotations
 import sqlite3
 import time
 
-STATES = ("pending", "uploading", "done", "failed")
+from corehandler.store import index
 
+STATES = ("pending", "uploading", "done", "failed")
 
 
 WAITING = ("pending", "uploading")
 
 
-
 LOST = "lost"
-
 
 
 KEPT_BACK = "kept_back"
 
 
-
-_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS uploads (
-        id TEXT PRIMARY KEY,
-        state TEXT NOT NULL,
-        attempts INTEGER NOT NULL DEFAULT 0,
-        next_attempt REAL NOT NULL DEFAULT 0,
-        last_error TEXT,
-        reason TEXT,
-        queued_at REAL NOT NULL,
-        done_at REAL,
-        budget TEXT,
-        core_key TEXT,
-        sidecar_key TEXT,
-        bytes INTEGER NOT NULL DEFAULT 0,
-        seconds REAL NOT NULL DEFAULT 0)""",
-    "CREATE INDEX IF NOT EXISTS uploads_due ON uploads (state, next_attempt)",
-    # Failures by reason since the index began: a counter the metrics read at scrape time.
-    "CREATE TABLE IF NOT EXISTS upload_failures (reason TEXT PRIMARY KEY, count INTEGER NOT NULL)",
-    # The problem holding the queue, if any (one row): what `status` shows.
-    "CREATE TABLE IF NOT EXISTS upload_problem (one INTEGER PRIMARY KEY CHECK (one = 1), reason TEXT, "
-    "message TEXT, since REAL)",
-)
-
-
-
 def ensure_schema(db: sqlite3.Connection) -> None:
-    """Creates the queue's tables, all in one transaction (a reader sees all of them or none)."""
-    if _has_queue(db):
-        return
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        for statement in _SCHEMA:
-            db.execute(statement)
-        db.commit()
-    except BaseException:
-        db.rollback()
-        raise
-
+    """The queue's tables, made when uploads are first turned on (their presence tells `status` that a queue
+    ever ran); the index's schema owner spells them."""
+    if not _has_queue(db):
+        index.create_upload_tables(db)
 
 
 def _has_queue(db: sqlite3.Connection) -> bool:
     return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'uploads'").fetchone() is not None
-
 
 
 def enqueue(db: sqlite3.Connection, dump_id: str, now: float | None = None) -> bool:
@@ -71,7 +35,6 @@ def enqueue(db: sqlite3.Connection, dump_id: str, now: float | None = None) -> b
         cur = db.execute("INSERT OR IGNORE INTO uploads (id, state, queued_at) VALUES (?, 'pending', ?)",
                          (dump_id, time.time() if now is None else now))
     return cur.rowcount == 1
-
 
 
 def backfill(db: sqlite3.Connection, now: float | None = None) -> int:
@@ -83,7 +46,6 @@ def backfill(db: sqlite3.Connection, now: float | None = None) -> int:
     return cur.rowcount
 
 
-
 def drop_waiting(db: sqlite3.Connection) -> int:
     """Uploads are off: what waited leaves the queue, so retention's rules govern those dumps again (turning
     uploads on queues whatever the store still holds, by backfill)."""
@@ -93,13 +55,11 @@ def drop_waiting(db: sqlite3.Connection) -> int:
         return db.execute("DELETE FROM uploads WHERE state IN ('pending', 'uploading')").rowcount
 
 
-
 def waiting_ids(db: sqlite3.Connection) -> set[str]:
     """Dumps still to upload: retention keeps them unless the disk floor forces it."""
     if not _has_queue(db):
         return set()
     return {r[0] for r in db.execute("SELECT id FROM uploads WHERE state IN ('pending', 'uploading')")}
-
 
 
 def mark_lost(db: sqlite3.Connection, dump_id: str, why: str) -> None:
@@ -110,11 +70,9 @@ def mark_lost(db: sqlite3.Connection, dump_id: str, why: str) -> None:
             _count_failure(db, LOST)
 
 
-
 def _count_failure(db: sqlite3.Connection, reason: str) -> None:
     db.execute("INSERT INTO upload_failures (reason, count) VALUES (?, 1) "
                "ON CONFLICT (reason) DO UPDATE SET count = count + 1", (reason,))
-
 
 
 def stats(db: sqlite3.Connection, now: float | None = None) -> dict | None:
@@ -133,7 +91,6 @@ def stats(db: sqlite3.Connection, now: float | None = None) -> dict | None:
             "uploaded_bytes": int(sent[0]), "upload_seconds": float(sent[1]), "kept_back": int(sent[2]),
             "cores": int(sent[3]), "failures": dict(db.execute("SELECT reason, count FROM upload_failures")),
             "problem": {"reason": problem[0], "message": problem[1], "since": problem[2]} if problem else None}
-
 
 
 def status_line(st: dict | None) -> str:

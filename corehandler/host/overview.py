@@ -45,7 +45,7 @@ def _spool_summary(spool_dir: Path) -> dict:
 
 
 def _store_summary(index_path: Path) -> dict | None:
-    """Count and bytes of the stored dumps (not the tombstones of deleted ones), from the index opened
+    """Count and bytes of the stored dumps (not those whose deletion is under way), from the index opened
     read-only so status never creates it."""
     if not index_path.exists():
         return None

@@ -20,7 +20,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from corehandler import fields
+from corehandler import fields, paths
 from corehandler.analysis import findings
 from corehandler.store import analyses
 
@@ -41,7 +41,7 @@ class AnalysisMetrics:
         self.duration = Histogram("corehandler_analysis_duration_seconds", "Wall time of each crash analysis "
                                   "(it runs beside compression)", buckets=BUCKETS, registry=registry)
         if state_dir is not None:
-            registry.register(_SignatureCollector(Path(state_dir) / "index.sqlite"))
+            registry.register(_SignatureCollector(paths.index_path(state_dir)))
 
     def count(self, stored: Mapping[str, Any]) -> None:
         result = stored.get("analysis")

@@ -34,6 +34,7 @@ from systemd import journal
 
 from corehandler import fields
 from corehandler.analysis import findings
+from corehandler.observe.observer import Quiet
 from corehandler.printable import display
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ def send_to_journald(fields: Mapping[str, str], timeout: float) -> None:
     journal.send(message, MESSAGE_ID=fields.get("MESSAGE_ID"), **values)
 
 
-class JournalObserver:
+class JournalObserver(Quiet):
     """Writes one journal entry per event; never raises from an event."""
 
     def __init__(self, *, retry_seconds: float = 30.0, send_timeout: float = 2.0,

@@ -25,9 +25,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer, generate_latest, start_http_server
 from prometheus_client.process_collector import ProcessCollector
 
-from corehandler import __version__, fields
+from corehandler import __version__, fields, paths
 from corehandler.atomicfile import write_atomic
 from corehandler.observe.analysis_metrics import AnalysisMetrics
+from corehandler.observe.observer import Quiet
+from corehandler.observe.upload_metrics import UploadCollector
 from corehandler.store.dumprow import STATUSES
 from corehandler.store.index import Store, StoreError
 
@@ -49,7 +51,7 @@ DURATION_BUCKETS = tuple(round(m * 10.0**e, 6) for e in range(-4, 3) for m in (1
 RATIO_BUCKETS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0, 128.0, 256.0, 1024.0)
 
 
-class MetricsObserver:
+class MetricsObserver(Quiet):
     """Counts what the daemon reports; never raises from an event (a failure is logged and counted)."""
 
     def __init__(self, *, exe_label_allowlist: Iterable[str] = (), textfile: str | os.PathLike | None = None,
@@ -104,7 +106,10 @@ class MetricsObserver:
         Info("corehandler_build", "Versions of the running corehandler", registry=r).info(
             {"version": __version__, "csplice_version": csplice_version or "",
              "python_version": platform.python_version()})
+        # Every collector that reads the index at scrape time, here in one place.
         r.register(_StoreCollector(state_dir, store_limit_bytes))
+        if state_dir is not None:
+            r.register(UploadCollector(paths.index_path(state_dir)))
         if capture_probe is not None:
             r.register(_CaptureCollector(capture_probe))
         self.socket_rejects = Counter("corehandler_socket_rejects", "Dumps csplice refused over the coredump "
@@ -278,9 +283,9 @@ class _StoreCollector:
             return
         yield from self._index()
         try:
-            st = os.statvfs(self.state_dir / "store")
+            st = os.statvfs(paths.store_dir(self.state_dir))
         except OSError as err:
-            log.debug("metrics: statvfs %s: %s", self.state_dir / "store", err)
+            log.debug("metrics: statvfs %s: %s", paths.store_dir(self.state_dir), err)
             return
         yield GaugeMetricFamily("corehandler_store_filesystem_size_bytes",
                                 "Size of the store's filesystem", value=st.f_blocks * st.f_frsize)

@@ -20,36 +20,8 @@ from corehandler.printable import display
 
 PENDING = "pending"
 
-_TABLE = """
-CREATE TABLE IF NOT EXISTS analysis (
-    id TEXT PRIMARY KEY,
-    state TEXT NOT NULL,
-    analysed_at REAL NOT NULL,
-    seconds REAL,
-    signature TEXT,
-    signature_id TEXT,
-    signature_version INTEGER,
-    exact_key TEXT,
-    exact_version INTEGER,
-    exe_build_id TEXT,
-    runtime TEXT,
-    container_id TEXT,
-    pod_uid TEXT,
-    pod_name TEXT,
-    unit TEXT,
-    result TEXT NOT NULL
-)"""
-_INDEXES = ("CREATE INDEX IF NOT EXISTS analysis_signature ON analysis (signature_id)",
-            "CREATE INDEX IF NOT EXISTS analysis_exact ON analysis (exact_key)")
 _COLUMNS = ("id", "state", "analysed_at", "seconds", "signature", "signature_id", "signature_version",
             "exact_key", "exact_version", "exe_build_id", "runtime", "container_id", "pod_uid", "pod_name", "unit")
-
-
-def ensure(db: sqlite3.Connection) -> None:
-    with db:
-        db.execute(_TABLE)
-        for statement in _INDEXES:
-            db.execute(statement)
 
 
 def _db(store_or_db) -> sqlite3.Connection:
@@ -79,7 +51,6 @@ def row(dump_id: str, result: Mapping[str, Any]) -> dict:
 
 def put(store_or_db, dump_id: str, result: Mapping[str, Any]) -> None:
     db = _db(store_or_db)
-    ensure(db)
     values = row(dump_id, result)
     with db:
         db.execute(f"INSERT OR REPLACE INTO analysis ({', '.join(values)}) VALUES "
@@ -131,7 +102,6 @@ def summaries(store_or_db, ids: Iterable[str]) -> dict[str, dict]:
 def unanalysed(store_or_db) -> list[tuple[str, str | None]]:
     """(id, state) of live dumps indexed without a finished analysis: no row, or a pending one."""
     db = _db(store_or_db)
-    ensure(db)
     return db.execute("SELECT d.id, a.state FROM dumps d LEFT JOIN analysis a ON a.id = d.id "
                       "WHERE d.deleting = 0 AND (a.id IS NULL OR a.state = ?) ORDER BY d.crashed_at",
                       (PENDING,)).fetchall()

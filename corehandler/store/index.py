@@ -13,13 +13,16 @@ import sqlite3
 from pathlib import Path
 from typing import Iterable
 
+from corehandler import paths
 from corehandler.errors import EXIT_PERMISSION, CorehandlerError
 from corehandler.paths import DIR_MODES
 from corehandler.store import analyses, match
 from corehandler.store.dumprow import _COLUMNS, Dump
 from corehandler.store.match import Filter
 
-SCHEMA_VERSION = 4
+# Every table of index.sqlite is spelled and migrated here, and nowhere else. 5: the analysis table is part
+# of the schema (before, the daemon made it at start); the upload queue's tables come with the first upload.
+SCHEMA_VERSION = 5
 
 _SCHEMA_TABLE = """
 CREATE TABLE IF NOT EXISTS dumps (
@@ -42,6 +45,52 @@ CREATE TABLE IF NOT EXISTS dumps (
     ingest_seconds REAL,
     corrupt TEXT
 )"""
+_ANALYSIS_TABLE = """
+CREATE TABLE IF NOT EXISTS analysis (
+    id TEXT PRIMARY KEY,
+    state TEXT NOT NULL,
+    analysed_at REAL NOT NULL,
+    seconds REAL,
+    signature TEXT,
+    signature_id TEXT,
+    signature_version INTEGER,
+    exact_key TEXT,
+    exact_version INTEGER,
+    exe_build_id TEXT,
+    runtime TEXT,
+    container_id TEXT,
+    pod_uid TEXT,
+    pod_name TEXT,
+    unit TEXT,
+    result TEXT NOT NULL
+)"""
+_ANALYSIS_INDEXES = ("CREATE INDEX IF NOT EXISTS analysis_signature ON analysis (signature_id)",
+            "CREATE INDEX IF NOT EXISTS analysis_exact ON analysis (exact_key)")
+_UPLOAD_TABLES = (
+    """CREATE TABLE IF NOT EXISTS uploads (
+        id TEXT PRIMARY KEY,
+        state TEXT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_attempt REAL NOT NULL DEFAULT 0,
+        last_error TEXT,
+        reason TEXT,
+        queued_at REAL NOT NULL,
+        done_at REAL,
+        budget TEXT,
+        core_key TEXT,
+        sidecar_key TEXT,
+        bytes INTEGER NOT NULL DEFAULT 0,
+        seconds REAL NOT NULL DEFAULT 0)""",
+    "CREATE INDEX IF NOT EXISTS uploads_due ON uploads (state, next_attempt)",
+    # Failures by reason since the index began: a counter the metrics read at scrape time.
+    "CREATE TABLE IF NOT EXISTS upload_failures (reason TEXT PRIMARY KEY, count INTEGER NOT NULL)",
+    # The problem holding the queue, if any (one row): what `status` shows.
+    "CREATE TABLE IF NOT EXISTS upload_problem (one INTEGER PRIMARY KEY CHECK (one = 1), reason TEXT, "
+    "message TEXT, since REAL)",
+)
+
+
+
 _DELETIONS_TABLE = """
 CREATE TABLE IF NOT EXISTS deletions (
     rule TEXT PRIMARY KEY,
@@ -75,13 +124,25 @@ class StoreAccessError(StoreError):
     exit_code = EXIT_PERMISSION
 
 
+def create_upload_tables(db: sqlite3.Connection) -> None:
+    """The upload queue's tables, all in one transaction (a reader sees all of them or none)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        for statement in _UPLOAD_TABLES:
+            db.execute(statement)
+        db.commit()
+    except BaseException:
+        db.rollback()
+        raise
+
+
 class Store:
     """The index and the directory of stored files. One connection per Store; not shared across threads."""
 
     def __init__(self, state_dir: Path, *, readonly: bool = False):
         self.state_dir = Path(state_dir)
-        self.store_dir = self.state_dir / "store"
-        self.index_path = self.state_dir / "index.sqlite"
+        self.store_dir = paths.store_dir(self.state_dir)
+        self.index_path = paths.index_path(self.state_dir)
         self.readonly = readonly
         try:
             if readonly and not self.index_path.exists():
@@ -126,6 +187,9 @@ class Store:
         try:
             db.execute(_SCHEMA_TABLE)
             db.execute(_DELETIONS_TABLE)
+            db.execute(_ANALYSIS_TABLE)
+            for statement in _ANALYSIS_INDEXES:
+                db.execute(statement)
             have = {row[1] for row in db.execute("PRAGMA table_info(dumps)")}
             for name, kind in _ADDED_COLUMNS:
                 if name not in have:

@@ -30,12 +30,14 @@ import struct
 from pathlib import Path
 from typing import Iterable
 
+from corehandler import paths
 from corehandler.atomicfile import write_atomic
 from corehandler.errors import NotRootError
 from corehandler.paths import DIR_MODES
 from corehandler.store import analyses, match
 from corehandler.store.dumprow import Dump
-from corehandler.store.index import Filter, Store
+from corehandler.store.index import Store
+from corehandler.store.match import Filter
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +52,7 @@ _READ, _WRITE = 4, 2
 
 
 def view_path(state_dir: Path, uid: int) -> Path:
-    return Path(state_dir) / "users" / f"{uid}.json"
+    return paths.users_dir(state_dir) / f"{uid}.json"
 
 
 def visible(d: Dump) -> bool:
@@ -96,7 +98,7 @@ def refresh(store: Store, uids: Iterable[int] | None = None) -> None:
     and grants each visible stored file to its user. Root only; a filesystem without ACLs is logged, not
     fatal (users then see no view)."""
     state = store.state_dir
-    users = state / "users"
+    users = paths.users_dir(state)
     for directory, kind in ((state, "state"), (store.store_dir, "store"), (users, "users")):
         directory.mkdir(mode=DIR_MODES[kind], parents=True, exist_ok=True)
         os.chmod(directory, DIR_MODES[kind])
@@ -147,13 +149,13 @@ class UserView:
 
     def __init__(self, state_dir: Path, uid: int):
         self.state_dir = Path(state_dir)
-        self.store_dir = self.state_dir / "store"
+        self.store_dir = paths.store_dir(self.state_dir)
         self.uid = uid
         path = view_path(self.state_dir, uid)
         try:
             data = json.loads(path.read_bytes())
         except FileNotFoundError:
-            if not os.access(self.state_dir / "users", os.X_OK) and os.path.lexists(self.state_dir):
+            if not os.access(paths.users_dir(self.state_dir), os.X_OK) and os.path.lexists(self.state_dir):
                 raise _denied(self.state_dir) from None
             data = {"dumps": []}  # no dump of theirs, or no state dir at all
         except PermissionError:

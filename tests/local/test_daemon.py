@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from corehandler.daemon import Settings
+from corehandler.observe.observer import Quiet
 from corehandler.store import compress
 from corehandler.store.index import Store
 from corehandler.store.retention import Policy
@@ -121,7 +122,7 @@ def test_bad_input_is_kept_and_flagged(tmp_path, state, feeder, csplice):
 
 
 def test_a_failing_observer_never_stops_ingest(tmp_path, state, feeder, csplice):
-    class Broken:
+    class Broken(Quiet):
         def on_ingested(self, record, stored):
             raise RuntimeError("observer bug")
 

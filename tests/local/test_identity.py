@@ -1,4 +1,5 @@
-"""Who crashed (corehandler/analysis/identity.py), from /proc/PID/cgroup and status texts as each runtime leaves them."""
+"""Who crashed (corehandler/analysis/identity.py), from /proc/PID/cgroup and status texts as each runtime leaves
+them."""
 
 import json
 

@@ -6,13 +6,14 @@ import functools
 import threading
 
 from corehandler.daemon import Daemon
+from corehandler.observe.observer import Quiet
 from support import waiting
 
 # The daemon's passes compress and index: give them longer than waiting.wait_for's default.
 wait_for = functools.partial(waiting.wait_for, timeout=30.0, interval=0.02)
 
 
-class Recorder:
+class Recorder(Quiet):
     def __init__(self):
         self.events = []
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import zstandard
 
+from corehandler.observe.observer import Stored
 from support.csplice_harness import Handler, core_args
 
 
@@ -37,13 +38,13 @@ class RecordMaker:
         return store_dump(record, self.spool, self.store)
 
 
-def store_dump(record: dict, spool: Path, store: Path, level: int = 3) -> dict:
+def store_dump(record: dict, spool: Path, store: Path, level: int = 3) -> Stored:
     """What the daemon reports in on_ingested's `stored`: the core compressed with zstd into `store`."""
     started = time.monotonic()
     core = record.get("core")
     stored = {"id": record["id"], "path": None, "raw_bytes": 0, "compressed_bytes": None,
-              "compress_seconds": None, "ingest_seconds": None, "ingested_at": time.time(),
-              "status": "metadata_only", "problem": None}
+              "compress_seconds": 0.0, "ingested_at": time.time(), "status": "metadata_only", "problem": None,
+              "analysis": None}
     if core:
         source = spool / core
         target = store / f"{record['id']}.zst"
@@ -53,5 +54,4 @@ def store_dump(record: dict, spool: Path, store: Path, level: int = 3) -> dict:
         stored.update(path=str(target), raw_bytes=source.stat().st_size,
                       compressed_bytes=target.stat().st_size, compress_seconds=time.monotonic() - t0,
                       status="truncated" if record["capture"]["truncated"] else "ok")
-    stored["ingest_seconds"] = time.monotonic() - started
-    return stored
+    return Stored(**stored, ingest_seconds=time.monotonic() - started)

@@ -15,15 +15,16 @@ import sys
 from pathlib import Path
 
 from corehandler.daemon import Daemon, Settings
+from corehandler.observe.observer import Quiet
 from corehandler.store.retention import Policy
 
 
-class PrintObserver:
+class PrintObserver(Quiet):
     def _emit(self, event, **fields):
         print(json.dumps({"event": event, **fields}, default=str), flush=True)
 
     def on_ingested(self, record, stored):
-        self._emit("ingested", stored=stored)
+        self._emit("ingested", stored=dict(stored))
 
     def on_deleted(self, dump_id, exe, rule, freed_bytes):
         self._emit("deleted", id=dump_id, rule=rule)

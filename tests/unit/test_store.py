@@ -10,7 +10,8 @@ import pytest
 from corehandler.errors import UsageError
 from corehandler.paths import DIR_MODES
 from corehandler.store.dumprow import row_from_record
-from corehandler.store.index import SCHEMA_VERSION, UNKNOWN_RULE, Filter, Store, StoreError
+from corehandler.store.index import SCHEMA_VERSION, UNKNOWN_RULE, Store, StoreError
+from corehandler.store.match import Filter
 
 
 def _record(n: int, *, pid=None, comm="app", exe="/usr/bin/app", signal=11, ts=None):

@@ -1,0 +1,85 @@
+"""What the daemon tells its observers (journald, metrics, the uploader, tests): the Observer protocol and the
+`Stored` event, built from the dump's index row so that every observer sees the figures the index keeps."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from corehandler.store.dumprow import Dump
+
+
+@dataclass(frozen=True)
+class Stored(Mapping):
+    """A dump as the daemon indexed it: what on_ingested reports beside the spool record. Read-only and a
+    Mapping of its fields, so observers that read crash figures defensively (`fields.number(stored, ...)`)
+    take it as they take any mapping."""
+
+    id: str
+    path: str | None          # the stored file, None for metadata-only
+    raw_bytes: int
+    compressed_bytes: int | None
+    compress_seconds: float
+    ingest_seconds: float
+    ingested_at: float
+    status: str
+    problem: str | None
+    analysis: Mapping[str, Any] | None
+
+    @classmethod
+    def of(cls, dump: Dump, path: Path | None, analysis: Mapping[str, Any] | None) -> Stored:
+        return cls(id=dump.id, path=str(path) if path else None, raw_bytes=dump.raw_bytes,
+                   compressed_bytes=dump.stored_bytes, compress_seconds=dump.compress_seconds or 0.0,
+                   ingest_seconds=dump.ingest_seconds or 0.0, ingested_at=dump.ingested_at, status=dump.status,
+                   problem=dump.problem, analysis=analysis)
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in _FIELDS:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self):
+        return iter(_FIELDS)
+
+    def __len__(self) -> int:
+        return len(_FIELDS)
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(Stored))
+
+
+class Observer(Protocol):
+    """Every event the daemon reports. An observer never stops ingest: the daemon logs and counts what one
+    raises. Observers inherit Quiet for the events they do not care about."""
+
+    def on_start(self) -> None: ...
+    def on_ingested(self, record: Mapping[str, Any], stored: Stored) -> None: ...
+    def on_deleted(self, dump_id: str, exe: str | None, rule: str, freed_bytes: int) -> None: ...
+    def on_error(self, kind: str, message: str, dump_id: str | None) -> None: ...
+    def on_state(self, backlog: int, store_bytes: int, store_count: int) -> None: ...
+    def close(self) -> None: ...
+
+
+class Quiet:
+    """An observer that ignores every event: the base of observers that want only some."""
+
+    def on_start(self) -> None:
+        pass
+
+    def on_ingested(self, record: Mapping[str, Any], stored: Stored) -> None:
+        pass
+
+    def on_deleted(self, dump_id: str, exe: str | None, rule: str, freed_bytes: int) -> None:
+        pass
+
+    def on_error(self, kind: str, message: str, dump_id: str | None) -> None:
+        pass
+
+    def on_state(self, backlog: int, store_bytes: int, store_count: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
