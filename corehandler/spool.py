@@ -33,7 +33,12 @@ ORPHAN_MIN_AGE_SEC = 5.0
 # A .tmp.<id>.json never outlives csplice by more than the time to write it; older ones are leftovers.
 STALE_TMP_JSON_SEC = 600.0
 
+# A dump id (docs/design.md, Spool; csplice's spool.c makes them): microseconds, boot id, PID, and a ".N"
+# when two crashes of one PID share a microsecond. The Python side's one copy of that grammar.
 ID_RE = re.compile(r"^(?P<usec>\d+)-(?P<boot>[0-9a-f]{16})-(?P<pid>\d+)(?:\.\d+)?$")
+# A prefix of an id, as a MATCH word may give one. Its microsecond timestamp has 16 digits: 11 or more (more
+# than any PID) start an id, and a comm like "2-b" stays a comm.
+ID_PREFIX_RE = re.compile(r"\d{11,}(-[0-9a-f]{0,16}(-(\d+(\.\d*)?)?)?)?")
 
 
 class SpoolRecordError(CorehandlerError):

@@ -20,11 +20,10 @@ nothing else. A comm matches the /proc comm or the kernel's %e form (which shows
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
-from corehandler import fields
+from corehandler import fields, spool
 from corehandler.errors import UsageError
 
 if TYPE_CHECKING:
@@ -33,10 +32,6 @@ if TYPE_CHECKING:
 # pid_t and the kernel's signal numbers are C ints; a larger number is no PID.
 MAX_C_INT = 2**31 - 1
 KINDS = ("id", "pid", "comm", "exe")  # the explicit `KIND=` forms
-# A dump id's shape (docs/design.md, Spool): a prefix of one is digits, then '-', hex, '-', digits, '.N'.
-# Its microsecond timestamp has 16 digits: 11 or more (more than any PID) start an id, and a comm like "2-b"
-# stays a comm.
-_ID_PREFIX = re.compile(r"\d{11,}(-[0-9a-f]{0,16}(-(\d+(\.\d*)?)?)?)?")
 
 
 @dataclass(frozen=True)
@@ -103,7 +98,7 @@ def parse(word: str) -> tuple[str, object]:
         kind = key
     elif word.isdigit() and int(word) <= MAX_C_INT:
         kind, value = "pid", word
-    elif _ID_PREFIX.fullmatch(word):
+    elif spool.ID_PREFIX_RE.fullmatch(word):
         kind, value = "id", word
     elif "/" in word:
         kind, value = "path", word

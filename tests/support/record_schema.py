@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from corehandler import spool
 from corehandler.csplice_contract import PIDFD_SPECIFIER, STRATEGIES
 from corehandler.csplice_contract import SPECIFIERS as _ARGV
 
@@ -16,7 +17,6 @@ SOCKET_ERRORS = (None, "peer_gone", "bad_request_size", "bad_ack_size", "kernel_
                  "short_ack", "short_mark", "ack_refused", "read_error")
 SOCKET = {"handshake": bool, "request_size": int, "request_mask": int, "ack_mask": int, "rejected": bool,
           "mark": (int, type(None)), "coredump_mask": int, "error": (str, type(None))}
-ID_RE = re.compile(r"^[0-9]+-[0-9a-f]{16}-[0-9]+(\.[0-9]+)?$")
 SETTINGS = {
     "source": str, "from_file": bool, "error": (str, type(None)), "spool_dir": str, "strategy": str,
     "chunk_size": int, "pipe_size": int, "max_dump_size": int, "direct_above": int, "min_free": (int, str),
@@ -48,7 +48,7 @@ def check_record(rec: dict) -> None:
     _typed(rec, "schema", int, "record")
     _check(rec["schema"] == 1, f"schema {rec['schema']}")
     _typed(rec, "id", str, "record")
-    _check(bool(ID_RE.match(rec["id"])), f"id {rec['id']!r}")
+    _check(spool.is_valid_id(rec["id"]), f"id {rec['id']!r}")
     _typed(rec, "core", OptStr, "record")
     if rec["core"] is not None:
         _check(rec["core"] == rec["id"] + ".core", f"core {rec['core']!r}")
