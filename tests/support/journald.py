@@ -79,7 +79,7 @@ class JournalClient:
 
     def call(self, method: str, *args: object, timeout: float = 30.0) -> object:
         """The observer's `method(*args)`; fails instead of hanging when the observer blocks."""
-        self.process.stdin.write(json.dumps([method, args]) + "\n")
+        self.process.stdin.write(json.dumps([method, args], default=dict) + "\n")  # a Stored event goes as its fields
         self.process.stdin.flush()
         if not select.select([self.process.stdout], [], [], timeout)[0]:
             self.process.kill()
