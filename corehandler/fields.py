@@ -9,25 +9,16 @@ from typing import Any
 # What happened to the dump, from the capture figures: csplice sets exactly one of these per record.
 COMPLETE = "complete"
 
-
-
 TRUNCATED = "truncated"
 
-
-
 DROPPED = "dropped"
-
-
 
 # The daemon found the dump without a committed record (csplice died): stored.status == "orphan".
 ORPHAN = "orphan"
 
-
-
 # A record whose capture section says none of the above (a capture that failed before any byte, a record
 # from a future schema).
 UNKNOWN = "unknown"
-
 
 
 def capture(record: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -35,11 +26,9 @@ def capture(record: Mapping[str, Any]) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-
 def proc(record: Mapping[str, Any]) -> Mapping[str, Any]:
     value = record.get("proc")
     return value if isinstance(value, Mapping) else {}
-
 
 
 def outcome(record: Mapping[str, Any], stored: Mapping[str, Any] | None = None) -> tuple[str, str]:
@@ -56,18 +45,15 @@ def outcome(record: Mapping[str, Any], stored: Mapping[str, Any] | None = None) 
     return UNKNOWN, ""
 
 
-
 def socket_rejected(record: Mapping[str, Any]) -> bool:
     """True when csplice refused the dump over the coredump socket, so the kernel never wrote it."""
     sock = capture(record).get("socket")
     return isinstance(sock, Mapping) and sock.get("rejected") is True
 
 
-
 def signal_number(record: Mapping[str, Any]) -> int | None:
     value = record.get("signal")
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
 
 
 def signal_name(number: int | None) -> str | None:
@@ -80,14 +66,12 @@ def signal_name(number: int | None) -> str | None:
         return str(number)
 
 
-
 def exe(record: Mapping[str, Any]) -> str | None:
     """The crashed executable's path from /proc, else the kernel's comm (the best name left)."""
     value = proc(record).get("exe")
     if isinstance(value, str) and value:
         return value
     return comm(record)
-
 
 
 def comm(record: Mapping[str, Any]) -> str | None:
@@ -98,13 +82,11 @@ def comm(record: Mapping[str, Any]) -> str | None:
     return None
 
 
-
 def cmdline(record: Mapping[str, Any]) -> list[str] | None:
     value = proc(record).get("cmdline")
     if isinstance(value, list) and all(isinstance(arg, str) for arg in value):
         return value
     return None
-
 
 
 def number(mapping: Mapping[str, Any], key: str) -> float | None:
@@ -115,11 +97,9 @@ def number(mapping: Mapping[str, Any], key: str) -> float | None:
     return None
 
 
-
 def capture_seconds(record: Mapping[str, Any]) -> float | None:
     ns = number(capture(record), "ns")
     return None if ns is None else ns / 1e9
-
 
 
 def dump_bytes(record: Mapping[str, Any]) -> float | None:
@@ -129,7 +109,6 @@ def dump_bytes(record: Mapping[str, Any]) -> float | None:
     if kept is None and drained is None:
         return None
     return (kept or 0.0) + (drained or 0.0)
-
 
 
 def hold_seconds(record: Mapping[str, Any]) -> float | None:

@@ -274,7 +274,7 @@ def test_status_counts_spool_and_store(host):
         for n, size in enumerate((1000, 2000, 4000)):
             store.insert(row_from_record({"id": f"1700000000{n}-0123456789abcdef-{n}"}, status="ok", problem=None,
                                          path=None, raw_bytes=size, stored_bytes=size, sha256=None))
-        # A tombstone (retention removed it) is no stored dump.
+        # A dump retention deleted (its count kept per rule) is no stored dump.
         store.delete(store.get("17000000002-0123456789abcdef-2"), "max_count")
     st = overview.status(Config(), host.paths, csplice=host.csplice)
     assert st["spool"]["pending"] == 3

@@ -34,3 +34,11 @@ def _tree() -> dict[str, set[str]]:
 
 def test_every_module_is_in_the_map_under_its_folder_and_nothing_else_is():
     assert _map() == _tree()
+
+
+def test_every_csplice_file_is_in_the_map_and_nothing_else_is():
+    text = DESIGN.read_text()
+    section = text[text.index("### csplice's files"):text.index("## Socket mode (")]
+    named = set(re.findall(r"`(\w+)\.c`", section))
+    on_disk = {path.stem for path in (DESIGN.parents[1] / "csplice").glob("*.c")}
+    assert named == on_disk
