@@ -104,7 +104,7 @@ def _status(record: dict, info: elfcore.CoreInfo | None, core_missing: bool) -> 
         if record.get("unreadable"):
             return "invalid", problems
         reason = capture.get("dropped_reason") or capture.get("error")
-        return "metadata_only", [f"dump not kept: {reason}"] if reason else []
+        return "dropped", [f"dump dropped: {reason}"] if reason else []
     if core_missing:
         return "invalid", problems + ["core file missing from the spool"]
     if capture.get("truncated") or info.status == elfcore.STATUS_TRUNCATED:

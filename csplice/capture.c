@@ -130,8 +130,8 @@ static int capture_rw(Capture *c) {
 
         c->strategy = strategy_to_string(STRATEGY_RW);
         for (;;) {
-                size_t want = next_len(c, c->written, chunk);
-                const char *stop = stop_reason(c, c->written, &next_check, want);
+                size_t want = next_len(c, c->raw_bytes, chunk);
+                const char *stop = stop_reason(c, c->raw_bytes, &next_check, want);
                 size_t done;
                 ssize_t n;
                 int r;
@@ -147,11 +147,11 @@ static int capture_rw(Capture *c) {
                         set_failure(c, n == -ETIMEDOUT ? "timeout" : "read_error", (int) n);
                         break;
                 }
-                r = write_at(c->out_fd, buf, (size_t) n, c->written, c->settings->sparse, &done);
-                c->written += done;
+                r = write_at(c->out_fd, buf, (size_t) n, c->raw_bytes, c->settings->sparse, &done);
+                c->raw_bytes += done;
                 if (r < 0) {
                         set_failure(c, "write_error", r);
-                        c->drained += (uint64_t) n - done; /* read, not kept */
+                        c->drained_bytes += (uint64_t) n - done; /* read, not kept */
                         break;
                 }
         }
@@ -167,8 +167,8 @@ static int capture_splice(Capture *c) {
 
         c->strategy = strategy_to_string(STRATEGY_SPLICE);
         for (;;) {
-                size_t want = next_len(c, c->written, chunk);
-                const char *stop = stop_reason(c, c->written, &next_check, want);
+                size_t want = next_len(c, c->raw_bytes, chunk);
+                const char *stop = stop_reason(c, c->raw_bytes, &next_check, want);
                 ssize_t n;
 
                 if (stop) {
@@ -182,12 +182,12 @@ static int capture_splice(Capture *c) {
                         if (errno == EINTR && !capture_timed_out)
                                 continue;
                         /* Some filesystems and stdin kinds refuse splice: nothing moved yet, so fall back. */
-                        if (c->written == 0 && (errno == EINVAL || errno == ENOSYS || errno == EBADF))
+                        if (c->raw_bytes == 0 && (errno == EINVAL || errno == ENOSYS || errno == EBADF))
                                 return -errno;
                         set_failure(c, capture_timed_out ? "timeout" : "write_error", -errno);
                         break;
                 }
-                c->written += (uint64_t) n;
+                c->raw_bytes += (uint64_t) n;
         }
         return 0;
 }
@@ -240,7 +240,7 @@ static int ring_write(Ring *ring, unsigned i, size_t *ret_done) {
         int r;
 
         if (ring->direct) {
-                r = write_at(c->out_fd, ring->slot[i], (ring->len[i] + BLOCK - 1) / BLOCK * BLOCK, c->written,
+                r = write_at(c->out_fd, ring->slot[i], (ring->len[i] + BLOCK - 1) / BLOCK * BLOCK, c->raw_bytes,
                              c->settings->sparse, ret_done);
                 *ret_done = MIN(*ret_done, ring->len[i]);
                 if (r != -EINVAL || *ret_done > 0)
@@ -251,7 +251,7 @@ static int ring_write(Ring *ring, unsigned i, size_t *ret_done) {
                         return r;
                 log_full(LOG_NOTICE, "O_DIRECT write refused, writing through the page cache");
         }
-        return write_at(c->out_fd, ring->slot[i], ring->len[i], c->written, c->settings->sparse, ret_done);
+        return write_at(c->out_fd, ring->slot[i], ring->len[i], c->raw_bytes, c->settings->sparse, ret_done);
 }
 
 static void *ring_writer(void *userdata) {
@@ -276,7 +276,7 @@ static void *ring_writer(void *userdata) {
                 (void) pthread_mutex_unlock(&ring->lock);
 
                 /* A timeout stops the reading; what was read is in memory and is written out. */
-                stop = stop_reason(c, c->written, &next_check, ring->len[i]);
+                stop = stop_reason(c, c->raw_bytes, &next_check, ring->len[i]);
                 if (stop && strcmp(stop, "timeout") == 0)
                         stop = NULL;
                 if (stop) {
@@ -285,7 +285,7 @@ static void *ring_writer(void *userdata) {
                 } else
                         r = ring_write(ring, i, &done);
                 /* What made it into the file stays in the record, even from a slot that failed half way. */
-                c->written += done;
+                c->raw_bytes += done;
                 if (r < 0)
                         set_failure(c, "write_error", r);
 
@@ -381,7 +381,7 @@ static int ring_capture(Capture *c, Ring *ring) {
         (void) pthread_mutex_unlock(&ring->lock);
         (void) pthread_join(writer, NULL);
         /* Slots the writer refused after a stop were read from the pipe: account for them. */
-        c->drained += queued - c->written;
+        c->drained_bytes += queued - c->raw_bytes;
 
         for (unsigned i = 0; i < RING_SLOTS; i++)
                 free(ring->slot[i]);
@@ -448,7 +448,7 @@ static void *relay_writer(void *userdata) {
                 ssize_t n;
 
                 if (!relay->failed) {
-                        stop = stop_reason(c, c->written, &next_check, chunk);
+                        stop = stop_reason(c, c->raw_bytes, &next_check, chunk);
                         if (stop && strcmp(stop, "timeout") != 0) {
                                 set_failure(c, stop, 0);
                                 relay->failed = 1;
@@ -469,9 +469,9 @@ static void *relay_writer(void *userdata) {
                         continue;
                 }
                 if (relay->failed)
-                        c->drained += (uint64_t) n;
+                        c->drained_bytes += (uint64_t) n;
                 else
-                        c->written += (uint64_t) n;
+                        c->raw_bytes += (uint64_t) n;
         }
         return NULL;
 }
@@ -603,14 +603,14 @@ void capture_run(Capture *c) {
                 set_failure(c, "write_error", r);
 
         /* The file's size is the record's byte count, whatever stopped us: trailing holes, a failed write. */
-        if (ftruncate(c->out_fd, (off_t) c->written) < 0)
+        if (ftruncate(c->out_fd, (off_t) c->raw_bytes) < 0)
                 (void) log_errno(LOG_WARNING, errno, "Failed to set the core file's size, ignoring: %m");
 
         if (!capture_timed_out && !(c->from_socket && c->truncated))
-                c->drained += capture_drain(c->in_fd);
+                c->drained_bytes += capture_drain(c->in_fd);
         /* Nothing left after the limit means the dump was exactly the limit; only a drain that ran to EOF
          * can tell, not one the timeout skipped. */
-        if (c->truncated && strcmp(c->truncated, "max_dump_size") == 0 && c->drained == 0 && !capture_timed_out &&
+        if (c->truncated && strcmp(c->truncated, "max_dump_size") == 0 && c->drained_bytes == 0 && !capture_timed_out &&
             !c->from_socket)
                 c->truncated = NULL;
 }

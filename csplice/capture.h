@@ -17,8 +17,8 @@ typedef struct Capture {
         bool from_socket;       /* socket mode: no pipe to resize, and after a stop closing releases the process */
         uint64_t expected_bytes; /* what the process had resident before the dump (VmRSS); 0 if unknown */
 
-        uint64_t written;       /* bytes of the dump in out_fd (holes included), always == its size */
-        uint64_t drained;       /* bytes read past a stop and thrown away */
+        uint64_t raw_bytes;      /* the record's capture.bytes: the dump in out_fd (holes included), == its size */
+        uint64_t drained_bytes;  /* read past a stop and thrown away */
         const char *strategy;   /* the strategy that really ran */
         const char *truncated;  /* why the capture stopped before EOF, or NULL */
         int error;              /* -errno behind a "read_error"/"write_error" truncation */

@@ -191,7 +191,7 @@ static int setup(Crash *c, int argc, char *argv[], int in_fd, const char **proc_
         return 0;
 }
 
-/* Copies the core into the spool, or drains it when the dump is not kept; returns the core's fd (-1 if none),
+/* Copies the core into the spool, or drains it when the dump is dropped; returns the core's fd (-1 if none),
  * which stays open (and locked) until the record is committed. The dumped process is released on return. */
 static int capture_core(Crash *c, int in_fd, int spool_fd) {
         int core_fd = -1, r;
@@ -218,7 +218,7 @@ static int capture_core(Crash *c, int in_fd, int spool_fd) {
                 c->elf_magic = pread(core_fd, magic, sizeof magic, 0) == sizeof magic &&
                                memcmp(magic, "\177ELF", 4) == 0;
                 c->has_core = true;
-                if (c->capture.written == 0) {
+                if (c->capture.raw_bytes == 0) {
                         /* Nothing kept (the floor or a limit hit before the first byte, or no byte came): a
                          * metadata-only record says so, an empty core file would look like a dump. */
                         c->dropped = c->capture.truncated ?: "empty";
@@ -228,7 +228,7 @@ static int capture_core(Crash *c, int in_fd, int spool_fd) {
                                 (void) log_errno(LOG_WARNING, r, "Failed to remove the empty core file, ignoring: %m");
                 }
         } else if (!c->socket.handshake)
-                c->capture.drained = capture_drain(in_fd);
+                c->capture.drained_bytes = capture_drain(in_fd);
         c->capture_end_ns = now_ns(CLOCK_MONOTONIC);
         c->released_ns = now_ns(CLOCK_REALTIME);
         /* The process is released once the pipe is drained; closing it also ends a timed-out dump. */
@@ -242,19 +242,19 @@ static void log_outcome(const Crash *c) {
 
         if (c->has_core && !c->elf_magic)
                 log_full(LOG_WARNING, "Dump of PID %s is not an ELF file (%llu bytes), keeping it as it is", pid,
-                         (unsigned long long) c->capture.written);
+                         (unsigned long long) c->capture.raw_bytes);
         if (c->has_core && c->capture.truncated && c->capture.error)
                 (void) log_errno(LOG_WARNING, c->capture.error, "Dump of PID %s truncated at %llu bytes (%s): %m",
-                                 pid, (unsigned long long) c->capture.written, c->capture.truncated);
+                                 pid, (unsigned long long) c->capture.raw_bytes, c->capture.truncated);
         else if (c->has_core && c->capture.truncated)
                 log_full(LOG_WARNING, "Dump of PID %s truncated at %llu bytes (%s)", pid,
-                         (unsigned long long) c->capture.written, c->capture.truncated);
+                         (unsigned long long) c->capture.raw_bytes, c->capture.truncated);
         else if (c->dropped && c->socket.handshake)
-                log_full(LOG_WARNING, "Dump of PID %s refused (%s) before the kernel wrote it, recording metadata only",
+                log_full(LOG_WARNING, "Dump of PID %s dropped (%s) before the kernel wrote it, recording metadata only",
                          pid, c->dropped);
         else if (c->dropped)
-                log_full(LOG_WARNING, "Dump of PID %s not kept (%s), %llu bytes discarded, recording metadata only",
-                         pid, c->dropped, (unsigned long long) c->capture.drained);
+                log_full(LOG_WARNING, "Dump of PID %s dropped (%s), %llu bytes drained, recording metadata only",
+                         pid, c->dropped, (unsigned long long) c->capture.drained_bytes);
 }
 
 /* The commit point: the core under its final name, then the record beside it. */
@@ -327,7 +327,7 @@ int main(int argc, char *argv[]) {
                 (void) log_errno(LOG_WARNING, r, "Failed to create the record file, trying again after the dump: %m");
 
         c.dropped = c.socket.error ? "socket_error" : admit(&c, spool_fd);
-        /* Socket mode answers the kernel now: a refused dump is never written and its process is let go. */
+        /* Socket mode answers the kernel now: a dropped dump is never written and its process is let go. */
         if (c.socket_mode && socket_answer(in_fd, &c.socket, !c.dropped) < 0 && !c.dropped)
                 c.dropped = "socket_error";
         if (c.socket.error)

@@ -125,13 +125,13 @@ static void write_capture(Json *j, const Crash *c) {
         json_string(j, "mode", c->socket_mode ? "socket" : "pipe");
         write_socket(j, c);
         json_string(j, "strategy", cap->strategy);
-        json_u64(j, "bytes", cap->written);
-        json_u64(j, "drained_bytes", cap->drained);
+        json_u64(j, "bytes", cap->raw_bytes);
+        json_u64(j, "drained_bytes", cap->drained_bytes);
         json_u64(j, "ns", ns);
         /* With handler.started_realtime_ns: how long the kernel held the crashed process for us. */
         json_u64(j, "ended_realtime_ns", c->released_ns);
         json_double(j, "throughput_bytes_per_second",
-                    ns > 0 ? (double) (cap->written + cap->drained) * 1e9 / (double) ns : 0.0);
+                    ns > 0 ? (double) (cap->raw_bytes + cap->drained_bytes) * 1e9 / (double) ns : 0.0);
         json_bool(j, "complete", c->has_core && !cap->truncated);
         json_bool(j, "truncated", c->has_core && cap->truncated);
         json_string(j, "truncated_reason", c->has_core ? cap->truncated : NULL);

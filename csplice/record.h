@@ -40,7 +40,7 @@ typedef struct Crash {
         ProcInfo proc;
         Capture capture;
         bool has_core;
-        const char *dropped;       /* why the dump was not kept, or NULL */
+        const char *dropped;       /* why the dump was dropped, or NULL */
         uint64_t started_ns;       /* CLOCK_REALTIME at csplice's start */
         uint64_t capture_begin_ns; /* CLOCK_MONOTONIC around the copy */
         uint64_t capture_end_ns;

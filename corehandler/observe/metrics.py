@@ -68,12 +68,12 @@ class MetricsObserver(Quiet):
         self.dumps = Counter("corehandler_dumps", "Dumps handled, by signal and outcome (complete, truncated, "
                              "dropped, orphan); reason says why a dump was truncated or dropped",
                              ["signal", "outcome", "reason", "exe"], registry=r)
-        self.captured_bytes = Counter("corehandler_captured_bytes", "Bytes of core written to the spool",
-                                      ["exe"], registry=r)
+        self.raw_bytes = Counter("corehandler_raw_bytes", "Bytes of core kept in the spool (uncompressed)",
+                                 ["exe"], registry=r)
         self.drained_bytes = Counter("corehandler_drained_bytes",
                                      "Bytes read from the kernel and discarded past a limit", registry=r)
-        self.compressed_bytes = Counter("corehandler_compressed_bytes",
-                                        "Bytes written to the store after compression", registry=r)
+        self.stored_bytes = Counter("corehandler_stored_bytes",
+                                    "Bytes written to the store (compressed where compression is on)", registry=r)
 
         def histogram(name: str, documentation: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(name, documentation, buckets=buckets, registry=r)
@@ -189,7 +189,7 @@ class MetricsObserver(Quiet):
             self.socket_rejects.labels(reason).inc()
         cap = fields.capture(record)
         kept = fields.number(cap, "bytes") or 0.0
-        self.captured_bytes.labels(exe).inc(kept)
+        self.raw_bytes.labels(exe).inc(kept)
         self.drained_bytes.inc(fields.number(cap, "drained_bytes") or 0.0)
         size = fields.dump_bytes(record)
         if size is not None:
@@ -208,14 +208,12 @@ class MetricsObserver(Quiet):
 
     def _count_stored(self, stored: Mapping[str, Any]) -> None:
         raw = fields.number(stored, "raw_bytes")
-        packed = fields.number(stored, "compressed_bytes")
-        if packed is None:  # an index row (store.py) calls it stored_bytes
-            packed = fields.number(stored, "stored_bytes")
-        # Metadata-only dumps have nothing compressed: 0 bytes, and no ratio or compression time to count.
+        packed = fields.number(stored, "stored_bytes")
+        # Dropped dumps have nothing stored: 0 bytes, and no ratio or compression time to count.
         if not packed:
             packed = None
         if packed is not None:
-            self.compressed_bytes.inc(packed)
+            self.stored_bytes.inc(packed)
             if raw:
                 self.compression_ratio.observe(raw / packed)
             seconds = fields.number(stored, "compress_seconds")
@@ -302,7 +300,7 @@ class _StoreCollector:
             log.debug("metrics: index unavailable: %s", err)
             return
         dumps = GaugeMetricFamily("corehandler_store_dumps", "Dumps in the store, by index status (ok, "
-                                  "truncated, metadata_only, invalid, orphan)", labels=["status"])
+                                  "truncated, dropped, invalid, orphan)", labels=["status"])
         for status in STATUSES:
             dumps.add_metric([status], by_status.get(status, (0, 0))[0])
         yield dumps

@@ -19,9 +19,9 @@ class Stored(Mapping):
     take it as they take any mapping."""
 
     id: str
-    path: str | None          # the stored file, None for metadata-only
+    path: str | None          # the stored file, None for a dropped dump
     raw_bytes: int
-    compressed_bytes: int | None
+    stored_bytes: int | None
     compress_seconds: float
     ingest_seconds: float
     ingested_at: float
@@ -32,7 +32,7 @@ class Stored(Mapping):
     @classmethod
     def of(cls, dump: Dump, path: Path | None, analysis: Mapping[str, Any] | None) -> Stored:
         return cls(id=dump.id, path=str(path) if path else None, raw_bytes=dump.raw_bytes,
-                   compressed_bytes=dump.stored_bytes, compress_seconds=dump.compress_seconds or 0.0,
+                   stored_bytes=dump.stored_bytes, compress_seconds=dump.compress_seconds or 0.0,
                    ingest_seconds=dump.ingest_seconds or 0.0, ingested_at=dump.ingested_at, status=dump.status,
                    problem=dump.problem, analysis=analysis)
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from corehandler import fields
 from corehandler.printable import display
 
-STATUSES = ("ok", "truncated", "metadata_only", "invalid", "orphan")
+STATUSES = ("ok", "truncated", "dropped", "invalid", "orphan")
 
 
 
@@ -39,7 +39,7 @@ class Dump:
     sha256: str | None
     status: str
     problem: str | None
-    path: str | None  # file name inside the store directory, None for metadata-only
+    path: str | None  # file name inside the store directory, None for a dropped dump
     deleting: bool
     record: dict
     deleted_rule: str | None = None    # set when its deletion starts: the rule removing it

@@ -22,7 +22,7 @@ from corehandler.store.match import Filter
 
 # Every table of index.sqlite is spelled and migrated here, and nowhere else. 5: the analysis table is part
 # of the schema (before, the daemon made it at start); the upload queue's tables come with the first upload.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _SCHEMA_TABLE = """
 CREATE TABLE IF NOT EXISTS dumps (
@@ -201,6 +201,8 @@ class Store:
                 db.executemany(_COUNT_DELETIONS, tombstones.fetchall())
                 db.execute("DELETE FROM dumps WHERE deleted_at IS NOT NULL")
                 db.execute("ALTER TABLE dumps DROP COLUMN deleted_at")
+            # Schema 6 names a dump whose core was not kept "dropped", as the record and the metrics do.
+            db.execute("UPDATE dumps SET status = 'dropped' WHERE status = 'metadata_only'")
             for statement in _SCHEMA_INDEXES:
                 db.execute(statement)
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")

@@ -172,7 +172,7 @@ def test_restart_analyses_what_a_kill_left_and_skips_what_is_gone(tmp_path, cras
     assert {e[1] for e in rec.of("ingested")} == {left, gone, older}
 
 
-def test_metadata_only_and_disabled_are_skipped(tmp_path, crashes):
+def test_dropped_and_disabled_are_skipped(tmp_path, crashes):
     state = tmp_path / "state"
     meta = realcore.spool(crashes["segv"], state / "spool")
     path = state / "spool" / f"{meta}.json"
@@ -184,7 +184,7 @@ def test_metadata_only_and_disabled_are_skipped(tmp_path, crashes):
     ingest_all(state)  # analysis on: the metadata-only dump is skipped
     with Store(state, readonly=True) as store:
         m = analyses.analysis_for(store, meta)
-        assert m["state"] == findings.SKIPPED and "metadata_only" in m["problems"][0]
+        assert m["state"] == findings.SKIPPED and "dropped" in m["problems"][0]
         assert m["identity"]["unit"] == "analysed.service"
     state2 = tmp_path / "state2"
     off = realcore.spool(crashes["segv"], state2 / "spool")

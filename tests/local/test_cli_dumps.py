@@ -64,7 +64,7 @@ def test_list_is_the_default_verb(capsys, filled):
     assert out.splitlines()[0].split() == ["TIME", "PID", "UID", "SIG", "STATUS", "COREFILE", "SIZE", "ID",
                                           "SIGNATURE", "EXE"]
     assert pids(out) == [3001, 3002, 3003, 3004]
-    assert "metadata_only  none" in out.splitlines()[4]
+    assert "dropped  none" in out.splitlines()[4]
 
 
 @pytest.mark.parametrize("argv,expected", [
@@ -114,7 +114,7 @@ def test_info_human_and_json(capsys, filled):
     assert fields["Core File"] == "present" and "compressed" in fields["Storage"]
     code, out, _ = run(capsys, filled, "--json", "info", "gamma")
     [info] = json.loads(out)
-    assert info["status"] == "metadata_only" and info["corefile"] == "none"
+    assert info["status"] == "dropped" and info["corefile"] == "none"
     assert info["record"]["capture"]["dropped_reason"] == "max_pending"
 
 
@@ -130,7 +130,7 @@ def test_dump_to_file_and_pipe_is_byte_identical(capsys, filled, tmp_path):
     assert hashlib.sha256(proc.stdout).hexdigest() == shas[3002]  # the newest match
 
 
-def test_dump_refuses_a_terminal_and_metadata_only(capsys, filled, tmp_path):
+def test_dump_refuses_a_terminal_and_a_dropped_dump(capsys, filled, tmp_path):
     state, etc, _ = filled
     leader, follower = pty.openpty()
     try:
@@ -141,7 +141,7 @@ def test_dump_refuses_a_terminal_and_metadata_only(capsys, filled, tmp_path):
         os.close(leader)
     assert proc.returncode == EXIT_USAGE and "refusing to write a core to a terminal" in proc.stderr
     code, _, err = run(capsys, filled, "dump", "gamma", "-o", str(tmp_path / "x"))
-    assert code == EXIT_NOMATCH and "has no stored core (metadata_only)" in err
+    assert code == EXIT_NOMATCH and "has no stored core (dropped)" in err
     assert not (tmp_path / "x").exists()
 
 

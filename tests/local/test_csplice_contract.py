@@ -5,7 +5,9 @@ one side has it and the other does not."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
+from pathlib import Path
 
 from corehandler import config, csplice_contract
 from corehandler.paths import Paths
@@ -51,3 +53,31 @@ def test_the_rendered_file_is_read_back_as_written(csplice, tmp_path):
         "strategy": "splice", "chunk_size": 128 << 10, "pipe_size": 0, "max_dump_size": 5 << 20, "direct_above": 0,
         "min_free": "1%", "max_pending": 0, "max_per_exe_per_minute": 0, "timeout": 90, "fsync": True, "sparse": False,
         "collect_environ": False, "collect_maps": False}
+
+
+# The words of docs/design.md's "Words" table: one name per quantity from csplice to the metrics. These are
+# the names each quantity had before, which must not come back in either language.
+RETIRED = ("captured_bytes", "compressed_bytes", "CAPTURED_BYTES", "COMPRESSED_BYTES", "->written", ".written",
+           "metadata_only")
+# The one place a retired word may stand: the index migration that turns old rows into the new word.
+MIGRATION = "UPDATE dumps SET status = 'dropped' WHERE status = 'metadata_only'"
+
+
+def test_a_real_record_the_index_row_and_the_event_carry_the_quantities_by_their_one_name(csplice, tmp_path):
+    from corehandler.observe.observer import Stored
+    from corehandler.store.dumprow import STATUSES, Dump
+
+    cap = Handler(tmp_path / "h").feed(8192).record["capture"]
+    assert cap["bytes"] == 8192 and cap["drained_bytes"] == 0  # the record's capture section: raw and drained
+    for kind in (Dump, Stored):
+        assert {"raw_bytes", "stored_bytes"} <= {f.name for f in dataclasses.fields(kind)}, kind
+    assert "dropped" in STATUSES
+
+
+def test_no_retired_quantity_name_is_left_in_the_sources():
+    root = Path(__file__).resolve().parents[2]
+    sources = [*root.joinpath("corehandler").rglob("*.py"), *root.joinpath("csplice").glob("*.[ch]"),
+               root / "packaging" / "grafana" / "corehandler-dashboard.json", root / "docs" / "observability.md"]
+    found = [f"{path.relative_to(root)}: {word}" for path in sources
+             for word in RETIRED if word in path.read_text().replace(MIGRATION, "")]
+    assert found == []

@@ -40,7 +40,7 @@ def test_empty_stream_is_recorded_as_metadata_only(handler):
     assert result.record["core"] is None and cap["bytes"] == 0 and not cap["elf_magic"]
     assert (cap["complete"], cap["dropped"], cap["dropped_reason"]) == (False, True, "empty")
     assert spool_files(handler.spool) == [f"{result.record['id']}.json"]
-    assert any("not kept (empty)" in e for e in result.record["errors"])
+    assert any("dropped (empty)" in e for e in result.record["errors"])
 
 
 def test_non_elf_stream_is_kept_as_it_is(handler):

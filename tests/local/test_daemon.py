@@ -40,7 +40,7 @@ def spool_empty(state_dir):
     return [n for n in os.listdir(state_dir / "spool") if n != ".rate"] == []
 
 
-def test_ingest_complete_truncated_and_metadata_only(tmp_path, state, feeder, csplice):
+def test_ingest_complete_truncated_and_dropped(tmp_path, state, feeder, csplice):
     spool_dir = state / "spool"
     full = write_settings(tmp_path / "full.conf", spool_dir)
     small = write_settings(tmp_path / "small.conf", spool_dir, max_dump_size=65536)
@@ -61,8 +61,8 @@ def test_ingest_complete_truncated_and_metadata_only(tmp_path, state, feeder, cs
     assert (rows[ok["id"]].pid, rows[ok["id"]].signal, rows[ok["id"]].comm) == (101, 11, "feeder")
     assert rows[trunc["id"]].status == "truncated"
     assert rows[trunc["id"]].problem.startswith("capture truncated: max_dump_size; truncated: 65536 of")
-    assert rows[meta["id"]].status == "metadata_only" and rows[meta["id"]].path is None
-    assert rows[meta["id"]].problem == "dump not kept: max_pending"
+    assert rows[meta["id"]].status == "dropped" and rows[meta["id"]].path is None
+    assert rows[meta["id"]].problem == "dump dropped: max_pending"
     # Stored files decompress to what csplice captured.
     out = tmp_path / "out"
     with open(out, "wb") as f:
@@ -73,9 +73,9 @@ def test_ingest_complete_truncated_and_metadata_only(tmp_path, state, feeder, cs
     ingested = {e[1]: e[2] for e in rec.of("ingested")}
     assert set(ingested) == set(rows)
     s = ingested[ok["id"]]
-    assert s["status"] == "ok" and s["raw_bytes"] == 3 << 20 and s["compressed_bytes"] == rows[ok["id"]].stored_bytes
+    assert s["status"] == "ok" and s["raw_bytes"] == 3 << 20 and s["stored_bytes"] == rows[ok["id"]].stored_bytes
     assert s["path"] == str(state / "store" / rows[ok["id"]].path) and s["ingest_seconds"] >= s["compress_seconds"]
-    assert set(s) == {"id", "path", "raw_bytes", "compressed_bytes", "compress_seconds", "ingest_seconds",
+    assert set(s) == {"id", "path", "raw_bytes", "stored_bytes", "compress_seconds", "ingest_seconds",
                       "ingested_at", "status", "problem", "analysis"}
     assert rec.of("state")[-1][1:] == (0, sum(r.stored_bytes for r in rows.values()), 3)
     assert rec.of("error") == [] and rec.events[-1] == ("close",)

@@ -88,7 +88,7 @@ def exported_names(tmp_path: Path) -> set[str]:
     record = {"signal": 11, "timestamp": 1, "proc": {"exe": "/bin/x"},
               "capture": {"bytes": 10, "drained_bytes": 0, "ns": 1000, "throughput_bytes_per_second": 1e7,
                           "complete": True}, "handler": {"started_realtime_ns": 1}}
-    observer.on_ingested(record, {"raw_bytes": 10, "compressed_bytes": 5, "compress_seconds": 0.1,
+    observer.on_ingested(record, {"raw_bytes": 10, "stored_bytes": 5, "compress_seconds": 0.1,
                                   "ingest_seconds": 0.2, "status": "ok"})
     observer.on_error("ingest", "boom", None)
     observer.on_state(1, 2, 3)

@@ -1,4 +1,4 @@
-"""install --mode socket|auto, uninstall and status in socket mode, against a fake host (tests/unit/fakehost.py).
+"""install --mode socket|auto, uninstall and status in socket mode, against a fake host (tests/local/fakehost.py).
 
 The listener is a callback here: it "listens" by adding the socket's line to the fake /proc/net/unix, the file
 corehandler reads to tell whether anything listens (tests/system/test_socket_live.py runs the real one).

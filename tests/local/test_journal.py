@@ -31,7 +31,7 @@ def test_dump_entry_from_a_real_record(feeder, csplice, tmp_path):
     assert got["COREDUMP_TRUNCATED"] == "1"
     assert got["COREHANDLER_TRUNCATED_REASON"] == "max_dump_size"
     assert got["COREHANDLER_DROPPED"] == "0" and "COREHANDLER_DROPPED_REASON" not in got
-    assert got["COREHANDLER_CAPTURED_BYTES"] == "1048576"
+    assert got["COREHANDLER_RAW_BYTES"] == "1048576"
     assert got["COREHANDLER_DUMP_BYTES"] == str(3 << 20)
     assert got["COREHANDLER_THROUGHPUT_BYTES_PER_SECOND"] == str(round(cap["throughput_bytes_per_second"]))
     assert got["COREDUMP_FILENAME"] == stored["path"]

@@ -68,7 +68,7 @@ def test_counts_and_histograms_match_the_records(three_dumps):
     assert value(got, "corehandler_dumps_total", signal="SIGSEGV", outcome="dropped", reason="max_pending",
                  exe="other") == 1
     records = [r for r, _ in three_dumps]
-    assert value(got, "corehandler_captured_bytes_total", exe="other") == sum(r["capture"]["bytes"] for r in records)
+    assert value(got, "corehandler_raw_bytes_total", exe="other") == sum(r["capture"]["bytes"] for r in records)
     assert value(got, "corehandler_drained_bytes_total") == 2 * MIB - MIB + MIB  # truncated rest + dropped whole
 
     throughputs = [r["capture"]["throughput_bytes_per_second"] for r in records]
@@ -82,14 +82,14 @@ def test_counts_and_histograms_match_the_records(three_dumps):
     assert value(got, "corehandler_dump_size_bytes_sum") == 3 * MIB // 4 + 2 * MIB + MIB
     assert value(got, "corehandler_hold_duration_seconds_count") == 3
 
-    stored = [s for _, s in three_dumps if s["compressed_bytes"]]
+    stored = [s for _, s in three_dumps if s["stored_bytes"]]
     assert len(stored) == 2  # the dropped dump has no core to compress
     assert value(got, "corehandler_compression_ratio_count") == 2
     assert value(got, "corehandler_compression_ratio_sum") == pytest.approx(
-        sum(s["raw_bytes"] / s["compressed_bytes"] for s in stored))
+        sum(s["raw_bytes"] / s["stored_bytes"] for s in stored))
     assert value(got, "corehandler_compress_duration_seconds_sum") == pytest.approx(
         sum(s["compress_seconds"] for s in stored))
-    assert value(got, "corehandler_compressed_bytes_total") == sum(s["compressed_bytes"] for s in stored)
+    assert value(got, "corehandler_stored_bytes_total") == sum(s["stored_bytes"] for s in stored)
     assert value(got, "corehandler_ingest_duration_seconds_count") == 3
 
 
@@ -120,13 +120,13 @@ def test_store_series_are_read_from_the_index_at_each_scrape(tmp_path):
     assert not names & {"corehandler_store_dumps", "corehandler_retention_deletions_total"}  # no index yet
 
     with Store(tmp_path) as store:
-        for n, status, stored in ((1, "ok", 10), (2, "truncated", 20), (3, "ok", 30), (4, "metadata_only", 0)):
+        for n, status, stored in ((1, "ok", 10), (2, "truncated", 20), (3, "ok", 30), (4, "dropped", 0)):
             record = {"schema": 1, "id": f"17960000000{n:05d}-0123456789abcdef-{n}", "timestamp": 1_700_000_000 + n}
             store.insert(row_from_record(record, status=status, problem=None, path=f"{record['id']}.zst",
                                          raw_bytes=100, stored_bytes=stored, sha256=None))
         got = samples(observer.exposition())
         assert {dict(k[1])["status"]: v for k, v in got.items() if k[0] == "corehandler_store_dumps"} == {
-            "ok": 2, "truncated": 1, "metadata_only": 1, "invalid": 0, "orphan": 0}
+            "ok": 2, "truncated": 1, "dropped": 1, "invalid": 0, "orphan": 0}
         assert value(got, "corehandler_store_bytes") == 60
         assert value(got, "corehandler_last_dump_timestamp_seconds") == 1_700_000_004
         assert not [k for k in got if k[0] == "corehandler_retention_deletions_total"]

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * analysed: crashes with known stacks, for the analysis tests (tests/unit/test_analysis_real.py).
+ * analysed: crashes with known stacks, for the analysis tests (tests/local/test_analysis_real.py).
  *
  *   analysed segv       main -> crash_segv: a NULL write
  *   analysed other      main -> crash_other: a NULL write at another site

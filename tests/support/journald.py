@@ -217,7 +217,7 @@ def expected_dump_fields(record: dict, stored: dict) -> dict[str, bytes]:
         "COREHANDLER_ID": b(record["id"]),
         "COREHANDLER_DROPPED": b"1" if cap["dropped"] else b"0",
         "COREHANDLER_DUMP_BYTES": b(cap["bytes"] + cap["drained_bytes"]),
-        "COREHANDLER_CAPTURED_BYTES": b(cap["bytes"]),
+        "COREHANDLER_RAW_BYTES": b(cap["bytes"]),
         "COREHANDLER_DRAINED_BYTES": b(cap["drained_bytes"]),
         "COREHANDLER_CAPTURE_SECONDS": f"{cap['ns'] / 1e9:.9f}".encode(),
         "COREHANDLER_THROUGHPUT_BYTES_PER_SECOND": b(round(cap["throughput_bytes_per_second"])),
@@ -231,8 +231,7 @@ def expected_dump_fields(record: dict, stored: dict) -> dict[str, bytes]:
         expected["COREHANDLER_DROPPED_REASON"] = b(cap["dropped_reason"])
     if stored["path"]:
         expected["COREDUMP_FILENAME"] = b(stored["path"])
-        expected["COREHANDLER_COMPRESSED_BYTES"] = b(stored["compressed_bytes"])
-        expected["COREHANDLER_RAW_BYTES"] = b(stored["raw_bytes"])
+        expected["COREHANDLER_STORED_BYTES"] = b(stored["stored_bytes"])
     return expected
 
 

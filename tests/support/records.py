@@ -42,8 +42,8 @@ def store_dump(record: dict, spool: Path, store: Path, level: int = 3) -> Stored
     """What the daemon reports in on_ingested's `stored`: the core compressed with zstd into `store`."""
     started = time.monotonic()
     core = record.get("core")
-    stored = {"id": record["id"], "path": None, "raw_bytes": 0, "compressed_bytes": None,
-              "compress_seconds": 0.0, "ingested_at": time.time(), "status": "metadata_only", "problem": None,
+    stored = {"id": record["id"], "path": None, "raw_bytes": 0, "stored_bytes": None,
+              "compress_seconds": 0.0, "ingested_at": time.time(), "status": "dropped", "problem": None,
               "analysis": None}
     if core:
         source = spool / core
@@ -52,6 +52,6 @@ def store_dump(record: dict, spool: Path, store: Path, level: int = 3) -> Stored
         with open(source, "rb") as src, open(target, "wb") as dst:
             zstandard.ZstdCompressor(level=level).copy_stream(src, dst)
         stored.update(path=str(target), raw_bytes=source.stat().st_size,
-                      compressed_bytes=target.stat().st_size, compress_seconds=time.monotonic() - t0,
+                      stored_bytes=target.stat().st_size, compress_seconds=time.monotonic() - t0,
                       status="truncated" if record["capture"]["truncated"] else "ok")
     return Stored(**stored, ingest_seconds=time.monotonic() - started)

@@ -68,7 +68,7 @@ def test_real_crashes_reach_prometheus_and_the_journal(csplice, tmp_path, host_c
     with Store(tmp_path) as index:  # what the daemon indexes; the store series are read from it at scrape time
         for record, stored in dumps:
             index.insert(row_from_record(record, status=stored["status"], problem=None, path=None,
-                                         raw_bytes=stored["raw_bytes"], stored_bytes=stored["compressed_bytes"] or 0,
+                                         raw_bytes=stored["raw_bytes"], stored_bytes=stored["stored_bytes"] or 0,
                                          sha256=None))
     metrics = MetricsObserver(exe_label_allowlist=[crasher.name], state_dir=tmp_path)
     # The JournalObserver runs where the private journald's socket is /run/systemd/journal/socket.
@@ -80,7 +80,7 @@ def test_real_crashes_reach_prometheus_and_the_journal(csplice, tmp_path, host_c
         for record, stored in dumps:
             metrics.on_ingested(record, stored)
             client.call("on_ingested", record, stored)
-        metrics.on_state(0, sum(s["compressed_bytes"] for _, s in dumps), len(dumps))
+        metrics.on_state(0, sum(s["stored_bytes"] for _, s in dumps), len(dumps))
         assert client.close() == 0 and client.stderr() == ""
 
         # What an admin's curl sees.

@@ -30,7 +30,7 @@ def test_a_restart_resets_the_counters_and_not_what_the_index_holds(feeder, cspl
             dumps.append((record, stored))
             store.insert(row_from_record(record, status=stored["status"], problem=None,
                                          path=os.path.basename(stored["path"]), raw_bytes=stored["raw_bytes"],
-                                         stored_bytes=stored["compressed_bytes"], sha256=None))
+                                         stored_bytes=stored["stored_bytes"], sha256=None))
         store.delete(store.get(dumps[0][0]["id"]), "max_count")
     port = free_port()
     before = MetricsObserver(state_dir=state)

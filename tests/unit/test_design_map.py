@@ -42,3 +42,14 @@ def test_every_csplice_file_is_in_the_map_and_nothing_else_is():
     named = set(re.findall(r"`(\w+)\.c`", section))
     on_disk = {path.stem for path in (DESIGN.parents[1] / "csplice").glob("*.c")}
     assert named == on_disk
+
+
+def test_every_source_path_the_docs_and_comments_name_exists():
+    """A file that moved takes its mentions along: docs, comments and docstrings name files that are there."""
+    root = DESIGN.parents[1]
+    texts = [root / "README.md", *root.joinpath("docs").glob("*.md")]
+    for folder in ("corehandler", "csplice", "tests", "bench", "packaging", "scripts"):
+        texts += [p for p in root.joinpath(folder).rglob("*") if p.suffix in (".py", ".c", ".h", ".md", ".sh")]
+    mention = re.compile(r"\b((?:corehandler|csplice|tests|bench)/[\w/]+\.(?:py|c|h))\b")
+    named = {m for path in texts for m in mention.findall(path.read_text(errors="replace"))}
+    assert sorted(p for p in named if not (root / p).exists()) == []
