@@ -88,6 +88,9 @@ def read_record(spool_dir: Path, dump_id: str) -> dict:
         raise SpoolRecordError(f"record {path} has schema {record.get('schema')!r}, expected {RECORD_SCHEMA}")
     if record.get("id") != dump_id:
         raise SpoolRecordError(f"record {path} names id {record.get('id')!r}")
+    if isinstance(record.get("proc"), dict):
+        # v0.2's copy of a container's whole config.json, process.env and all (store/index.py, schema 6).
+        record["proc"].pop("oci_config", None)
     return record
 
 

@@ -17,7 +17,8 @@
  *
  * Run by hand with one option, it prints a table the control plane is checked against and exits:
  * --version, --list-specifiers (the argv it takes, optional ones in brackets), --list-strategies,
- * --list-settings (every csplice.conf key with its built-in default, as a settings file).
+ * --list-settings (every csplice.conf key with its built-in default, as a settings file), --list-annotations
+ * (the OCI annotations a record keeps of a container's bundle, container.c).
  * `csplice --listen PATH ...` is socket mode's accept loop (listen.c).
  */
 #include <fcntl.h>
@@ -81,7 +82,7 @@ static uint64_t record_reserve(const Crash *c) {
 
         return 64 * 1024 + 6 * ((uint64_t) p->cmdline_len + p->environ_len + (p->status ? strlen(p->status) : 0) +
                                 (p->cgroup ? strlen(p->cgroup) : 0) + (p->maps ? strlen(p->maps) : 0) +
-                                (p->oci_config ? strlen(p->oci_config) : 0) + sizeof p->ns);
+                                CONTAINER_ANNOTATION_KEYS * CONTAINER_VALUE_MAX + sizeof p->ns);
 }
 
 static int commit_record(Crash *c, int spool_fd, SpoolRecord *rec) {
@@ -126,7 +127,10 @@ static bool list_table(const char *opt) {
         else if (strcmp(opt, "--list-specifiers") == 0) {
                 format_specifiers(buf, sizeof buf);
                 (void) puts(buf);
-        } else if (strcmp(opt, "--list-strategies") == 0)
+        } else if (strcmp(opt, "--list-annotations") == 0)
+                for (size_t i = 0; i < CONTAINER_ANNOTATION_KEYS; i++)
+                        (void) puts(container_annotation_keys[i]);
+        else if (strcmp(opt, "--list-strategies") == 0)
                 for (Strategy st = 0; st < _STRATEGY_MAX; st++)
                         (void) puts(strategy_to_string(st));
         else if (strcmp(opt, "--list-settings") == 0) {

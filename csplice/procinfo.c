@@ -8,11 +8,19 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "container.h"
 #include "log.h"
 #include "procinfo.h"
 #include "util.h"
 
 #define PROC_FILE_MAX (64 * 1024)
+/* What the record keeps of each file the process has a say in; more is cut and named in proc.truncated. Each
+ * invalid byte costs six in the record (\udcXX), so these bound a record to about 0.5 MiB without maps and
+ * environ: a 64 KiB argv of high bytes made a 700 KiB record, and every record is indexed and published. */
+#define PROC_CMDLINE_MAX (4 * 1024)
+#define PROC_CGROUP_MAX (8 * 1024)
+#define PROC_STATUS_MAX (16 * 1024)
+#define PROC_ENVIRON_MAX (32 * 1024)
 #define PROC_MAPS_MAX (1024 * 1024)
 
 /* Field 22 of /proc/PID/stat, counted after the last ')' since comm may itself contain ") ". */
@@ -71,10 +79,24 @@ static int verify_start_time(const ProcInfo *p, const char *proc_root, time_t cr
         return btime + (time_t) (p->start_ticks / (unsigned long long) hz) <= crash_time ? 0 : -ESRCH;
 }
 
-static void read_optional(int dirfd, const char *name, size_t max, char **ret, size_t *ret_len) {
-        int r = read_bounded_at(dirfd, name, max, ret, ret_len);
-        if (r < 0)
+/* Reads at most cap bytes of /proc/PID/name; past that the text is cut and the field named in proc.truncated. */
+static void read_capped(ProcInfo *p, int dirfd, const char *name, size_t cap, char **ret, size_t *ret_len) {
+        size_t len;
+        int r;
+
+        r = read_bounded_at(dirfd, name, cap + 1, ret, &len);
+        if (r < 0) {
                 (void) log_errno(LOG_WARNING, r, "Failed to read /proc/PID/%s, ignoring: %m", name);
+                return;
+        }
+        if (len > cap) {
+                (*ret)[cap] = '\0';
+                len = cap;
+                if (p->n_truncated < ELEMENTSOF(p->truncated))
+                        p->truncated[p->n_truncated++] = name;
+        }
+        if (ret_len)
+                *ret_len = len;
 }
 
 const char *const proc_ns_names[PROC_NS_COUNT] = { "cgroup", "ipc", "mnt", "net", "pid", "time", "user", "uts" };
@@ -91,62 +113,31 @@ static void read_namespaces(ProcInfo *p, int dirfd) {
         }
 }
 
-static bool is_hex(char c) {
-        return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+/* What another process's /proc said: not the crashed one's, so none of it goes in the record. */
+static void forget(ProcInfo *p) {
+        ProcInfo kept = { .available = p->available, .start_ticks = p->start_ticks, .verified_by = p->verified_by };
+
+        procinfo_free(p);
+        *p = kept;
 }
 
-/* The innermost 64-hex-digit container id in a cgroup text (".../cri-containerd-ID.scope", "/docker/ID"),
- * or false. Only hex digits are copied, so the id is safe in a path. */
-static bool container_id(const char *cgroup, char id[65]) {
-        bool found = false;
-
-        for (const char *q = cgroup; *q; q++) {
-                size_t n = 0;
-
-                if (q != cgroup && is_hex(q[-1]))
-                        continue;
-                while (n < 65 && is_hex(q[n]))
-                        n++;
-                if (n == 64) {
-                        memcpy(id, q, 64);
-                        id[64] = '\0';
-                        found = true;
-                }
-        }
-        return found;
-}
-
-/* Where containerd (CRI namespace k8s.io, Docker's moby, the default one), CRI-O and rootful Podman keep a
- * running container's OCI bundle. Reading a file there asks no runtime anything: a few failed opens at worst. */
-static const char *const oci_bundle_paths[] = {
-        "/run/containerd/io.containerd.runtime.v2.task/k8s.io/%s/config.json",
-        "/run/containerd/io.containerd.runtime.v2.task/moby/%s/config.json",
-        "/run/containerd/io.containerd.runtime.v2.task/default/%s/config.json",
-        "/run/containers/storage/overlay-containers/%s/userdata/config.json",
-        "/var/lib/containers/storage/overlay-containers/%s/userdata/config.json",
-        "/run/docker/containerd/daemon/io.containerd.runtime.v1.linux/moby/%s/config.json",
-};
-
-static void read_oci_config(ProcInfo *p) {
-        /* Tests point this at a fake tree; the kernel passes no environment. */
-        const char *root = getenv("CSPLICE_BUNDLE_ROOT") ?: "";
-        char id[65], rel[PATH_MAX], path[PATH_MAX];
-
-        if (!p->cgroup || !container_id(p->cgroup, id))
-                return;
-        for (size_t i = 0; i < ELEMENTSOF(oci_bundle_paths); i++) {
-                (void) snprintf(rel, sizeof rel, oci_bundle_paths[i], id);
-                (void) snprintf(path, sizeof path, "%s%s", root, rel);
-                if (read_bounded_at(AT_FDCWD, path, PROC_OCI_CONFIG_MAX, &p->oci_config, NULL) >= 0)
-                        return;
-        }
+void procinfo_free(ProcInfo *p) {
+        free(p->exe);
+        free(p->comm);
+        free(p->cmdline);
+        free(p->status);
+        free(p->cgroup);
+        free(p->environ);
+        free(p->maps);
+        container_free(&p->container);
+        *p = (ProcInfo) {};
 }
 
 int procinfo_collect(ProcInfo *p, const char *proc_root, pid_t pid, int pidfd, time_t crash_time,
                      const Settings *s) {
         char path[PATH_MAX], link[PATH_MAX], *stat = NULL;
         ssize_t n;
-        int dirfd, r;
+        int dirfd, r, v;
 
         *p = (ProcInfo) {};
         if (pid <= 0)
@@ -167,19 +158,18 @@ int procinfo_collect(ProcInfo *p, const char *proc_root, pid_t pid, int pidfd, t
         } else
                 (void) log_errno(LOG_WARNING, errno, "Failed to read /proc/PID/exe, ignoring: %m");
 
-        read_optional(dirfd, "comm", 64, &p->comm, NULL);
+        read_capped(p, dirfd, "comm", 64, &p->comm, NULL);
         /* The kernel appends one newline; the name itself may hold more (prctl(PR_SET_NAME) takes any byte). */
         if (p->comm && p->comm[0] && p->comm[strlen(p->comm) - 1] == '\n')
                 p->comm[strlen(p->comm) - 1] = '\0';
-        read_optional(dirfd, "cmdline", PROC_FILE_MAX, &p->cmdline, &p->cmdline_len);
-        read_optional(dirfd, "status", PROC_FILE_MAX, &p->status, NULL);
-        read_optional(dirfd, "cgroup", PROC_FILE_MAX, &p->cgroup, NULL);
+        read_capped(p, dirfd, "cmdline", PROC_CMDLINE_MAX, &p->cmdline, &p->cmdline_len);
+        read_capped(p, dirfd, "status", PROC_STATUS_MAX, &p->status, NULL);
+        read_capped(p, dirfd, "cgroup", PROC_CGROUP_MAX, &p->cgroup, NULL);
         read_namespaces(p, dirfd);
-        read_oci_config(p);
         if (s->collect_environ)
-                read_optional(dirfd, "environ", PROC_FILE_MAX, &p->environ, &p->environ_len);
+                read_capped(p, dirfd, "environ", PROC_ENVIRON_MAX, &p->environ, &p->environ_len);
         if (s->collect_maps)
-                read_optional(dirfd, "maps", PROC_MAPS_MAX, &p->maps, NULL);
+                read_capped(p, dirfd, "maps", PROC_MAPS_MAX, &p->maps, NULL);
 
         r = read_bounded_at(dirfd, "stat", PROC_FILE_MAX, &stat, NULL);
         if (r >= 0)
@@ -189,16 +179,24 @@ int procinfo_collect(ProcInfo *p, const char *proc_root, pid_t pid, int pidfd, t
         if (r < 0)
                 (void) log_errno(LOG_WARNING, r, "Failed to read the start time of PID %d, ignoring: %m", (int) pid);
 
-        if (pidfd >= 0 && verify_pidfd(proc_root, pid, pidfd) >= 0) {
+        /* The pidfd is the crashed process itself: when it names another PID, or none (reaped), no fallback can
+         * make /proc/PID its. It can only not be read (no %F, an older kernel), and then the start time decides. */
+        v = pidfd >= 0 ? verify_pidfd(proc_root, pid, pidfd) : -EBADF;
+        if (v >= 0 || v == -ESRCH) {
                 p->verified_by = "pidfd";
-                p->verified = true;
+                p->verified = v >= 0;
         } else if (r >= 0 && crash_time > 0) {
                 p->verified_by = "start_time";
                 p->verified = verify_start_time(p, proc_root, crash_time) >= 0;
         }
-        if (p->verified_by && !p->verified)
-                log_full(LOG_WARNING, "PID %d is not the crashed process any more (checked by %s)", (int) pid,
-                         p->verified_by);
+        if (p->verified_by && !p->verified) {
+                log_full(LOG_WARNING, "PID %d is not the crashed process any more (checked by %s), recording "
+                         "nothing of it", (int) pid, p->verified_by);
+                forget(p);
+                return 0;
+        }
+        /* After the check: a bundle is read only for the process that crashed. */
+        (void) container_find(&p->container, proc_root, p->cgroup, p->ns[PROC_NS_MNT], p->ns[PROC_NS_PID]);
         return 0;
 }
 

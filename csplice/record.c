@@ -66,6 +66,23 @@ static void write_settings(Json *j, const Settings *s) {
         json_end(j);
 }
 
+/* null outside a container csplice could vouch for (container.c). */
+static void write_container(Json *j, const Container *c) {
+        if (!c->id[0]) {
+                json_null(j, "container");
+                return;
+        }
+        json_begin(j, "container");
+        json_string(j, "id", c->id);
+        json_string(j, "runtime", c->runtime);
+        json_begin(j, "annotations");
+        for (size_t i = 0; i < CONTAINER_ANNOTATION_KEYS; i++)
+                if (c->values[i])
+                        json_string(j, container_annotation_keys[i], c->values[i]);
+        json_end(j);
+        json_end(j);
+}
+
 static void write_proc(Json *j, const ProcInfo *p, const Settings *s) {
         json_begin(j, "proc");
         json_bool(j, "available", p->available);
@@ -81,7 +98,7 @@ static void write_proc(Json *j, const ProcInfo *p, const Settings *s) {
         for (size_t i = 0; i < PROC_NS_COUNT; i++)
                 json_string(j, proc_ns_names[i], p->ns[i][0] ? p->ns[i] : NULL);
         json_end(j);
-        json_string(j, "oci_config", p->oci_config);
+        write_container(j, &p->container);
         if (s->collect_environ) {
                 if (p->environ)
                         json_strv(j, "environ", p->environ, p->environ_len);
@@ -94,6 +111,10 @@ static void write_proc(Json *j, const ProcInfo *p, const Settings *s) {
                 json_u64(j, "start_ticks", p->start_ticks);
         json_string(j, "verified_by", p->verified_by);
         json_bool(j, "verified", p->verified);
+        json_begin_array(j, "truncated");
+        for (unsigned i = 0; i < p->n_truncated; i++)
+                json_string(j, NULL, p->truncated[i]);
+        json_end_array(j);
         json_end(j);
 }
 

@@ -2,8 +2,12 @@
 /proc/PID existed (docs/analysis.md, "Identity"). Pure functions of the record; nothing here asks a runtime.
 
 Inputs: proc.cgroup (/proc/PID/cgroup), proc.status (its NSpid line), proc.ns (namespace inodes, csplice's
-readlinks of /proc/PID/ns/*) and proc.oci_config (the first bytes of the runtime's OCI bundle config.json,
-when csplice found one: its annotations name the pod and the container).
+readlinks of /proc/PID/ns/*) and proc.container (the container csplice vouched for: a runtime's own cgroup
+form outside any user manager, that runtime's bundle, the bundle init's namespaces; with the annotations of
+its config.json that name the pod and the container, and nothing else of that file).
+
+The cgroup path alone is partly the process's to choose (a user names the cgroups delegated to them), so a pod
+is named only from proc.container, and a pod uid is never taken from below a user manager (user@UID.service).
 
 cgroup v2 ("0::/path"), v1 and hybrid hosts (a "name=systemd" hierarchy beside the controllers) all work:
 the unified path is used when it says more than "/", else the name=systemd one, else the first v1 path.
@@ -11,7 +15,6 @@ the unified path is used when it says more than "/", else the name=systemd one, 
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -36,8 +39,9 @@ _POD = re.compile(r"^(?:kubepods-(?:besteffort-|burstable-|guaranteed-)?)?pod([0
 _NSPAWN = (re.compile(r"^systemd-nspawn@(.+)\.service$"), re.compile(r"^machine-(.+)\.scope$"))
 _UNIT_SUFFIXES = (".service", ".scope", ".socket", ".mount", ".timer", ".swap", ".target", ".path")
 
-# Annotations of the OCI bundle (CRI: containerd; CRI-O and Podman; nerdctl).
-_ANNOTATIONS = {
+# Annotations of the OCI bundle (CRI: containerd; CRI-O and Podman; nerdctl): csplice keeps exactly these
+# (`csplice --list-annotations`, tests/local/test_csplice_contract.py).
+ANNOTATIONS = {
     "pod_name": ("io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"),
     "pod_namespace": ("io.kubernetes.cri.sandbox-namespace", "io.kubernetes.pod.namespace", "nerdctl/namespace"),
     "pod_uid": ("io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid"),
@@ -83,7 +87,7 @@ def parse_cgroup(path: str | None) -> dict[str, Any]:
             out["container_id"] = m.group(1)
             out["runtime"] = _PARENTS.get(parent, CONTAINERD if parent.startswith("pod") else None)
         m = _POD.match(part)
-        if m:
+        if m and user_manager is None:
             out["pod_uid"] = m.group(1).replace("_", "-")
         for pattern in _NSPAWN:
             m = pattern.match(part)
@@ -134,19 +138,14 @@ def namespaces(ns: Any) -> dict[str, int]:
     return out
 
 
-def annotations(config: str | None) -> dict[str, str]:
-    """The "annotations" object of an OCI config.json, even from a prefix of the file (csplice reads a bounded
-    part; the annotations come before the long "linux" section in every runtime's output)."""
-    if not isinstance(config, str):
-        return {}
-    for m in re.finditer(r'"annotations"\s*:\s*', config):
-        try:
-            value, _ = json.JSONDecoder().raw_decode(config, m.end())
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            return {str(k)[:MAX_FIELD]: str(v)[:MAX_FIELD] for k, v in value.items() if isinstance(v, str)}
-    return {}
+def container(proc: Mapping[str, Any]) -> tuple[str | None, str | None, dict[str, str]]:
+    """csplice's proc.container: (id, runtime, annotations), each checked for its type."""
+    found = proc.get("container") if isinstance(proc.get("container"), Mapping) else {}
+    cid, runtime = found.get("id"), found.get("runtime")
+    notes = found.get("annotations") if isinstance(found.get("annotations"), Mapping) else {}
+    return (cid if isinstance(cid, str) and _BARE_ID.match(cid) else None,
+            runtime if isinstance(runtime, str) else None,
+            {str(k)[:MAX_FIELD]: v[:MAX_FIELD] for k, v in notes.items() if isinstance(v, str)})
 
 
 def identify(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -158,8 +157,10 @@ def identify(record: Mapping[str, Any]) -> dict[str, Any]:
     out["nspid"] = pids
     out["pid_in_namespace"] = pids[-1] if pids else None
     out["namespaces"] = namespaces(proc.get("ns"))
-    found = annotations(proc.get("oci_config"))
-    for key, names in _ANNOTATIONS.items():
+    cid, runtime, found = container(proc)
+    if cid:
+        out["container_id"], out["runtime"] = cid, runtime or out["runtime"]
+    for key, names in ANNOTATIONS.items():
         value = next((found[n] for n in names if n in found), None)
         if key == "pod_uid":
             out["pod_uid"] = out["pod_uid"] or value

@@ -22,7 +22,8 @@ from corehandler.store.match import Filter
 
 # Every table of index.sqlite is spelled and migrated here, and nowhere else. 5: the analysis table is part
 # of the schema (before, the daemon made it at start); the upload queue's tables come with the first upload.
-SCHEMA_VERSION = 6
+# 7: records lose proc.oci_config (_SCRUB_OCI_CONFIG).
+SCHEMA_VERSION = 7
 
 _SCHEMA_TABLE = """
 CREATE TABLE IF NOT EXISTS dumps (
@@ -107,6 +108,11 @@ _SCHEMA_INDEXES = ("CREATE INDEX IF NOT EXISTS dumps_crashed_at ON dumps (crashe
 # root), read by the daemon (errors_total{kind="corrupt"}) and the metrics (corehandler_store_corrupt_dumps).
 _ADDED_COLUMNS = (("deleted_rule", "TEXT"), ("freed_bytes", "INTEGER"), ("compress_seconds", "REAL"),
                   ("ingest_seconds", "REAL"), ("corrupt", "TEXT"))
+# v0.2's csplice copied a container's config.json into proc.oci_config, process.env and all (where Kubernetes
+# puts secrets), for a cgroup any user could name; a user's view and the bucket carried it. Records now hold
+# proc.container, the bundle's naming annotations only (csplice/container.c).
+_SCRUB_OCI_CONFIG = ("UPDATE dumps SET record = json_remove(record, '$.proc.oci_config') "
+                     "WHERE json_valid(record) AND json_type(record, '$.proc.oci_config') IS NOT NULL")
 # A dump a user can see: not half deleted.
 _LIVE = "deleting = 0"
 # The rule of a deletion a schema-1 daemon started and a kill interrupted (it did not record one), and of a
@@ -203,6 +209,8 @@ class Store:
                 db.execute("ALTER TABLE dumps DROP COLUMN deleted_at")
             # Schema 6 names a dump whose core was not kept "dropped", as the record and the metrics do.
             db.execute("UPDATE dumps SET status = 'dropped' WHERE status = 'metadata_only'")
+            if version < 7:
+                db.execute(_SCRUB_OCI_CONFIG)
             for statement in _SCHEMA_INDEXES:
                 db.execute(statement)
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")

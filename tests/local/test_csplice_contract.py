@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 from corehandler import config, csplice_contract
+from corehandler.analysis import identity
 from corehandler.paths import Paths
 from support.csplice_harness import Handler
 
@@ -27,6 +28,11 @@ def test_specifiers_are_the_ones_install_puts_in_core_pattern(csplice):
 def test_strategies_are_the_ones_the_config_accepts(csplice):
     assert tuple(listed(csplice, "--list-strategies")) == csplice_contract.STRATEGIES
     config.Config.model_validate({"capture": {"strategy": csplice_contract.STRATEGIES[-1]}})
+
+
+def test_annotations_are_the_ones_identity_reads(csplice):
+    """csplice keeps exactly the bundle annotations identity names a pod and a container by, nothing else."""
+    assert listed(csplice, "--list-annotations") == [n for names in identity.ANNOTATIONS.values() for n in names]
 
 
 def test_settings_are_the_capture_section_with_the_same_defaults(csplice, tmp_path):

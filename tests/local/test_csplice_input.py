@@ -4,6 +4,7 @@ a PID that is not alive or stdin that is no pipe, is refused with nothing stored
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -73,6 +74,7 @@ def test_reused_pid_is_flagged(handler, tmp_path):
     rec = handler.feed(4096, pid=4242).record
     assert (rec["proc"]["verified_by"], rec["proc"]["verified"]) == ("start_time", False)
     assert any("not the crashed process" in e for e in rec["errors"])
+    assert_nothing_of_the_process(rec["proc"])
     assert rec["capture"]["complete"]
 
 
@@ -84,12 +86,48 @@ def test_pidfd_verification(handler, tmp_path):
     assert (rec["proc"]["verified_by"], rec["proc"]["verified"]) == ("pidfd", True)
 
 
-def test_pidfd_naming_another_process_falls_back_to_start_time(handler, tmp_path):
-    proc_root = make_fake_proc(tmp_path / "proc", 4242, b"fakeproc", [b"x"], b"/usr/bin/x", pidfd=5)
+def test_pidfd_naming_another_process_keeps_nothing_of_that_process(handler, tmp_path):
+    """The pidfd is the crashed process: when it names another PID, /proc/PID is someone else's, whatever its
+    start time says, and nothing read there goes in the record."""
+    proc_root = make_fake_proc(tmp_path / "proc", 4242, b"newcomer", [b"secret-arg"], b"/usr/bin/x", pidfd=5)
     (proc_root / "self/fdinfo/5").write_text("pos:\t0\nPid:\t999\n")
     handler.env["CSPLICE_PROC_ROOT"] = str(proc_root)
     rec = handler.feed(4096, pid=4242, args=core_args(4242, pidfd=5)).record
+    assert (rec["proc"]["verified_by"], rec["proc"]["verified"]) == ("pidfd", False)
+    assert_nothing_of_the_process(rec["proc"])
+    assert rec["capture"]["complete"]
+
+
+def test_an_unreadable_pidfd_falls_back_to_start_time(handler, tmp_path):
+    proc_root = make_fake_proc(tmp_path / "proc", 4242, b"fakeproc", [b"x"], b"/usr/bin/x")
+    handler.env["CSPLICE_PROC_ROOT"] = str(proc_root)
+    rec = handler.feed(4096, pid=4242, args=core_args(4242, pidfd=5)).record
     assert (rec["proc"]["verified_by"], rec["proc"]["verified"]) == ("start_time", True)
+    assert rec["proc"]["cmdline"] == ["x"]
+
+
+def assert_nothing_of_the_process(proc: dict) -> None:
+    assert [proc[k] for k in ("exe", "comm", "cmdline", "status", "cgroup", "container")] == [None] * 6
+    assert all(v is None for v in proc["ns"].values())
+
+
+def test_record_fields_are_capped_and_say_so(handler, tmp_path):
+    """A 64 KiB argv of high bytes (six record bytes each) made a 700 KiB record; each /proc text csplice quotes
+    is cut at its cap, and proc.truncated names the ones that were."""
+    argv = [b"\xff" * 1000] * 66
+    proc_root = make_fake_proc(tmp_path / "proc", 4242, b"fakeproc", argv, b"/usr/bin/x")
+    (proc_root / "4242" / "cgroup").write_bytes(b"0::/" + b"/".join([b"\xfe" * 200] * 60) + b"\n")
+    (proc_root / "4242" / "environ").write_bytes(b"K=" + b"\x80" * 100_000 + b"\0")
+    handler.env["CSPLICE_PROC_ROOT"] = str(proc_root)
+    handler.configure(collect_environ=True)
+    result = handler.feed(4096, pid=4242)
+    proc = result.record["proc"]
+    assert proc["truncated"] == ["cmdline", "cgroup", "environ"]
+    raw = b"".join(a.encode("utf-8", "surrogateescape") + b"\0" for a in proc["cmdline"])
+    assert raw == b"".join(a + b"\0" for a in argv)[:4096] + b"\0"  # the last argument cut short
+    assert len(proc["cgroup"].encode("utf-8", "surrogateescape")) == 8192
+    assert len(proc["environ"][0].encode("utf-8", "surrogateescape")) == 32768
+    assert Path(handler.spool, result.record["id"] + ".json").stat().st_size < 300 * 1024
 
 
 HOSTILE = [
@@ -131,33 +169,122 @@ def test_hostile_names_round_trip_and_stay_in_the_spool(handler, tmp_path, name)
 
 
 
-def test_namespaces_and_the_oci_bundle_are_read(handler, tmp_path):
-    """procinfo.c keeps /proc/PID/ns/* readlinks and, for a cgroup naming a container, the first bytes of its
-    OCI bundle's config.json (here a fake containerd tree under CSPLICE_BUNDLE_ROOT)."""
-    cid = "ab" * 32
+CID = "ab" * 32
+SECRET = "DB_PASSWORD=hunter2-from-secretKeyRef"
+HOST_MNT, CTR_MNT, CTR_PID = "mnt:[4026531841]", "mnt:[4026532299]", "pid:[4026532300]"
+ANNOTATIONS = {"io.kubernetes.cri.container-name": "web", "io.kubernetes.cri.sandbox-name": "web-0",
+               "io.kubernetes.cri.sandbox-namespace": "shop"}
+
+
+def set_ns(proc_root: Path, pid: int, mnt: str, pidns: str) -> None:
+    (proc_root / str(pid) / "ns").mkdir(parents=True, exist_ok=True)
+    for name, link in (("mnt", mnt), ("pid", pidns)):
+        os.symlink(link, proc_root / str(pid) / "ns" / name)
+
+
+def fake_container(tmp_path: Path, cgroup: str, *, mnt: str = CTR_MNT, pidns: str = CTR_PID,
+                   bundle: str = f"run/containerd/io.containerd.runtime.v2.task/k8s.io/{CID}", pidfile="init.pid",
+                   config: str | None = None) -> tuple[Path, Path]:
+    """A /proc with the crashed PID 4242 in `cgroup` with namespaces (mnt, pidns), the host's PID 1, and a
+    container whose init (PID 77) runs in CTR_MNT/CTR_PID, its bundle (init pid, config.json with a secret in
+    process.env) under <tmp>/run. Returns (proc root, bundle root)."""
     proc_root = make_fake_proc(tmp_path / "proc", 4242, b"fakeproc", [b"x"], b"/usr/bin/x")
-    cgroup = f"0::/kubepods.slice/kubepods-pod1234.slice/cri-containerd-{cid}.scope\n"
     (proc_root / "4242" / "cgroup").write_text(cgroup)
-    (proc_root / "4242" / "ns").mkdir()
-    os.symlink("pid:[4026532300]", proc_root / "4242" / "ns" / "pid")
-    os.symlink("mnt:[4026531841]", proc_root / "4242" / "ns" / "mnt")
-    bundle = tmp_path / "run" / f"run/containerd/io.containerd.runtime.v2.task/k8s.io/{cid}"
-    bundle.mkdir(parents=True)
-    config = '{"annotations": {"io.kubernetes.cri.container-name": "web"}, "linux": {"x": "' + "y" * 100000 + '"}}'
-    (bundle / "config.json").write_text(config)
-    handler.env.update(CSPLICE_PROC_ROOT=str(proc_root), CSPLICE_BUNDLE_ROOT=str(tmp_path / "run"))
-    proc = handler.feed(4096, pid=4242).record["proc"]
-    assert proc["ns"]["pid"] == "pid:[4026532300]" and proc["ns"]["mnt"] == "mnt:[4026531841]"
+    set_ns(proc_root, 4242, mnt, pidns)
+    set_ns(proc_root, 1, HOST_MNT, "pid:[4026531836]")
+    set_ns(proc_root, 77, CTR_MNT, CTR_PID)
+    d = tmp_path / "run" / bundle
+    d.mkdir(parents=True)
+    (d / pidfile).write_text("77")
+    (d / "config.json").write_text(config if config is not None else json.dumps(
+        {"ociVersion": "1.1.0", "process": {"env": ["PATH=/bin", SECRET], "args": ["/app"]},
+         "annotations": {**ANNOTATIONS, "kubectl.kubernetes.io/last-applied-configuration": SECRET},
+         "linux": {"x": "y" * 100000}}))
+    return proc_root, tmp_path / "run"
+
+
+def crash_in(handler, proc_root: Path, bundle_root: Path) -> dict:
+    handler.env.update(CSPLICE_PROC_ROOT=str(proc_root), CSPLICE_BUNDLE_ROOT=str(bundle_root))
+    result = handler.feed(4096, pid=4242)
+    assert "hunter2" not in Path(handler.spool, result.record["id"] + ".json").read_text()
+    return result.record["proc"]
+
+
+def test_a_container_is_named_by_its_bundles_annotations_and_nothing_else(handler, tmp_path):
+    """procinfo.c keeps /proc/PID/ns/* readlinks; container.c, for a runtime's own cgroup form and a process
+    in its bundle init's namespaces, only the annotations that name the container: never process.env."""
+    cgroup = f"0::/kubepods.slice/kubepods-pod1234.slice/cri-containerd-{CID}.scope\n"
+    proc = crash_in(handler, *fake_container(tmp_path, cgroup))
+    assert proc["ns"]["pid"] == CTR_PID and proc["ns"]["mnt"] == CTR_MNT
     assert proc["ns"]["net"] is None and set(proc["ns"]) == {"cgroup", "ipc", "mnt", "net", "pid", "time", "user",
                                                               "uts"}
-    assert proc["oci_config"] == config[:64 * 1024]
+    assert proc["container"] == {"id": CID, "runtime": "containerd", "annotations": ANNOTATIONS}
     ident = identity.identify({"proc": proc})
-    assert (ident["runtime"], ident["container_id"], ident["container_name"]) == ("containerd", cid, "web")
+    assert (ident["runtime"], ident["container_id"], ident["container_name"], ident["pod_name"]) == \
+        ("containerd", CID, "web", "web-0")
     assert ident["namespaces"]["pid"] == 4026532300
+
+
+@pytest.mark.parametrize("cgroup, bundle, pidfile", [
+    (f"0::/system.slice/docker-{CID}.scope\n", f"run/containerd/io.containerd.runtime.v2.task/moby/{CID}",
+     "init.pid"),
+    (f"12:pids:/docker/{CID}\n1:name=systemd:/docker/{CID}\n0::/\n",
+     f"run/docker/containerd/daemon/io.containerd.runtime.v1.linux/moby/{CID}", "init.pid"),
+    (f"0::/kubepods/burstable/pod1234/{CID}\n", f"run/containerd/io.containerd.runtime.v2.task/k8s.io/{CID}",
+     "init.pid"),
+    (f"0::/kubepods.slice/kubepods-pod1.slice/crio-{CID}.scope/container\n",
+     f"run/containers/storage/overlay-containers/{CID}/userdata", "pidfile"),
+    (f"0::/machine.slice/libpod-{CID}.scope/container\n",
+     f"var/lib/containers/storage/overlay-containers/{CID}/userdata", "pidfile"),
+    (f"0::/libpod_parent/libpod-{CID}\n", f"run/containers/storage/overlay-containers/{CID}/userdata", "pidfile"),
+], ids=["docker-systemd", "docker-cgroupfs-v1", "containerd-cgroupfs", "crio", "podman", "podman-cgroupfs"])
+def test_each_runtimes_own_cgroup_form_finds_its_bundle(handler, tmp_path, cgroup, bundle, pidfile):
+    proc = crash_in(handler, *fake_container(tmp_path, cgroup, bundle=bundle, pidfile=pidfile))
+    assert proc["container"]["id"] == CID and proc["container"]["annotations"] == ANNOTATIONS
+
+
+@pytest.mark.parametrize("cgroup, ns", [
+    # A user names a delegated cgroup after the victim (systemd-run --user --scope --unit=docker-ID.scope).
+    (f"0::/user.slice/user-1000.slice/user@1000.service/app.slice/cri-containerd-{CID}.scope\n", {}),
+    (f"1:name=systemd:/user.slice/user-1000.slice/user@1000.service/app.slice/docker-{CID}.scope\n"
+     f"0::/kubepods/burstable/pod1234/{CID}\n", {}),
+    # Not a runtime's form: the id inside a longer name, or under a parent no runtime uses.
+    (f"0::/system.slice/evil-{CID}.scope\n", {}),
+    (f"0::/system.slice/{CID}\n", {}),
+    (f"0::/system.slice/cri-containerd-{CID}.scope.x\n", {}),
+    # The runtime's form outside a user manager, but the process is in the host's namespaces, or in its own.
+    (f"0::/kubepods/burstable/pod1234/{CID}\n", dict(mnt=HOST_MNT, pidns=CTR_PID)),
+    (f"0::/kubepods/burstable/pod1234/{CID}\n", dict(mnt="mnt:[4026539999]", pidns="pid:[4026539998]")),
+    (f"0::/kubepods/burstable/pod1234/{CID}\n", dict(mnt=CTR_MNT, pidns="pid:[4026539998]")),
+], ids=["user-delegated", "user-delegated-any-hierarchy", "embedded-id", "bare-id-any-parent", "suffix",
+        "host-namespaces", "own-namespaces", "other-pid-namespace"])
+def test_no_bundle_is_read_for_a_cgroup_the_process_could_name(handler, tmp_path, cgroup, ns):
+    proc = crash_in(handler, *fake_container(tmp_path, cgroup, **ns))
+    assert proc["container"] is None
+    ident = identity.identify({"proc": proc})
+    assert (ident["pod_name"], ident["container_name"]) == (None, None)
+
+
+@pytest.mark.parametrize("config, annotations", [
+    ('{"process": {"env": ["A=\\"annotations\\": {\\"io.kubernetes.pod.name\\": \\"fake\\"}"]}, "annotations": '
+     '{"io.kubernetes.pod.name": "real\\u00e9\\ud83d\\ude00"}}', {"io.kubernetes.pod.name": "real\u00e9\U0001f600"}),
+    ('{"process": {"args": ' + "[" * 100000 + "]" * 100000 + '}, "annotations": {"nerdctl/name": "deep"}}',
+     {"nerdctl/name": "deep"}),
+    ('{"annotations": {"io.kubernetes.pod.name": "' + "x" * 300 + '", "nerdctl/name": 5, "nerdctl/namespace": "n"}}',
+     {"nerdctl/namespace": "n"}),
+    ('{"annotations": {"io.kubernetes.pod.name": "cut', {}),
+    ('{"process": {"env": ["x"]}, "annotations": {"a": [}', {}),
+    ('[1, 2]', {}),
+    ('', {}),
+], ids=["env-lookalike-and-escapes", "deep-nesting", "long-and-typed", "cut-off", "malformed", "array", "empty"])
+def test_hostile_bundle_configs(handler, tmp_path, config, annotations):
+    cgroup = f"0::/kubepods/burstable/pod1234/{CID}\n"
+    proc = crash_in(handler, *fake_container(tmp_path, cgroup, config=config))
+    assert proc["container"]["annotations"] == annotations
 
 
 def test_no_container_no_bundle_read(handler, tmp_path):
     proc_root = make_fake_proc(tmp_path / "proc", 4242, b"fakeproc", [b"x"], b"/usr/bin/x")
     handler.env.update(CSPLICE_PROC_ROOT=str(proc_root), CSPLICE_BUNDLE_ROOT=str(tmp_path / "none"))
     proc = handler.feed(4096, pid=4242).record["proc"]
-    assert proc["oci_config"] is None and all(v is None for v in proc["ns"].values())
+    assert proc["container"] is None and all(v is None for v in proc["ns"].values())

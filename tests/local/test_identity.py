@@ -95,26 +95,35 @@ CRIO_CONFIG = {"ociVersion": "1.0.2", "annotations": {"io.kubernetes.pod.name": 
                                                       "io.kubernetes.pod.uid": UID}}
 
 
+def container(config: dict, runtime: str = "containerd") -> dict:
+    """proc.container as csplice writes it for a bundle with this config.json (only the known annotations)."""
+    names = {n for ns in identity.ANNOTATIONS.values() for n in ns}
+    return {"id": ID, "runtime": runtime,
+            "annotations": {k: v for k, v in config["annotations"].items() if k in names}}
+
+
 @pytest.mark.parametrize("config, expected", [
     (CRI_CONFIG, dict(pod_name="web-6d4cf56db6-x7k2p", pod_namespace="shop", container_name="web",
-                      image="docker.io/library/nginx:1.25", pod_uid=UID)),
+                      image="docker.io/library/nginx:1.25", pod_uid=UID, container_id=ID)),
     (CRIO_CONFIG, dict(pod_name="db-0", pod_namespace="data", container_name="postgres", image="postgres:16")),
 ])
 def test_oci_annotations(config, expected):
-    got = identity.identify({"proc": {"oci_config": json.dumps(config)}})
+    got = identity.identify({"proc": {"container": container(config)}})
     assert {k: got[k] for k in expected} == expected
 
 
-def test_oci_annotations_from_a_cut_file():
-    """csplice reads a bounded prefix: the annotations come before the long linux section."""
-    text = json.dumps(CRI_CONFIG)
-    cut = text[:text.index('"linux"') + 40]
-    assert identity.identify({"proc": {"oci_config": cut}})["container_name"] == "web"
-    assert identity.identify({"proc": {"oci_config": text[:30]}})["container_name"] is None
-    assert identity.identify({"proc": {"oci_config": '{"annotations": [1]}'}})["pod_name"] is None
+def test_a_cgroup_alone_names_no_pod():
+    """Below user@UID.service every name is the user's: a cgroup named after a victim's pod and container
+    attributes nothing to that pod, and a raw config.json of an older record is not read at all."""
+    cgroup = (f"0::/user.slice/user-1000.slice/user@1000.service/app.slice/kubepods-pod{UID.replace('-', '_')}"
+              f".slice/cri-containerd-{ID}.scope\n")
+    got = identity.identify({"proc": {"cgroup": cgroup, "oci_config": json.dumps(CRI_CONFIG)}})
+    assert (got["pod_uid"], got["pod_name"], got["container_name"]) == (None, None, None)
 
 
 def test_missing_and_wrong_types_never_raise():
-    for record in ({}, {"proc": None}, {"proc": {"cgroup": 5, "status": [], "ns": "x", "oci_config": {}}}):
+    for record in ({}, {"proc": None},
+                   {"proc": {"cgroup": 5, "status": [], "ns": "x", "container": {"id": 5, "annotations": [1]}}},
+                   {"proc": {"container": {"id": ID, "annotations": {"io.kubernetes.pod.name": 7}}}}):
         got = identity.identify(record)
         assert got["runtime"] is None and got["namespaces"] == {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from corehandler import spool
+from corehandler.analysis import identity
 from corehandler.csplice_contract import PIDFD_SPECIFIER, STRATEGIES
 from corehandler.csplice_contract import SPECIFIERS as _ARGV
 
@@ -23,6 +24,11 @@ SETTINGS = {
     "max_pending": int, "max_per_exe_per_minute": int, "timeout": int, "fsync": bool, "sparse": bool,
     "collect_environ": bool, "collect_maps": bool,
 }
+
+CONTAINER_RUNTIMES = ("docker", "containerd", "cri-o", "podman")
+CONTAINER_ANNOTATIONS = tuple(name for names in identity.ANNOTATIONS.values() for name in names)
+# The /proc files csplice cuts at a cap (procinfo.c), in bytes.
+PROC_CAPS = {"comm": 64, "cmdline": 4096, "status": 16384, "cgroup": 8192, "environ": 32768, "maps": 1 << 20}
 
 NAMESPACES = ("cgroup", "ipc", "mnt", "net", "pid", "time", "user", "uts")
 OptStr = (str, type(None))
@@ -79,7 +85,17 @@ def check_record(rec: dict) -> None:
     _check(set(proc["ns"]) == set(NAMESPACES), f"ns keys {sorted(proc['ns'])}")
     for key in NAMESPACES:
         _typed(proc["ns"], key, OptStr, "proc.ns")
-    _typed(proc, "oci_config", OptStr, "proc")
+    _typed(proc, "container", (dict, type(None)), "proc")
+    if proc["container"] is not None:
+        ctr = proc["container"]
+        _check(set(ctr) == {"id", "runtime", "annotations"}, f"proc.container keys {sorted(ctr)}")
+        _check(isinstance(ctr["id"], str) and bool(re.fullmatch(r"[0-9a-f]{64}", ctr["id"])), "container.id")
+        _check(ctr["runtime"] in CONTAINER_RUNTIMES, f"container.runtime {ctr['runtime']!r}")
+        _typed(ctr, "annotations", dict, "proc.container")
+        for key, value in ctr["annotations"].items():
+            _check(key in CONTAINER_ANNOTATIONS and isinstance(value, str), f"annotation {key!r}: {value!r}")
+    _typed(proc, "truncated", list, "proc")
+    _check(set(proc["truncated"]) <= set(PROC_CAPS), f"proc.truncated {proc['truncated']!r}")
     if proc["available"]:
         _typed(proc, "start_ticks", int, "proc")
     _typed(proc, "verified_by", OptStr, "proc")

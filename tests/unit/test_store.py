@@ -227,6 +227,22 @@ def test_a_schema_1_index_is_migrated_in_place(tmp_path, readonly):
         assert s.deletions() == {UNKNOWN_RULE: (1, 4096)}
 
 
+def test_a_schema_6_index_loses_the_container_configs_v02_copied(tmp_path):
+    """v0.2's records held a container's whole config.json (process.env: secrets) in proc.oci_config."""
+    with Store(tmp_path) as s:
+        for n, proc in ((1, {"oci_config": '{"process": {"env": ["K=secret"]}}', "comm": "a\udcff"}),
+                        (2, {"comm": "b"})):
+            record = _record(n)
+            record["proc"] = proc
+            row = _row(record)
+            s.db.execute(f"INSERT INTO dumps ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                         list(row.values()))
+        s.db.execute("PRAGMA user_version=6")
+        s.db.commit()
+    with Store(tmp_path) as s:
+        assert [d.record["proc"] for d in s.all()] == [{"comm": "a\udcff"}, {"comm": "b"}]
+
+
 SCHEMA_2_TOMBSTONES = ", deleted_at REAL, deleted_rule TEXT, freed_bytes INTEGER, compress_seconds REAL, " \
     "ingest_seconds REAL);"
 
