@@ -127,11 +127,11 @@ static bool under_user_manager(const char *cgroup) {
         return false;
 }
 
-static int read_ns(const char *proc_root, long pid, const char *name, char *buf, size_t size) {
+static int read_ns(const char *proc_root, const char *who, const char *name, char *buf, size_t size) {
         char path[PATH_MAX];
         ssize_t n;
 
-        (void) snprintf(path, sizeof path, "%s/%ld/ns/%s", proc_root, pid, name);
+        (void) snprintf(path, sizeof path, "%s/%s/ns/%s", proc_root, who, name);
         n = readlink(path, buf, size - 1);
         if (n <= 0)
                 return n < 0 ? -errno : -ENOENT;
@@ -140,37 +140,57 @@ static int read_ns(const char *proc_root, long pid, const char *name, char *buf,
 }
 
 /* The bundle's init process, from the PID file its runtime wrote. */
-static long bundle_init_pid(const char dir[static PATH_MAX - 64]) {
+static int bundle_init_pid(const char dir[static PATH_MAX - 64], char ret[static 16]) {
         static const char *const names[] = { "init.pid", "pidfile" };
-        char path[PATH_MAX], *buf = NULL;
-        long pid = -1;
+        char path[PATH_MAX], *buf = NULL, *end;
+        long pid;
 
-        for (size_t i = 0; i < ELEMENTSOF(names) && pid < 0; i++) {
+        for (size_t i = 0; i < ELEMENTSOF(names); i++) {
                 (void) snprintf(path, sizeof path, "%s/%s", dir, names[i]);
                 if (read_bounded_at(AT_FDCWD, path, 32, &buf, NULL) < 0)
                         continue;
-                char *end;
                 errno = 0;
                 pid = strtol(buf, &end, 10);
-                if (errno != 0 || end == buf || (*end && *end != '\n') || pid <= 1)
-                        pid = -1;
+                if (errno == 0 && end != buf && (!*end || *end == '\n') && pid > 1 && pid <= INT_MAX) {
+                        (void) snprintf(ret, 16, "%ld", pid);
+                        free(buf);
+                        return 0;
+                }
                 free(buf);
         }
-        return pid;
+        return -ENOENT;
+}
+
+/* Whether mnt_ns is the host's: PID 1's, or ours (the kernel starts us in its initial namespaces; socket mode's
+ * unit may give us a private one). Some sandboxes hide PID 1's namespaces even from root: one readable
+ * reference is enough, none is "can't tell", which counts as the host's. */
+static bool is_host_mount_ns(const char *proc_root, const char *mnt_ns) {
+        static const char *const refs[] = { "1", "self" };
+        bool known = false;
+        char ref[48];
+
+        for (size_t i = 0; i < ELEMENTSOF(refs); i++) {
+                if (read_ns(proc_root, refs[i], "mnt", ref, sizeof ref) < 0)
+                        continue;
+                if (strcmp(ref, mnt_ns) == 0)
+                        return true;
+                known = true;
+        }
+        return !known;
 }
 
 /* In the container: the mount and PID namespaces of its init, and a mount namespace that is not the host's
- * (PID 1's). A hostPID pod shares the host's PID namespace, never its mount namespace. */
-static bool shares_namespaces(const char *proc_root, long init, const char *mnt_ns, const char *pid_ns) {
-        char host_mnt[48], init_mnt[48], init_pid[48];
+ * (a stale PID file may name a host process now). A hostPID pod shares the host's PID namespace, never its
+ * mount namespace. */
+static bool shares_namespaces(const char *proc_root, const char *init, const char *mnt_ns, const char *pid_ns) {
+        char init_mnt[48], init_pid[48];
 
-        if (!mnt_ns[0] || !pid_ns[0])
+        if (!mnt_ns[0] || !pid_ns[0] || is_host_mount_ns(proc_root, mnt_ns))
                 return false;
-        if (read_ns(proc_root, 1, "mnt", host_mnt, sizeof host_mnt) < 0 ||
-            read_ns(proc_root, init, "mnt", init_mnt, sizeof init_mnt) < 0 ||
+        if (read_ns(proc_root, init, "mnt", init_mnt, sizeof init_mnt) < 0 ||
             read_ns(proc_root, init, "pid", init_pid, sizeof init_pid) < 0)
                 return false;
-        return strcmp(mnt_ns, host_mnt) != 0 && strcmp(mnt_ns, init_mnt) == 0 && strcmp(pid_ns, init_pid) == 0;
+        return strcmp(mnt_ns, init_mnt) == 0 && strcmp(pid_ns, init_pid) == 0;
 }
 
 /* ---- the annotations of config.json: a bounded, non-recursive reader of just enough JSON ---- */
@@ -381,14 +401,12 @@ static bool try_bundle(Container *c, const char *proc_root, const Form *f, const
         const char *root = getenv("CSPLICE_BUNDLE_ROOT") ?: ""; /* tests only: the kernel passes no environment */
 
         for (size_t i = 0; i < ELEMENTSOF(store_dirs[f->store]) && store_dirs[f->store][i]; i++) {
-                char rel[256], dir[PATH_MAX - 64], path[PATH_MAX], *config = NULL;
+                char rel[256], dir[PATH_MAX - 64], path[PATH_MAX], init[16], *config = NULL;
                 size_t len;
-                long init;
 
                 (void) snprintf(rel, sizeof rel, store_dirs[f->store][i], id);
                 (void) snprintf(dir, sizeof dir, "%s%s", root, rel);
-                init = bundle_init_pid(dir);
-                if (init < 0 || !shares_namespaces(proc_root, init, mnt_ns, pid_ns))
+                if (bundle_init_pid(dir, init) < 0 || !shares_namespaces(proc_root, init, mnt_ns, pid_ns))
                         continue;
                 (void) snprintf(path, sizeof path, "%s/config.json", dir);
                 if (read_bounded_at(AT_FDCWD, path, BUNDLE_CONFIG_MAX, &config, &len) < 0)

@@ -265,6 +265,20 @@ def test_no_bundle_is_read_for_a_cgroup_the_process_could_name(handler, tmp_path
     assert (ident["pod_name"], ident["container_name"]) == (None, None)
 
 
+@pytest.mark.parametrize("self_mnt", [CTR_MNT, None], ids=["ours", "unreadable"])
+def test_a_hidden_pid_1_leaves_our_own_mount_namespace_as_the_hosts(handler, tmp_path, self_mnt):
+    """Some sandboxes hide PID 1's namespaces even from root: csplice's own (the kernel starts it in the initial
+    ones) is the reference then, and with neither readable no bundle is trusted. Here the host's mount namespace
+    is the container's, as a stale init.pid naming a host process would make it."""
+    proc_root, bundles = fake_container(tmp_path, f"0::/kubepods/burstable/pod1234/{CID}\n")
+    for name in ("mnt", "pid"):
+        (proc_root / "1" / "ns" / name).unlink()
+    if self_mnt:
+        (proc_root / "self" / "ns").mkdir(parents=True)
+        os.symlink(self_mnt, proc_root / "self" / "ns" / "mnt")
+    assert crash_in(handler, proc_root, bundles)["container"] is None
+
+
 @pytest.mark.parametrize("config, annotations", [
     ('{"process": {"env": ["A=\\"annotations\\": {\\"io.kubernetes.pod.name\\": \\"fake\\"}"]}, "annotations": '
      '{"io.kubernetes.pod.name": "real\\u00e9\\ud83d\\ude00"}}', {"io.kubernetes.pod.name": "real\u00e9\U0001f600"}),
