@@ -544,14 +544,15 @@ Strategy capture_choose(const Settings *s, uint64_t expected_bytes) {
         return s->strategy;
 }
 
-uint64_t capture_drain(int in_fd) {
+uint64_t capture_drain(int in_fd, bool *ret_eof) {
         static char buf[64 * 1024];
-        uint64_t total = 0;
+        uint64_t total = 0, deadline = now_ns(CLOCK_MONOTONIC) + CAPTURE_DRAIN_NS;
         int sink;
 
+        *ret_eof = false;
         /* splice to /dev/null moves page references, not bytes: the cheapest way to release the process. */
         sink = open("/dev/null", O_WRONLY | O_CLOEXEC);
-        while (sink >= 0 && !capture_timed_out) {
+        while (sink >= 0 && !capture_timed_out && now_ns(CLOCK_MONOTONIC) < deadline) {
                 ssize_t n = splice(in_fd, NULL, sink, NULL, 1U << 20, SPLICE_F_MOVE);
                 if (n > 0) {
                         total += (uint64_t) n;
@@ -561,16 +562,19 @@ uint64_t capture_drain(int in_fd) {
                         continue;
                 if (n == 0) {
                         (void) close(sink);
+                        *ret_eof = true;
                         return total;
                 }
                 break;
         }
         if (sink >= 0)
                 (void) close(sink);
-        while (!capture_timed_out) {
+        while (!capture_timed_out && now_ns(CLOCK_MONOTONIC) < deadline) {
                 ssize_t n = read_some(in_fd, buf, sizeof buf);
-                if (n <= 0)
+                if (n <= 0) {
+                        *ret_eof = n == 0;
                         break;
+                }
                 total += (uint64_t) n;
         }
         return total;
@@ -585,6 +589,7 @@ void capture_run(Capture *c) {
                 [STRATEGY_DIRECT] = capture_direct,
         };
         Strategy strategy;
+        bool eof = false;
         int r;
 
         if (c->settings->pipe_size > 0 && !c->from_socket &&
@@ -606,11 +611,14 @@ void capture_run(Capture *c) {
         if (ftruncate(c->out_fd, (off_t) c->raw_bytes) < 0)
                 (void) log_errno(LOG_WARNING, errno, "Failed to set the core file's size, ignoring: %m");
 
-        if (!capture_timed_out && !(c->from_socket && c->truncated))
-                c->drained_bytes += capture_drain(c->in_fd);
+        if (!capture_timed_out && !(c->from_socket && c->truncated)) {
+                c->drained_bytes += capture_drain(c->in_fd, &eof);
+                if (!eof && !capture_timed_out)
+                        log_full(LOG_WARNING, "Stopped draining the dump %llu bytes past the capture: closing the "
+                                 "pipe ends it", (unsigned long long) c->drained_bytes);
+        }
         /* Nothing left after the limit means the dump was exactly the limit; only a drain that ran to EOF
-         * can tell, not one the timeout skipped. */
-        if (c->truncated && strcmp(c->truncated, "max_dump_size") == 0 && c->drained_bytes == 0 && !capture_timed_out &&
-            !c->from_socket)
+         * can tell, not one the timeout or the drain's own bound cut short. */
+        if (c->truncated && strcmp(c->truncated, "max_dump_size") == 0 && c->drained_bytes == 0 && eof)
                 c->truncated = NULL;
 }

@@ -35,8 +35,15 @@ void capture_run(Capture *c);
 /* The strategy for a dump of about expected_bytes: direct from direct_above on, else the configured one. */
 Strategy capture_choose(const Settings *s, uint64_t expected_bytes);
 
-/* Reads in_fd to EOF and discards it, the fastest way available; returns the bytes discarded. */
-uint64_t capture_drain(int in_fd);
+/* How long a drain may hold the crashed process. The rest of a dump past a limit can be any size (the kernel
+ * writes an untouched mapping as zeros: a 1 TiB one is minutes of them), and the process holds one of the
+ * kernel's core_pipe_limit slots until we are done: 16 such crashes made the kernel skip every other dump on
+ * the host for the hour the timeout allowed. Closing the pipe ends the kernel's dump at once. */
+#define CAPTURE_DRAIN_NS (2ULL * 1000000000ULL)
+
+/* Reads in_fd to EOF and discards it, the fastest way available, for at most CAPTURE_DRAIN_NS; returns the
+ * bytes discarded, *ret_eof whether the dump's end was reached. The caller closes in_fd either way. */
+uint64_t capture_drain(int in_fd, bool *ret_eof);
 
 /* Whether the filesystem of fd has room for `need` more bytes above the configured floor. Returns 1 or 0,
  * or -errno when it can't tell. */

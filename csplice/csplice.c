@@ -231,8 +231,10 @@ static int capture_core(Crash *c, int in_fd, int spool_fd) {
                         if (r < 0)
                                 (void) log_errno(LOG_WARNING, r, "Failed to remove the empty core file, ignoring: %m");
                 }
-        } else if (!c->socket.handshake)
-                c->capture.drained_bytes = capture_drain(in_fd);
+        } else if (!c->socket.handshake) {
+                bool eof;
+                c->capture.drained_bytes = capture_drain(in_fd, &eof);
+        }
         c->capture_end_ns = now_ns(CLOCK_MONOTONIC);
         c->released_ns = now_ns(CLOCK_REALTIME);
         /* The process is released once the pipe is drained; closing it also ends a timed-out dump. */
@@ -321,8 +323,10 @@ int main(int argc, char *argv[]) {
                                  c.settings.spool_dir, c.argv[ARG_PID] ?: "?");
                 if (c.socket.handshake)
                         (void) socket_answer(in_fd, &c.socket, false);
-                else
-                        (void) capture_drain(in_fd);
+                else {
+                        bool eof;
+                        (void) capture_drain(in_fd, &eof);
+                }
                 return EXIT_CANTCREAT;
         }
         /* Made before the dump, so a full disk afterwards still has room for the record. */

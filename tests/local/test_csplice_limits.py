@@ -213,7 +213,7 @@ def test_full_disk_still_commits_a_record_of_hostile_bytes(tmp_path):
     mnt = tmp_path / "mnt"
     _mount_tmpfs(mnt, "8m")
     try:
-        cmdline = [b"\xff" * 4000] * 15  # just under procinfo.c's 64 KiB
+        cmdline = [b"\xff" * 1000] * 4  # just under procinfo.c's 4 KiB cap
         proc_root = make_fake_proc(tmp_path / "proc", 4242, b"hostile", cmdline, b"/usr/bin/hostile")
         handler = Handler(mnt / "h", env={"CSPLICE_PROC_ROOT": str(proc_root)})
         result = handler.feed(32 * MiB, pid=4242)

@@ -30,10 +30,11 @@ def _allow_core():
     resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
 
 
-def crash(binary: Path, kind: str = "segv", mib: int = 1, untouched_half: bool = False,
+def crash(binary: Path, kind: str = "segv", mib: int = 1, untouched_half: bool = False, untouched: bool = False,
           timeout: float = 120) -> subprocess.CompletedProcess:
     """Runs the crasher to its death with core dumps allowed; returncode is minus the signal."""
-    args = [str(binary), kind, str(mib)] + (["--untouched-half"] if untouched_half else [])
+    args = [str(binary), kind, str(mib)] + (["--untouched-half"] if untouched_half else []) + \
+        (["--untouched"] if untouched else [])
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, preexec_fn=_allow_core)
 
 
