@@ -17,8 +17,9 @@ SYSCTL_ROOT = Path("/proc/sys")
 CORE_PATTERN = "kernel.core_pattern"
 CORE_PIPE_LIMIT = "kernel.core_pipe_limit"
 # Whoever changes core_pattern for a while (doctor --probe, the tests, the benchmarks) holds this lock: the
-# setting is global, no two may overlap.
-CORE_PATTERN_LOCK = Path("/run/lock/corehandler-core-pattern.lock")
+# setting is global, no two may overlap. Root's directory, not world-writable /run/lock, where any user could
+# hold the lock (and hang doctor --probe) or plant a symlink for root to follow (held_lock()).
+CORE_PATTERN_LOCK = Path("/run/corehandler/lock/core-pattern.lock")
 # After distributions' 50-coredump.conf (systemd) in name order, so ours wins at boot where both exist.
 SYSCTL_D_NAME = "50-corehandler.conf"
 
@@ -101,12 +102,44 @@ def remove_sysctl_d(sysctl_d: Path) -> bool:
     return True
 
 
+def _own_dir(path: Path, mode: int) -> int:
+    """path as a directory fd: made with mode if missing; never through a symlink, and only if nobody but us
+    may write it."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, mode)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        os.close(fd)
+        raise SystemFailure(f"{path} is not ours alone (uid {st.st_uid}, mode {st.st_mode & 0o7777:04o}): "
+                            "refusing to take a lock in it")
+    return fd
+
+
+@contextlib.contextmanager
+def held_lock(lock: Path = CORE_PATTERN_LOCK):
+    """Holds lock (blocking until it is free). Its directory and that one's parent are made if missing and must
+    be ours, writable by nobody else; no symlink is followed on the way."""
+    try:
+        parent = _own_dir(lock.parent.parent, 0o755)
+        try:
+            os.close(_own_dir(lock.parent, 0o700))
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        finally:
+            os.close(parent)
+    except OSError as e:
+        raise SystemFailure(f"cannot open the lock {lock}: {e.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def core_pattern_exclusive(root: Path = SYSCTL_ROOT, lock: Path = CORE_PATTERN_LOCK):
     """Holds the host-wide core_pattern lock; on every exit puts back core_pattern and core_pipe_limit as found."""
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "w") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
+    with held_lock(lock):
         saved = {name: read(name, root) for name in (CORE_PATTERN, CORE_PIPE_LIMIT)}
         try:
             yield saved

@@ -4,11 +4,10 @@ tests (tests/conftest.py's host_core_settings fixture) and the benchmarks (bench
 from __future__ import annotations
 
 import contextlib
-import fcntl
 from pathlib import Path
 
 # One lock for the tests, the benchmarks and doctor --probe: core_pattern is global.
-from corehandler.host.sysctl import CORE_PATTERN_LOCK
+from corehandler.host.sysctl import CORE_PATTERN_LOCK, held_lock
 
 SYSCTLS = ("kernel/core_pattern", "kernel/core_pipe_limit")
 
@@ -17,9 +16,7 @@ SYSCTLS = ("kernel/core_pattern", "kernel/core_pipe_limit")
 def host_core_settings(settings_file: Path):
     """Takes the lock, yields the saved sysctl values; on any exit puts back the sysctls and settings_file (and
     removes its directory again if this made it and it is empty)."""
-    CORE_PATTERN_LOCK.parent.mkdir(parents=True, exist_ok=True)
-    with open(CORE_PATTERN_LOCK, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with held_lock(CORE_PATTERN_LOCK):
         saved = {name: Path("/proc/sys", name).read_text() for name in SYSCTLS}
         made_dir = not settings_file.parent.exists()
         saved_settings = settings_file.read_bytes() if settings_file.exists() else None

@@ -9,7 +9,6 @@ only while it holds it, and puts them back before letting go.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import stat
@@ -18,7 +17,7 @@ from pathlib import Path
 
 from corehandler.host import supervise
 from corehandler.paths import DEFAULT_CONFIG_DIR, DEFAULT_STATE_DIR, Paths
-from support.host_core import CORE_PATTERN_LOCK
+from support.host_core import CORE_PATTERN_LOCK, held_lock
 
 SYSCTLS = ("kernel/core_pattern", "kernel/core_pipe_limit", "fs/suid_dumpable")
 SYSCTL_DIRS = (Path("/etc/sysctl.d"), Path("/usr/lib/sysctl.d"), Path("/run/sysctl.d"))
@@ -98,9 +97,7 @@ def snapshot() -> dict[str, str]:
 
 
 def locked_snapshot() -> dict[str, str]:
-    CORE_PATTERN_LOCK.parent.mkdir(parents=True, exist_ok=True)
-    with open(CORE_PATTERN_LOCK, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with held_lock(CORE_PATTERN_LOCK):
         return snapshot()
 
 

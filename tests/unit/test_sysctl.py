@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import stat
 
 import pytest
@@ -61,3 +62,36 @@ def test_sysctl_d_file(tmp_path):
 
 def test_our_file_sorts_after_systemd_coredump():
     assert sorted(["50-coredump.conf", sysctl.SYSCTL_D_NAME])[-1] == sysctl.SYSCTL_D_NAME
+
+
+def test_the_core_pattern_lock_is_held_in_a_directory_of_ours_alone(tmp_path):
+    """Not world-writable /run/lock: there a user could hold the lock (hanging doctor --probe) or plant a
+    symlink. The lock's directory is made ours and 0700; a lock file is never followed through a symlink."""
+    assert not str(sysctl.CORE_PATTERN_LOCK).startswith("/run/lock/")
+    lock = tmp_path / "run" / "lock" / "core-pattern.lock"
+    with sysctl.held_lock(lock):
+        assert stat.S_IMODE(lock.parent.stat().st_mode) == 0o700 and stat.S_IMODE(lock.stat().st_mode) == 0o600
+    victim = tmp_path / "victim"
+    victim.write_text("untouched")
+    lock.unlink()
+    lock.symlink_to(victim)
+    with pytest.raises(SystemFailure, match="cannot open the lock"):
+        with sysctl.held_lock(lock):
+            pass
+    assert victim.read_text() == "untouched"
+
+
+@pytest.mark.parametrize("plant", ["open to others", "symlinked"])
+def test_a_lock_directory_someone_else_could_write_is_refused(tmp_path, plant):
+    (tmp_path / "run").mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o777)
+    os.chmod(elsewhere, 0o777)
+    if plant == "symlinked":
+        os.chmod(elsewhere, 0o700)
+        (tmp_path / "run" / "lock").symlink_to(elsewhere)
+    else:
+        elsewhere.rename(tmp_path / "run" / "lock")
+    with pytest.raises(SystemFailure):
+        with sysctl.held_lock(tmp_path / "run" / "lock" / "core-pattern.lock"):
+            pass
