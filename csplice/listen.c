@@ -171,6 +171,10 @@ int listener_run(int argc, char *argv[]) {
         n = readlink("/proc/self/exe", self, sizeof self - 1);
         if (n > 0)
                 self[n] = '\0';
+        /* The kernel starts a pipe handler with no environment; whoever starts the listener has one (a root shell
+         * with a test's CSPLICE_PROC_ROOT or CSPLICE_BUNDLE_ROOT left over, a unit's Environment=). None of it
+         * reaches a crash's csplice, forked or exec'd. */
+        (void) clearenv();
         /* As csplice per crash: our own crash must not come back to the socket we serve. */
         (void) prctl(PR_SET_DUMPABLE, 0);
         fd = open_listener(path, backlog, &lock);

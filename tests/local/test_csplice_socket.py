@@ -17,6 +17,7 @@ import resource
 import socket
 import struct
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -283,3 +284,45 @@ def test_a_peer_not_being_dumped_is_refused_and_nothing_stored(tmp_path, csplice
     assert "not a task being dumped" in err
     assert sorted(p.name for p in k.spool.iterdir()) == [".refused"]
     assert (k.spool / ".refused").read_text() == "1\n"
+
+
+LISTENER_IN_A_PRIVATE_VAR_LIB = r"""
+set -e
+mount -t tmpfs tmpfs /var/lib
+mkdir -p -m 0700 /var/lib/corehandler/spool
+"$CSPLICE" --listen "$SOCK" 2>/dev/null &
+listener=$!
+"$PYTHON" -c '
+import socket, sys, time
+for _ in range(500):
+    try:
+        s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); break
+    except OSError:
+        time.sleep(0.02)
+s.settimeout(30)
+while s.recv(4096):
+    pass
+' "$SOCK"
+kill $listener
+wait $listener || true
+cat /var/lib/corehandler/spool/.refused 2>/dev/null || echo none
+"""
+
+
+@pytest.mark.root
+def test_the_listener_passes_none_of_its_environment_to_a_crash(tmp_path, csplice):
+    """A listener started with csplice's test overrides in its environment (a root shell's leftovers): the
+    csplice that takes a connection runs on its built-in settings, not on CSPLICE_SETTINGS' (nor any other
+    override's). Here the connection is refused (the test is not a crash), and the refusal is counted in the
+    built-in spool (a private tmpfs over /var/lib), not in the one the environment named."""
+    sockdir = tmp_path / "s"
+    sockdir.mkdir(mode=0o700)
+    settings = write_settings(tmp_path / "csplice.conf", tmp_path / "spool")
+    env = {"PATH": os.environ["PATH"], "CSPLICE": str(csplice), "SOCK": str(sockdir / "sock"),
+           "PYTHON": sys.executable, "CSPLICE_SETTINGS": str(settings), "CSPLICE_LOG_STDERR": "1",
+           "CSPLICE_TEST_SOCKETPAIR_PEER": "1", "CSPLICE_PROC_ROOT": str(tmp_path / "noproc")}
+    got = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                          LISTENER_IN_A_PRIVATE_VAR_LIB], env=env, capture_output=True, text=True, timeout=60)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split() == ["1"]
+    assert not (tmp_path / "spool" / ".refused").exists()
