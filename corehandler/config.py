@@ -121,8 +121,8 @@ class CaptureConfig(_Section):
                                     " filesystem has less free: a size or a percentage of it")
     max_pending: Count = Field(64, description="records waiting in the spool beyond which crashes are kept as "
                                                "metadata only; 0 = no limit")
-    max_per_exe_per_minute: Count = Field(16, description="crashes of one executable per minute that keep their "
-                                                          "core; 0 = no limit")
+    max_per_exe_per_minute: Count = Field(16, description="crashes of one executable by one user per minute that "
+                                                          "keep their core; 0 = no limit")
     timeout: Duration(0, 7 * 86400) = Field(3600.0, description="longest capture before truncating; 0 = none")
     fsync: bool = Field(False, description="fsync the core before committing its record")
     sparse: bool = Field(True, description="skip writing all-zero pages (the file stays sparse)")
@@ -157,7 +157,7 @@ class RetentionConfig(_Section):
                                      "the filesystem has less free than this")
     max_age: Duration() = Field(0.0, description="delete dumps older than this, e.g. \"2w\"; 0 = no limit")
     max_count: Count = Field(0, description="most dumps kept; 0 = no limit")
-    max_per_exe: Count = Field(0, description="most dumps kept per executable; 0 = no limit")
+    max_per_exe: Count = Field(0, description="most dumps kept per executable and user; 0 = no limit")
     interval: Duration(1, units.MAX_DURATION) = Field(3600.0, description="how often retention runs besides "
                                                                           "after each ingest")
 

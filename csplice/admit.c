@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Whether a dump is kept: RLIMIT_CORE, the size limit, the spool's backlog, the crash-storm limit and the
- * free-space floor, each checked before the capture reads a byte.
+ * Whether a dump is kept: RLIMIT_CORE, the size limit, the spool's backlog, the crash-storm limit (per user and
+ * executable) and the free-space floor, each checked before the capture reads a byte.
  */
 #include <string.h>
 
@@ -33,9 +33,12 @@ const char *admit(Crash *c, int spool_fd) {
                 else if ((uint64_t) r >= s->max_pending)
                         return "max_pending";
         }
+        /* Per user and executable: a user crashing /usr/bin/sleep 16 times a minute must not make root's next
+         * sleep crash metadata-only. */
         if (s->max_per_exe_per_minute > 0) {
                 key = c->proc.exe ?: c->argv[ARG_COMM] ?: "";
-                r = spool_rate_hit(spool_fd, key, (time_t) (c->started_ns / 1000000000ULL));
+                r = spool_rate_hit(spool_fd, crash_arg_number(c, ARG_UID), key,
+                                   (time_t) (c->started_ns / 1000000000ULL));
                 if (r < 0)
                         (void) log_errno(LOG_WARNING, r, "Failed to update the crash rate, ignoring: %m");
                 else if ((uint64_t) r > s->max_per_exe_per_minute)

@@ -59,8 +59,8 @@ static uint64_t fnv1a64(const char *s) {
         return h;
 }
 
-int spool_rate_hit(int dirfd, const char *key, time_t now) {
-        char name[32], buf[64] = {};
+int spool_rate_hit(int dirfd, long long uid, const char *key, time_t now) {
+        char name[48], buf[64] = {};
         long long window = 0, count = 0;
         ssize_t n;
         int rdir, fd, r;
@@ -70,8 +70,10 @@ int spool_rate_hit(int dirfd, const char *key, time_t now) {
         rdir = openat(dirfd, RATE_DIR, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (rdir < 0)
                 return -errno;
-        /* A hash, not the executable's name: the name is the crashed process's to choose. */
-        (void) snprintf(name, sizeof name, "%016llx", (unsigned long long) fnv1a64(key));
+        /* A hash, not the executable's name: the name is the crashed process's to choose. The uid in clear, not
+         * hashed with it: FNV is no cryptographic hash, and a user who found a path colliding with root's
+         * /usr/bin/sleep would spend root's budget. A collision now only costs the user their own. */
+        (void) snprintf(name, sizeof name, "%lld-%016llx", uid < 0 ? -1LL : uid, (unsigned long long) fnv1a64(key));
         fd = openat(rdir, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
         r = fd < 0 ? -errno : 0;
         (void) close(rdir);

@@ -15,9 +15,10 @@ int spool_open(const char *path);
 /* Counts committed records still waiting for the daemon, stopping at limit. Returns the count or -errno. */
 int spool_count_pending(int dirfd, uint64_t limit);
 
-/* Counts this crash against key's one-minute window in <spool>/.rate/. Returns the count including this crash,
- * or -errno. Serialised with flock() since crashes of one program often come together. */
-int spool_rate_hit(int dirfd, const char *key, time_t now);
+/* Counts this crash against the one-minute window of (uid, key) in <spool>/.rate/<uid>-<hash of key> (uid -1:
+ * unknown). Returns the count including this crash, or -errno. Serialised with flock() since crashes of one
+ * program often come together. */
+int spool_rate_hit(int dirfd, long long uid, const char *key, time_t now);
 
 /* Creates the core file, locked before it gets its name ".tmp.<id>.core" (0600): a .tmp file whose lock the
  * daemon can take means its writer died. If the id is taken, a suffix is added to it. Returns the fd or -errno. */

@@ -305,10 +305,10 @@ class Store:
         rows = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM dumps {where} ORDER BY crashed_at, id")
         return [Dump.from_row(r) for r in rows]
 
-    def sizes(self) -> list[tuple[str, float, str | None, int]]:
-        """(id, crashed_at, exe, stored_bytes) of every dump: what retention plans with, without parsing
+    def sizes(self) -> list[tuple[str, float, str | None, int, int | None]]:
+        """(id, crashed_at, exe, stored_bytes, uid) of every dump: what retention plans with, without parsing
         every record."""
-        return self.db.execute(f"SELECT id, crashed_at, exe, stored_bytes FROM dumps WHERE {_LIVE} "
+        return self.db.execute(f"SELECT id, crashed_at, exe, stored_bytes, uid FROM dumps WHERE {_LIVE} "
                                "ORDER BY crashed_at, id").fetchall()
 
     def totals(self) -> tuple[int, int]:

@@ -3,7 +3,7 @@ and a thin applier that deletes what the plan says.
 
 Rules, in the order they apply:
   max_age      dumps older than this go, whatever else holds;
-  max_per_exe  per executable, only the newest N stay;
+  max_per_exe  per executable and user, only the newest N stay (one user's crashes never push out another's);
   max_count, max_use, keep_free
                then, oldest first, dumps go while any of these is violated: more than max_count dumps,
                more than max_use bytes stored, less than keep_free bytes free on the store's filesystem.
@@ -36,6 +36,7 @@ class Item:
     size: int          # bytes it occupies in the store
     busy: bool = False
     unsent: bool = False  # waiting in the upload queue
+    uid: int | None = None  # who crashed: max_per_exe counts per (uid, exe)
 
 
 @dataclass(frozen=True)
@@ -81,10 +82,10 @@ def plan(items: Iterable[Item], policy: Policy, *, free_bytes: int, now: float) 
                 rule[it.id] = "max_age"
 
     if _limit(policy.max_per_exe) is not None:
-        by_exe: dict[str | None, list[Item]] = defaultdict(list)
+        by_exe: dict[tuple[int | None, str | None], list[Item]] = defaultdict(list)
         for it in ordered:
             if it.id not in rule:
-                by_exe[it.exe].append(it)
+                by_exe[it.uid, it.exe].append(it)
         for group in by_exe.values():
             excess = len(group) - policy.max_per_exe
             for it in group:  # oldest first
@@ -122,9 +123,9 @@ def violations(kept: Sequence[Item], policy: Policy, *, free_bytes: int, now: fl
     if _limit(policy.max_age) is not None and any(it.time < now - policy.max_age for it in kept):
         broken.append("max_age")
     if _limit(policy.max_per_exe) is not None:
-        counts: dict[str | None, int] = defaultdict(int)
+        counts: dict[tuple[int | None, str | None], int] = defaultdict(int)
         for it in kept:
-            counts[it.exe] += 1
+            counts[it.uid, it.exe] += 1
         if any(c > policy.max_per_exe for c in counts.values()):
             broken.append("max_per_exe")
     broken += _global_broken(policy, len(kept), sum(it.size for it in kept), free_bytes)
@@ -180,7 +181,7 @@ def vacuum(store, policy: Policy, *, now: float | None = None, busy: Iterable[st
     # cleanup): the daemon completes it from that record, so its row must still be there.
     busy = set(busy) | set(spool.committed_ids(paths.spool_dir(store.state_dir)))
     unsent = upload_queue.waiting_ids(store.db)
-    items = [Item(i, t, exe, size, i in busy, i in unsent) for i, t, exe, size in store.sizes()]
+    items = [Item(i, t, exe, size, i in busy, i in unsent, uid) for i, t, exe, size, uid in store.sizes()]
     _, free = filesystem(store.store_dir)
     decisions = plan(items, policy, free_bytes=free, now=time.time() if now is None else now)
     # The store counts each deletion under its rule, for the metrics.

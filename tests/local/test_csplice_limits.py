@@ -72,6 +72,17 @@ def test_max_per_exe_per_minute_keeps_metadata_only(handler):
         other.wait()
 
 
+def test_one_users_crash_storm_spends_only_their_own_budget(handler):
+    """The crash-storm limit counts per (uid, exe): sixteen crashes of one executable by uid 1000 leave root's
+    next crash of it its core (v0.2 made it metadata-only); the user's seventeenth is theirs to lose."""
+    handler.configure(max_per_exe_per_minute=16)
+    pid = os.getpid()
+    theirs = [handler.feed(4096, args=core_args(pid, uid=1000)).capture for _ in range(17)]
+    assert [c["dropped_reason"] for c in theirs] == [None] * 16 + ["max_per_exe_per_minute"]
+    root = handler.feed(4096, args=core_args(pid, uid=0))
+    assert root.capture["complete"] and root.record["uid"] == 0
+
+
 def test_sixteen_concurrent_captures_all_commit(handler):
     handler.configure(strategy="rw2", max_pending=64, max_per_exe_per_minute=16)
     sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(16)]

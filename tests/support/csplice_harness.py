@@ -27,9 +27,10 @@ HZ = os.sysconf("SC_CLK_TCK")
 
 
 def core_args(pid: int, comm: bytes | str = "pytest", signal: int = 11, pidfd: int | None = None,
-              hostname: str | None = None) -> list:
-    """The argv a kernel would pass for a crash of pid (uid/gid of this process, hostname of this host)."""
-    args = [str(pid), str(pid), str(pid), str(os.getuid()), str(os.getgid()), "1", str(signal),
+              hostname: str | None = None, uid: int | None = None) -> list:
+    """The argv a kernel would pass for a crash of pid (uid/gid of this process unless given, hostname of this
+    host)."""
+    args = [str(pid), str(pid), str(pid), str(os.getuid() if uid is None else uid), str(os.getgid()), "1", str(signal),
             str(int(time.time())), "18446744073709551615", hostname or socket.gethostname(), comm]
     if pidfd is not None:
         args.append(str(pidfd))
@@ -197,12 +198,13 @@ def spool_files(spool: Path) -> list[str]:
     return sorted(str(p.relative_to(spool)) for p in spool.rglob("*"))
 
 
-def rate_file(exe: bytes) -> str:
-    """The name of exe's crash counter below .rate/: spool.c's 64-bit FNV-1a of the path, in hex."""
+def rate_file(exe: bytes, uid: int | None = None) -> str:
+    """The name of (uid, exe)'s crash counter below .rate/: spool.c's uid (this process's by default), a dash
+    and the 64-bit FNV-1a of the path, in hex."""
     h = 0xCBF29CE484222325
     for b in exe:
         h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return f"{h:016x}"
+    return f"{os.getuid() if uid is None else uid}-{h:016x}"
 
 
 def make_fake_proc(root: Path, pid: int, comm: bytes, cmdline: list[bytes], exe: bytes,

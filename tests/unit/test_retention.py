@@ -67,6 +67,14 @@ def test_busy_dumps_are_never_deleted_but_count():
         {"b": "max_per_exe"}
 
 
+def test_max_per_exe_counts_per_user():
+    """Sixteen dumps of /usr/bin/sleep by uid 1000 push out none of root's: the cap holds per (uid, exe)."""
+    items = [Item(f"u{n:02d}", NOW - n, "/usr/bin/sleep", 1, uid=1000) for n in range(16)]
+    items.append(Item("root", NOW - 100, "/usr/bin/sleep", 1, uid=0))
+    deleted = _deleted(plan(items, Policy(max_per_exe=2), free_bytes=0, now=NOW))
+    assert "root" not in deleted and len(deleted) == 14 and set(deleted.values()) == {"max_per_exe"}
+
+
 def test_ties_in_time_break_on_id():
     items = [Item(i, NOW, None, 1) for i in "dbca"]
     assert _deleted(plan(items, Policy(max_count=2), free_bytes=0, now=NOW)) == \
@@ -89,7 +97,8 @@ def test_apply_deletes_and_reports_reasons():
 
 items_st = st.lists(
     st.builds(Item, id=st.text("abcdef0123", min_size=1, max_size=6), time=st.floats(NOW - 30 * DAY, NOW),
-              exe=st.sampled_from(["/a", "/b", "/c", None]), size=st.integers(0, 1000), busy=st.booleans()),
+              exe=st.sampled_from(["/a", "/b", "/c", None]), size=st.integers(0, 1000), busy=st.booleans(),
+              uid=st.sampled_from([0, 1000, None])),
     max_size=25, unique_by=lambda i: i.id)
 limit = st.one_of(st.none(), st.integers(1, 6))
 policy_st = st.builds(Policy, max_use=st.one_of(st.none(), st.integers(1, 8000)),
@@ -130,8 +139,8 @@ def test_property_never_keeps_a_violating_set_when_a_deletion_could_fix_it(items
             if rule == "max_age":
                 assert all(i.busy for i in kept if i.time < NOW - policy.max_age)
             elif rule == "max_per_exe":
-                for exe in {i.exe for i in kept}:
-                    group = [i for i in kept if i.exe == exe]
+                for key in {(i.uid, i.exe) for i in kept}:
+                    group = [i for i in kept if (i.uid, i.exe) == key]
                     if len(group) > policy.max_per_exe:
                         assert all(i.busy for i in group)
             else:
@@ -151,8 +160,9 @@ def test_property_never_deletes_more_than_needed(items, policy, free):
         if rules[item.id] == "max_age":
             assert item.time < NOW - policy.max_age
         elif rules[item.id] == "max_per_exe":
-            # The same executable's dumps that the cap let stay (busy ones count): already at the cap.
-            stayed = [i for i in items if i.exe == item.exe and rules[i.id] not in ("max_age", "max_per_exe")]
+            # The same user's dumps of the executable that the cap let stay (busy ones count): already at the cap.
+            stayed = [i for i in items if (i.uid, i.exe) == (item.uid, item.exe) and
+                      rules[i.id] not in ("max_age", "max_per_exe")]
             assert len(stayed) >= policy.max_per_exe
             # and they are the newest non-busy ones, or busy
             assert all(i.busy or (i.time, i.id) > (item.time, item.id) for i in stayed)
