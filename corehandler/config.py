@@ -123,7 +123,9 @@ class CaptureConfig(_Section):
                                                "metadata only; 0 = no limit")
     max_per_exe_per_minute: Count = Field(16, description="crashes of one executable by one user per minute that "
                                                           "keep their core; 0 = no limit")
-    timeout: Duration(0, 7 * 86400) = Field(3600.0, description="longest capture before truncating; 0 = none")
+    timeout: Duration(0, 7 * 86400) = Field(3600.0, description="longest capture before truncating, at most (a "
+                                                                "dump gets 60 s plus 1 s per 4 MiB it can hold); "
+                                                                "0 = none")
     fsync: bool = Field(False, description="fsync the core before committing its record")
     sparse: bool = Field(True, description="skip writing all-zero pages (the file stays sparse)")
     collect_environ: bool = Field(False, description="keep the crashed process's environment (may hold secrets)")

@@ -53,6 +53,20 @@ const char *admit(Crash *c, int spool_fd) {
         return NULL;
 }
 
+uint64_t admit_timeout(const Crash *c) {
+        uint64_t ceiling = c->settings.timeout, limit = c->settings.max_dump_size, size;
+        long long rlimit = crash_arg_number(c, ARG_RLIMIT);
+
+        size = c->socket_mode ? socket_estimate_bytes(c) : procinfo_vm_bytes(&c->proc);
+        if (ceiling == 0 || size == 0)
+                return ceiling;
+        if (rlimit > 0 && (limit == 0 || (uint64_t) rlimit < limit))
+                limit = (uint64_t) rlimit;
+        if (limit > 0)
+                size = MIN(size, limit);
+        return MIN(ceiling, ADMIT_TIMEOUT_BASE_SEC + size / ADMIT_TIMEOUT_BYTES_PER_SEC);
+}
+
 uint64_t admit_apply_rlimit(Crash *c) {
         long long rlimit = crash_arg_number(c, ARG_RLIMIT); /* -1 for RLIM_INFINITY, past LLONG_MAX */
         uint64_t configured = c->settings.max_dump_size;

@@ -316,6 +316,10 @@ int main(int argc, char *argv[]) {
         if (r < 0)
                 (void) log_errno(LOG_WARNING, r, "Failed to read /proc/%s, recording the dump without it: %m",
                                  c.argv[ARG_PID] ?: "?");
+        /* Now that the process's size is known: the time limit set up with the settings was only the ceiling. */
+        c.timeout = admit_timeout(&c);
+        if (c.timeout > 0)
+                (void) alarm((unsigned) MIN(c.timeout, 86400ULL));
 
         spool_fd = spool_open(c.settings.spool_dir);
         if (spool_fd < 0) {

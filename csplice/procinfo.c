@@ -200,14 +200,25 @@ int procinfo_collect(ProcInfo *p, const char *proc_root, pid_t pid, int pidfd, t
         return 0;
 }
 
-uint64_t procinfo_rss_bytes(const ProcInfo *p) {
+/* A "Name:   N kB" line of status, in bytes; 0 if absent. */
+static uint64_t status_kib_field(const ProcInfo *p, const char *field) {
+        char key[32];
         const char *line;
         unsigned long long kib;
 
         if (!p->status)
                 return 0;
-        line = strstr(p->status, "\nVmRSS:");
-        if (!line || sscanf(line + strlen("\nVmRSS:"), "%llu kB", &kib) != 1 || kib > UINT64_MAX / 1024)
+        (void) snprintf(key, sizeof key, "\n%s:", field);
+        line = strstr(p->status, key);
+        if (!line || sscanf(line + strlen(key), "%llu kB", &kib) != 1 || kib > UINT64_MAX / 1024)
                 return 0;
         return (uint64_t) kib * 1024;
+}
+
+uint64_t procinfo_rss_bytes(const ProcInfo *p) {
+        return status_kib_field(p, "VmRSS");
+}
+
+uint64_t procinfo_vm_bytes(const ProcInfo *p) {
+        return status_kib_field(p, "VmSize");
 }

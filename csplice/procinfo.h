@@ -37,6 +37,8 @@ typedef struct ProcInfo {
 
 /* The process's resident memory (VmRSS of its status, read before the dump) in bytes; 0 if unknown. */
 uint64_t procinfo_rss_bytes(const ProcInfo *p);
+/* Its address space (VmSize) in bytes, which bounds what a dump of it holds; 0 if unknown. */
+uint64_t procinfo_vm_bytes(const ProcInfo *p);
 
 void procinfo_free(ProcInfo *p);
 

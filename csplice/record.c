@@ -148,6 +148,7 @@ static void write_capture(Json *j, const Crash *c) {
         json_string(j, "strategy", cap->strategy);
         json_u64(j, "bytes", cap->raw_bytes);
         json_u64(j, "drained_bytes", cap->drained_bytes);
+        json_u64(j, "timeout_seconds", c->timeout);
         json_u64(j, "ns", ns);
         /* With handler.started_realtime_ns: how long the kernel held the crashed process for us. */
         json_u64(j, "ended_realtime_ns", c->released_ns);

@@ -45,6 +45,7 @@ typedef struct Crash {
         uint64_t capture_begin_ns; /* CLOCK_MONOTONIC around the copy */
         uint64_t capture_end_ns;
         uint64_t released_ns;      /* CLOCK_REALTIME once the pipe is drained: the process is let go */
+        uint64_t timeout;          /* the capture's time limit in seconds, 0 = none (admit_timeout) */
         bool elf_magic;
         bool socket_mode;          /* the dump came over the coredump socket, not a pipe */
         SocketFacts socket;

@@ -83,6 +83,24 @@ def test_one_users_crash_storm_spends_only_their_own_budget(handler):
     assert root.capture["complete"] and root.record["uid"] == 0
 
 
+@pytest.mark.parametrize("vm_kib, limit, expected", [
+    (10 * 1024, None, 60 + 2),                     # a small process: a minute, not the hour of v0.2
+    (1 << 20, None, 60 + 256),                     # 1 GiB of address space
+    (1 << 40 >> 10, 8 << 20, 60 + 2),              # a huge mapping: only what the size limit lets it keep
+    (1 << 40 >> 10, None, 3600),                   # up to the configured ceiling
+    (None, None, 3600),                            # size unknown: the ceiling
+])
+def test_the_capture_timeout_scales_with_the_process(handler, tmp_path, vm_kib, limit, expected):
+    proc_root = make_fake_proc(tmp_path / "proc", 4242, b"fakeproc", [b"x"], b"/usr/bin/x")
+    if vm_kib is not None:
+        with open(proc_root / "4242" / "status", "a") as f:
+            f.write(f"VmSize:\t{vm_kib} kB\nVmRSS:\t100 kB\n")
+    handler.env["CSPLICE_PROC_ROOT"] = str(proc_root)
+    if limit:
+        handler.configure(max_dump_size=limit)
+    assert handler.feed(4096, pid=4242).record["capture"]["timeout_seconds"] == expected
+
+
 def test_sixteen_concurrent_captures_all_commit(handler):
     handler.configure(strategy="rw2", max_pending=64, max_per_exe_per_minute=16)
     sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(16)]

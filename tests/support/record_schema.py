@@ -105,7 +105,7 @@ def check_record(rec: dict) -> None:
     cap = rec["capture"]
     _typed(cap, "strategy", OptStr, "capture")
     _check(cap["strategy"] in STRATEGIES + (None,), f"strategy {cap['strategy']!r}")
-    for key in ("bytes", "drained_bytes", "ns", "ended_realtime_ns"):
+    for key in ("bytes", "drained_bytes", "timeout_seconds", "ns", "ended_realtime_ns"):
         _typed(cap, key, int, "capture")
         _check(cap[key] >= 0, f"capture.{key} < 0")
     _typed(cap, "throughput_bytes_per_second", (int, float), "capture")
