@@ -15,8 +15,9 @@
 
 #define PROC_FILE_MAX (64 * 1024)
 /* What the record keeps of each file the process has a say in; more is cut and named in proc.truncated. Each
- * invalid byte costs six in the record (\udcXX), so these bound a record to about 0.5 MiB without maps and
- * environ: a 64 KiB argv of high bytes made a 700 KiB record, and every record is indexed and published. */
+ * invalid byte costs six in the record (\udcXX), so these (and PATH_MAX for exe) bound a record to about
+ * 200 KiB without maps and environ, which are kept only on request: a 64 KiB argv of high bytes made a 700 KiB
+ * record, and every record is indexed and published. */
 #define PROC_CMDLINE_MAX (4 * 1024)
 #define PROC_CGROUP_MAX (8 * 1024)
 #define PROC_STATUS_MAX (16 * 1024)
