@@ -245,8 +245,10 @@ def test_disk_full_keeps_the_raw_dump_and_retries(tmp_path, feeder, csplice):
         assert error["id"] == r["id"] and "no space left" in error["message"]
         assert sha_of(core) == raw_sha  # the raw dump is kept
         assert [n for n in os.listdir(mnt / "state" / "store")] == []  # no half-written file
+        with Store(mnt / "state") as s:  # listed meanwhile, its core waiting for room
+            assert s.get(r["id"]).status == "compressing"
         subprocess.run(["mount", "-o", "remount,size=64m", str(mnt)], check=True)
-        wait_line(proc.stdout, '"event": "ingested"')
+        wait_line(proc.stdout, '"event": "stored"')
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
         check_invariants(mnt / "state", {r["id"]: raw_sha})
