@@ -53,6 +53,7 @@ from common import (  # noqa: E402
 from sdcd import systemd_coredump  # noqa: E402
 
 from corehandler import paths  # noqa: E402
+from corehandler.config import CompressionConfig  # noqa: E402
 from corehandler.csplice_contract import SPECIFIERS  # noqa: E402
 from corehandler.store import compress  # noqa: E402
 from support.crash import build_crasher  # noqa: E402
@@ -63,7 +64,7 @@ MiB = 1 << 20
 LEVELS = (1, 3, 6)
 THREADS = (1, 2)
 # The daemon's default [compression] (config.py): part 2 runs with it.
-DAEMON_LEVEL, DAEMON_THREADS = 3, 0
+DAEMON_LEVEL, DAEMON_THREADS = CompressionConfig().level, CompressionConfig().threads
 WORK = Path("/tmp/daemon-bench")
 
 
@@ -313,8 +314,9 @@ def main() -> int:
             if a.indexed:
                 with systemd_coredump(WORK) if a.systemd_coredump else contextlib.nullcontext() as sdcd:
                     text, samples = bench_crash_to_stored(crasher, a.indexed_mib, a.runs, sdcd)
+                workers = compress.resolve_threads(DAEMON_THREADS)
                 parts.append("## Crash to listed and to stored, `corehandler serve` running (default config: "
-                             f"strategy auto, zstd level {DAEMON_LEVEL}, threads = CPUs)\n\n"
+                             f"strategy auto, zstd level {DAEMON_LEVEL}, {workers} worker threads)\n\n"
                              f"{describe_cache(page_cache_state())} at the end.\n\n" + text
                              + "\n![crash to listed and stored](compress.png)\n")
                 plot_holds(a.out.with_suffix(".png"), "csplice crash to listed and to stored against the hold "

@@ -53,7 +53,7 @@ class Settings:
     """What the daemon needs, resolved from the config (see settings_from_config)."""
     state_dir: Path
     compression: bool = True
-    level: int = 3
+    level: int = 1
     threads: int = 0
     policy: retention.Policy = field(default_factory=retention.Policy)
     retention_interval: float = 3600.0

@@ -48,7 +48,9 @@ class Stored:
 
 
 def resolve_threads(threads: int) -> int:
-    return threads if threads > 0 else (os.cpu_count() or 1)
+    """zstd's workers for [compression] threads; 0: one per CPU but one, which store_file's own thread uses to
+    hash and verify the stream (on 2 CPUs one worker stored a dump sooner than two: bench/results/compress.md)."""
+    return threads if threads > 0 else max(1, (os.cpu_count() or 1) - 1)
 
 
 def stored_name(dump_id: str, compressed: bool) -> str:
