@@ -225,11 +225,12 @@ def bench_crash_to_stored(crasher: Path, sizes: list[int], runs: int, sdcd) -> t
                 before = newest_row(index)[0]
                 set_pattern(ours)
                 t0, hold = timed_crash([str(crasher), "segv", str(mib)])
-                while (row := newest_row(index))[0] <= before:
-                    time.sleep(0.002)
+                # A crash that never reaches our spool (another csplice.conf put in place meanwhile) fails the run.
+                row = wait_for(lambda: (r := newest_row(index))[0] > before and r, 600, "the dump listed",
+                               interval=0.002)
                 listed.append(time.monotonic() - t0)
-                while (row := newest_row(index))[2] == "compressing":
-                    time.sleep(0.002)
+                row = wait_for(lambda: (r := newest_row(index))[2] != "compressing" and r, 600, "the dump stored",
+                               interval=0.002)
                 stored.append(time.monotonic() - t0)
                 holds.append(hold)
                 loads.append(os.getloadavg()[0])
@@ -299,6 +300,8 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench/compress.py needs root (it crashes real processes through core_pattern)", file=sys.stderr)
         return 2
+    # SIGTERM unwinds like an error, so host_core_settings puts core_pattern and csplice.conf back.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     WORK.mkdir(parents=True, exist_ok=True)
     crasher = build_crasher(WORK / "bin")
     parts = [f"# Compression and ingest (bench/compress.py)\n\n{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} "
