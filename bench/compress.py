@@ -1,16 +1,21 @@
-"""What does storing a dump cost after csplice has released the crashed process, and how long until it is
-listed?
+"""What does storing a dump cost after csplice has released the crashed process, how long until it is
+listed, and how long until it is stored?
 
 1. Real kernel cores (root; takes the core_pattern lock and restores everything): the crasher dies through
    core_pattern into csplice and its cores are kept: dense (every page written), sparse (half the region never
    touched) and a typical program (a Python interpreter dying of SIGSEGV). Each is stored as the daemon does
-   (compress.store_file: zstd, temp file, fsync, rename) at levels 1/3/6 with 1 and 2 threads; medians of
-   --runs runs, speed also as a ratio against level 1 with one thread paired run by run.
-2. Crash to indexed: `corehandler serve` running with the default config (strategy auto), a crasher dies; the
-   clock starts at the crash trigger and stops when `corehandler list` would show the dump (its index row
-   exists). The hold (the kernel holding the crashed process: trigger to reaping) is measured in the same run,
-   and, alternating with it, systemd-coredump's hold of the same crash with its default Compress=yes (its own
-   store and journald in a private mount namespace, bench/sdcd.py; --no-systemd-coredump skips it).
+   (compress.store_file: zstd verified as it streams, sha256, temp file, fsync, rename) at levels 1/3/6 with 1
+   and 2 threads, and, paired run by run, compressed by the zstd CLI alone at the same level and threads (no
+   hash, no verification, no fsync): medians of --runs runs, the daemon's time over zstd's, and speed as a
+   ratio against level 1 with one thread.
+2. Crash to listed and to stored: `corehandler serve` running with the default config (strategy auto), a
+   crasher dies; the clock starts at the crash trigger; "listed" is when `corehandler list` would show the dump
+   (its index row, status `compressing`, with its analysis), "stored" when its row is final (its core
+   compressed, verified, fsynced). The hold (trigger to reaping) is measured in the same run, and after each
+   crash the zstd CLI compresses the same core (the stored file decompressed) at the daemon's level and
+   threads, so "store ÷ zstd alone" compares the daemon's store stage (listed to stored: validation, zstd,
+   verification, sha256, fsync, index) with zstd on the same bytes. systemd-coredump's hold of the same crash
+   with its default Compress=yes alternates with it (bench/sdcd.py; --no-systemd-coredump skips it).
 
     python -P bench/compress.py [--runs 3] [--dense-mib 256] [--indexed-mib 256 1024 4096] [--no-compression]
 """
@@ -48,6 +53,7 @@ from common import (  # noqa: E402
 from sdcd import systemd_coredump  # noqa: E402
 
 from corehandler import paths  # noqa: E402
+from corehandler.config import CompressionConfig  # noqa: E402
 from corehandler.csplice_contract import SPECIFIERS  # noqa: E402
 from corehandler.store import compress  # noqa: E402
 from support.crash import build_crasher  # noqa: E402
@@ -57,6 +63,8 @@ from support.waiting import wait_for  # noqa: E402
 MiB = 1 << 20
 LEVELS = (1, 3, 6)
 THREADS = (1, 2)
+# The daemon's default [compression] (config.py): part 2 runs with it.
+DAEMON_LEVEL, DAEMON_THREADS = CompressionConfig().level, CompressionConfig().threads
 WORK = Path("/tmp/daemon-bench")
 
 
@@ -121,6 +129,25 @@ def capture_cores(crasher: Path, dense_mib: int) -> dict[str, Path]:
     return out
 
 
+def cpu_seconds(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def zstd_alone(core: Path, level: int, threads: int, cpu: list[float] | None = None) -> float:
+    """Seconds the zstd CLI takes to compress core at that level and number of worker threads, into a file (it
+    writes its content checksum as the daemon has zstd do; it neither hashes, verifies nor fsyncs). Its CPU
+    seconds are appended to cpu."""
+    out = core.with_suffix(".cli.zst")
+    c0, t0 = cpu_seconds(resource.RUSAGE_CHILDREN), time.monotonic()
+    subprocess.run(["zstd", "-q", "-f", f"-{level}", f"-T{threads}", str(core), "-o", str(out)], check=True)
+    seconds = time.monotonic() - t0
+    if cpu is not None:
+        cpu.append(cpu_seconds(resource.RUSAGE_CHILDREN) - c0)
+    out.unlink()
+    return seconds
+
+
 def bench_compression(cores: dict[str, Path], runs: int) -> str:
     store = WORK / "store"
     store.mkdir(parents=True, exist_ok=True)
@@ -129,40 +156,52 @@ def bench_compression(cores: dict[str, Path], runs: int) -> str:
         raw = core.stat().st_size
         alloc = core.stat().st_blocks * 512
         seconds: dict[tuple, list[float]] = {}
+        alone: dict[tuple, list[float]] = {}
+        cpu: dict[tuple, list[float]] = {}
+        cpu_alone: dict[tuple, list[float]] = {}
         stored: dict[tuple, int] = {}
         compress.store_file(core, store, "bench").path.unlink()  # warm-up: page cache, allocator
         for _ in range(runs):
             for level in LEVELS:
                 for threads in THREADS:
+                    key = (level, threads)
+                    c0 = cpu_seconds(resource.RUSAGE_SELF)  # zstd's workers are threads of this process
                     s = compress.store_file(core, store, "bench", level=level, threads=threads)
-                    seconds.setdefault((level, threads), []).append(s.seconds)
-                    stored[(level, threads)] = s.stored_bytes
+                    cpu.setdefault(key, []).append(cpu_seconds(resource.RUSAGE_SELF) - c0)
+                    seconds.setdefault(key, []).append(s.seconds)
+                    stored[key] = s.stored_bytes
                     s.path.unlink()
+                    alone.setdefault(key, []).append(zstd_alone(core, level, threads, cpu_alone.setdefault(key, [])))
         base = seconds[(1, 1)]
-        for (level, threads), secs in seconds.items():
-            rows.append([kind, f"{raw / MiB:.0f} MiB ({alloc / MiB:.0f} allocated)", level, threads,
-                         raw / median(secs) / MiB, raw / stored[(level, threads)],
+        for key, secs in seconds.items():
+            rows.append([kind, f"{raw / MiB:.0f} MiB ({alloc / MiB:.0f} allocated)", *key,
+                         raw / median(secs) / MiB, raw / median(alone[key]) / MiB, paired_ratio(secs, alone[key]),
+                         f"{median(cpu[key]):.2f} / {median(cpu_alone[key]):.2f}", raw / stored[key],
                          paired_ratio(base, secs)])
-    return markdown_table(["core", "size", "level", "threads", "MiB/s (median)", "ratio raw/stored",
-                           "speed vs level 1, 1 thread"], rows)
+    return markdown_table(["core", "size", "level", "threads", "stored as the daemon does, MiB/s (median)",
+                           "zstd CLI alone, MiB/s", "daemon ÷ zstd alone, wall (goal ≤ 1.2)",
+                           "CPU s: daemon / zstd alone", "ratio raw/stored", "speed vs level 1, 1 thread"], rows)
 
 
-# -- 2. crash to indexed ------------------------------------------------------------------------------------
+# -- 2. crash to listed and to stored ------------------------------------------------------------------------
 
-def index_count(index: Path) -> int:
+def newest_row(index: Path) -> tuple[int, str | None, str | None, str | None]:
+    """(rows, id, status, path) of the newest dump in the index; (0, None, None, None) before there is one."""
     try:
         db = sqlite3.connect(f"file:{index}?mode=ro", uri=True, timeout=1)
         try:
-            return db.execute("SELECT COUNT(*) FROM dumps").fetchone()[0]
+            count = db.execute("SELECT COUNT(*) FROM dumps").fetchone()[0]
+            row = db.execute("SELECT id, status, path FROM dumps ORDER BY crashed_at DESC, id DESC LIMIT 1").fetchone()
+            return (count, *row) if row else (0, None, None, None)
         finally:
             db.close()
     except sqlite3.Error:
-        return 0
+        return 0, None, None, None
 
 
-def bench_crash_to_indexed(crasher: Path, sizes: list[int], runs: int, sdcd) -> tuple[str, dict]:
-    """csplice's hold and crash-to-indexed with the default config, and systemd-coredump's hold of the same
-    crash, alternating in the same run."""
+def bench_crash_to_stored(crasher: Path, sizes: list[int], runs: int, sdcd) -> tuple[str, dict]:
+    """csplice's hold, crash to listed and crash to stored with the default config, zstd alone on the same
+    core, and systemd-coredump's hold of the same crash, alternating in the same run."""
     etc, state = WORK / "etc", WORK / "state"
     shutil.rmtree(state, ignore_errors=True)
     etc.mkdir(parents=True, exist_ok=True)
@@ -170,46 +209,65 @@ def bench_crash_to_indexed(crasher: Path, sizes: list[int], runs: int, sdcd) -> 
     (etc / "corehandler.toml").write_text(
         "[capture]\nmin_free = \"0\"\nmax_per_exe_per_minute = 0\n[metrics]\nenabled = false\n"
         "[journal]\nenabled = false\n[retention]\nkeep_free = \"0\"\nmax_use = \"0\"\n")
+    level, threads = DAEMON_LEVEL, compress.resolve_threads(DAEMON_THREADS)
     ours = f"|{paths.csplice_path()} {SPECIFIERS}"
     set_pattern(ours)
     daemon = subprocess.Popen([sys.executable, "-P", "-m", "corehandler", "--config-dir", str(etc),
                                "--state-dir", str(state), "serve"], stderr=subprocess.PIPE, text=True)
-    rows, samples = [], {}
+    rows, samples, loads = [], {}, []
     try:
         while "Watching" not in daemon.stderr.readline():
             pass
         index = state / "index.sqlite"
         for mib in sizes:
-            holds, indexed, theirs = [], [], []
+            holds, listed, stored, alone, theirs = [], [], [], [], []
             for _ in range(runs):
-                before = index_count(index)
+                before = newest_row(index)[0]
                 set_pattern(ours)
                 t0, hold = timed_crash([str(crasher), "segv", str(mib)])
-                while index_count(index) <= before:
-                    time.sleep(0.002)
-                indexed.append(time.monotonic() - t0)
+                # A crash that never reaches our spool (another csplice.conf put in place meanwhile) fails the run.
+                row = wait_for(lambda: (r := newest_row(index))[0] > before and r, 600, "the dump listed",
+                               interval=0.002)
+                listed.append(time.monotonic() - t0)
+                row = wait_for(lambda: (r := newest_row(index))[2] != "compressing" and r, 600, "the dump stored",
+                               interval=0.002)
+                stored.append(time.monotonic() - t0)
                 holds.append(hold)
+                loads.append(os.getloadavg()[0])
+                # zstd alone on the same bytes, then the disk freed (the index row stays)
+                same = WORK / "same.core"
+                with open(same, "wb") as out:
+                    compress.decompress_to(state / "store" / row[3], out)
+                alone.append(zstd_alone(same, level, threads))
+                same.unlink()
                 for f in (state / "store").rglob("*.zst"):
-                    f.unlink()  # keep the disk free; the index row stays
+                    f.unlink()
                 if sdcd:
                     set_pattern(sdcd.pattern)
                     theirs.append(timed_crash([str(crasher), "segv", str(mib)])[1])
                     sdcd.wait_stored()
-            samples[mib] = {"csplice hold": holds, "csplice crash to indexed": indexed}
-            row = [f"{mib} MiB dense", ms(holds), ms(indexed), paired_ratio(indexed, holds)]
+            store_stage = [s - v for s, v in zip(stored, listed)]
+            samples[mib] = {"csplice hold": holds, "csplice crash to listed": listed,
+                            "csplice crash to stored": stored}
+            row = [f"{mib} MiB dense", sec(holds), sec(listed), ms([v - h for v, h in zip(listed, holds)]),
+                   sec(stored), sec(store_stage), sec(alone), paired_ratio(store_stage, alone),
+                   paired_ratio([s - h for s, h in zip(stored, holds)], alone)]
             if sdcd:
                 samples[mib]["systemd-coredump hold (Compress=yes)"] = theirs
-                row += [ms(theirs), paired_ratio(indexed, theirs), paired_ratio(theirs, holds)]
+                row += [sec(theirs), paired_ratio(stored, theirs), paired_ratio(theirs, holds)]
             rows.append(row)
-            print(f"indexed {mib} MiB: {row}", file=sys.stderr)
+            print(f"{mib} MiB: {row}", file=sys.stderr)
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(60)
-    header = ["crash", "csplice hold s", "crash to indexed s", "indexed ÷ hold"]
+    header = ["crash", "csplice hold s", "crash to listed s", "listed − hold ms (goal ≤ 300)", "crash to stored s",
+              "store stage (listed to stored) s", f"zstd -{level} -T{threads} alone, same core s",
+              "store stage ÷ zstd alone (goal ≤ 1.2)", "(stored − hold) ÷ zstd alone"]
     if sdcd:
-        header += ["systemd-coredump hold s", "indexed ÷ systemd-coredump hold (goal < 1)",
+        header += ["systemd-coredump hold s", "stored ÷ systemd-coredump hold",
                    "systemd-coredump hold ÷ csplice hold (goal ≥ 8)"]
-    return markdown_table(header, rows), samples
+    load = f"load average {min(loads):.1f}–{max(loads):.1f} during the crashes" if loads else ""
+    return markdown_table(header, rows) + f"\n{load}\n", samples
 
 
 def _by_series(samples: dict) -> dict:
@@ -221,8 +279,12 @@ def _by_series(samples: dict) -> dict:
     return out
 
 
-def ms(values: list[float]) -> str:
+def sec(values: list[float]) -> str:
     return f"{median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
+
+
+def ms(values: list[float]) -> str:
+    return f"{median(values) * 1e3:.0f} ({min(values) * 1e3:.0f}–{max(values) * 1e3:.0f})"
 
 
 def main() -> int:
@@ -238,6 +300,8 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench/compress.py needs root (it crashes real processes through core_pattern)", file=sys.stderr)
         return 2
+    # SIGTERM unwinds like an error, so host_core_settings puts core_pattern and csplice.conf back.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     WORK.mkdir(parents=True, exist_ok=True)
     crasher = build_crasher(WORK / "bin")
     parts = [f"# Compression and ingest (bench/compress.py)\n\n{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} "
@@ -252,12 +316,13 @@ def main() -> int:
                 core.unlink()
             if a.indexed:
                 with systemd_coredump(WORK) if a.systemd_coredump else contextlib.nullcontext() as sdcd:
-                    text, samples = bench_crash_to_indexed(crasher, a.indexed_mib, a.runs, sdcd)
-                parts.append("## Crash to indexed against systemd-coredump's hold, `corehandler serve` running "
-                             "(default config: strategy auto, zstd level 3, threads = CPUs)\n\n"
+                    text, samples = bench_crash_to_stored(crasher, a.indexed_mib, a.runs, sdcd)
+                workers = compress.resolve_threads(DAEMON_THREADS)
+                parts.append("## Crash to listed and to stored, `corehandler serve` running (default config: "
+                             f"strategy auto, zstd level {DAEMON_LEVEL}, {workers} worker threads)\n\n"
                              f"{describe_cache(page_cache_state())} at the end.\n\n" + text
-                             + "\n![crash to indexed](compress.png)\n")
-                plot_holds(a.out.with_suffix(".png"), "csplice crash to indexed against systemd-coredump's hold "
+                             + "\n![crash to listed and stored](compress.png)\n")
+                plot_holds(a.out.with_suffix(".png"), "csplice crash to listed and to stored against the hold "
                            "(bench/compress.py)", {"dense": _by_series(samples)}, {})
     finally:
         shutil.rmtree(WORK, ignore_errors=True)

@@ -1,13 +1,22 @@
 """corehandlerd: ingests committed spool records into the store, keeps the store within its limits.
 
-Ingest of one record: validate the core -> compress to a temp file, fsync, rename into the store -> verify
-by decompressing -> index row -> delete the raw core, then the record. Every step is safe to redo, and the
-index row is the single point where a dump becomes "ingested", so a SIGKILL anywhere loses nothing and
-indexes nothing twice: on restart the record is still in the spool and ingest runs again (an already
-indexed id only has its raw files removed).
+A dump goes through ingest in stages, each read back from what is on disk (its index row, its spool files, its
+stored file), so a daemon started after a kill resumes where the killed one stopped and every step is safe to
+redo (see ingest):
+
+  no row --visible--> row `compressing` --stored--> row final, spool files left --cleanup--> done
+
+visible   validate the raw core, analyse it, insert the index row: status `compressing` when there is a core
+          to store, else its final status; announce it (on_ingested) and publish the users' views. From here
+          `list`, `info`, the journal and the metrics show the dump, its trace and signature.
+stored    store the raw core (compress to a temp file verified as it streams, fsync, rename); a stored file a
+          kill left in place is verified and kept instead. The row takes its final status and the stored
+          file's figures; announce that (on_stored).
+cleanup   delete the raw core, then the record.
+Each announcement follows the commit it reports at once, and a restarted daemon does not repeat it.
 
 COREHANDLER_TEST_PAUSE_AT=<point> (test-only) makes ingest stop forever at a named point so tests can kill
-the daemon there: compressing, compressed, stored, indexed, core_removed.
+the daemon there: visible, compressing, compressed, stored, indexed, core_removed.
 """
 
 from __future__ import annotations
@@ -30,13 +39,13 @@ from corehandler.errors import CorehandlerError
 from corehandler.inotify import IN_Q_OVERFLOW, Watch
 from corehandler.observe.observer import Observer, Stored
 from corehandler.store import analyses, compress, retention, userview
-from corehandler.store.dumprow import row_from_record
+from corehandler.store.dumprow import COMPRESSING, Dump, row_from_record
 from corehandler.store.index import Store
 
 log = logging.getLogger("corehandler.daemon")
 
 PAUSE_ENV = "COREHANDLER_TEST_PAUSE_AT"
-PAUSE_POINTS = ("compressing", "compressed", "stored", "indexed", "core_removed")
+PAUSE_POINTS = ("visible", "compressing", "compressed", "stored", "indexed", "core_removed")
 
 
 @dataclass(frozen=True)
@@ -44,7 +53,7 @@ class Settings:
     """What the daemon needs, resolved from the config (see settings_from_config)."""
     state_dir: Path
     compression: bool = True
-    level: int = 3
+    level: int = 1
     threads: int = 0
     policy: retention.Policy = field(default_factory=retention.Policy)
     retention_interval: float = 3600.0
@@ -197,68 +206,120 @@ class Daemon:
     # -- ingest ---------------------------------------------------------------------------------------------
 
     def ingest(self, dump_id: str) -> bool:
-        """Ingests one committed record; True when it is in the index afterwards."""
-        s = self.settings
-        spool_dir = s.spool_dir
+        """Takes one dump as far as it goes (the stages in this module's doc); True when it is in the index
+        afterwards."""
         start = time.monotonic()
-        done = self.store.get(dump_id)
-        if done is not None:  # a kill after indexing: the cleanup and the event were left
-            if spool.record_path(spool_dir, dump_id).exists():
-                self._finish(done)
-            return True
+        dump = self.store.get(dump_id)
+        if dump is None:
+            dump = self._make_visible(dump_id)
+            if dump is None:
+                return False
+        if dump.status == COMPRESSING:
+            dump = self._make_stored(dump, start)
+        self._cleanup(dump)
+        return True
+
+    def _read_record(self, dump_id: str) -> dict | None:
+        """The spool record; an unreadable one becomes a record of our own that says why (indexed invalid);
+        None when it is gone (a concurrent sweep took it)."""
+        spool_dir = self.settings.spool_dir
         try:
-            record = spool.read_record(spool_dir, dump_id)
+            return spool.read_record(spool_dir, dump_id)
         except spool.SpoolRecordError as e:
             if not spool.record_path(spool_dir, dump_id).exists():
-                return False  # already gone (a concurrent sweep)
+                return None
             self.report_error("corrupt", f"{e}; indexed as invalid", dump_id)
             core = spool.core_path(spool_dir, dump_id)
-            record = {"schema": spool.RECORD_SCHEMA, "id": dump_id, "unreadable": True,
-                      "core": core.name if core.exists() else None, "errors": [str(e)]}
-        raw = spool.core_path(spool_dir, dump_id)
+            return {"schema": spool.RECORD_SCHEMA, "id": dump_id, "unreadable": True,
+                    "core": core.name if core.exists() else None, "errors": [str(e)]}
+
+    def _validate(self, dump_id: str, record: dict) -> tuple[Path, elfcore.CoreInfo | None, str, list[str]]:
+        """(raw core, what its headers say or None when there is none to store, status, problems)."""
+        raw = spool.core_path(self.settings.spool_dir, dump_id)
         has_core = record.get("core") is not None
         if has_core and record.get("core") != raw.name:
             log.warning("Record %s names core %r; using %s", dump_id, record.get("core"), raw.name)
         core_missing = has_core and not raw.exists()
         info = elfcore.inspect_core(raw) if has_core and not core_missing else None
-        status, problems = _status(record, info, core_missing)
+        return (raw, info, *_status(record, info, core_missing))
 
-        stored = None
-        # The analyser reads the raw core while compression below reads it too: crash->indexed is the longer
-        # of the two, not their sum.
+    def _make_visible(self, dump_id: str) -> Dump | None:
+        """Stage visible: the dump's row, analysis and announcement, before its core is stored."""
+        start = time.monotonic()
+        record = self._read_record(dump_id)
+        if record is None:
+            return None
+        raw, info, status, problems = self._validate(dump_id, record)
         self._start_analysis(dump_id, record, raw, status)
-        if info is not None:
-            try:
-                stored = compress.store_file(raw, paths.store_dir(s.state_dir), dump_id, enabled=s.compression,
-                                             level=s.level, threads=s.threads, checkpoint=self._checkpoint)
-                compress.verify_written(stored)
-            except compress.DiskFullError as e:
-                self.report_error("disk_full", f"{e}; the raw dump stays in the spool and is retried later", dump_id)
-                raise _Retry() from e
-            except compress.VerifyError as e:
-                stored.path.unlink(missing_ok=True)
-                self.report_error("corrupt", f"Stored {dump_id} failed verification ({e}); retrying later", dump_id)
-                raise _Retry() from e
-            except compress.CompressError as e:
-                self.report_error("compress", f"{e}; the raw dump stays in the spool", dump_id)
-                raise _Retry() from e
-            self._checkpoint("stored")
         self._finish_analysis(dump_id, record, status)
-
-        row = row_from_record(record, status=status, problem="; ".join(problems) or None,
-                              path=stored.path.name if stored else None,
-                              raw_bytes=stored.raw_bytes if stored else 0,
-                              stored_bytes=stored.stored_bytes if stored else 0,
-                              sha256=stored.sha256 if stored else None,
-                              compress_seconds=stored.seconds if stored else 0.0,
-                              ingest_seconds=time.monotonic() - start)
-        self.store.insert(row)
-        _checkpoint_pause("indexed")  # from here on, stopping would only delay the cleanup
+        self.store.insert(row_from_record(record, status=COMPRESSING if info is not None else status,
+                                          problem="; ".join(problems) or None, path=None,
+                                          raw_bytes=raw.stat().st_size if info is not None else 0, stored_bytes=0,
+                                          sha256=None, ingest_seconds=time.monotonic() - start))
         dump = self.store.get(dump_id)
+        self._announce("on_ingested", dump)
         if userview.visible(dump):
             self._publish([dump.uid])
-        self._finish(dump)
-        return True
+        self._checkpoint("visible")
+        return dump
+
+    def _make_stored(self, dump: Dump, start: float) -> Dump:
+        """Stage stored: the raw core into the store, verified, and the row's final status. Validation is
+        redone (it reads headers only): a restarted daemon has only the row and the spool."""
+        s = self.settings
+        raw, info, status, problems = self._validate(dump.id, dump.record)
+        store_dir = paths.store_dir(s.state_dir)
+        stored = self._stored_already(dump.id, store_dir, raw if info is not None else None)
+        if stored is None and info is not None:
+            try:
+                stored = compress.store_file(raw, store_dir, dump.id, enabled=s.compression, level=s.level,
+                                             threads=s.threads, checkpoint=self._checkpoint)
+            except compress.DiskFullError as e:
+                self.report_error("disk_full", f"{e}; the raw dump stays in the spool and is retried later", dump.id)
+                raise _Retry() from e
+            except compress.VerifyError as e:
+                self.report_error("corrupt", f"Storing {dump.id} failed verification ({e}); retrying later", dump.id)
+                raise _Retry() from e
+            except compress.CompressError as e:
+                self.report_error("compress", f"{e}; the raw dump stays in the spool", dump.id)
+                raise _Retry() from e
+        self._checkpoint("stored")
+        self.store.complete(dump.id, status=status, problem="; ".join(problems) or None,
+                            path=stored.path.name if stored else None, raw_bytes=stored.raw_bytes if stored else 0,
+                            stored_bytes=stored.stored_bytes if stored else 0,
+                            sha256=stored.sha256 if stored else None,
+                            compress_seconds=stored.seconds if stored else 0.0,
+                            ingest_seconds=(dump.ingest_seconds or 0.0) + time.monotonic() - start)
+        dump = self.store.get(dump.id)
+        self._announce("on_stored", dump)
+        _checkpoint_pause("indexed")  # from here on, stopping would only delay the cleanup
+        if userview.visible(dump):
+            self._publish([dump.uid])
+        return dump
+
+    def _stored_already(self, dump_id: str, store_dir: Path, raw: Path | None) -> compress.Stored | None:
+        """The stored file a kill left in place (renamed there, so complete, but not yet in the row), if it
+        verifies and holds as many bytes as the raw core; one that does not is removed and stored again."""
+        path = compress.find_stored(store_dir, dump_id)
+        if path is None:
+            return None
+        try:
+            stored = compress.adopt(path)
+            if raw is not None and raw.stat().st_size != stored.raw_bytes:
+                raise compress.VerifyError(f"{path.name} holds {stored.raw_bytes} bytes, the raw core "
+                                           f"{raw.stat().st_size}")
+        except compress.VerifyError as e:
+            self.report_error("corrupt", f"Stored {dump_id} left by an interrupted ingest: {e}; storing it again",
+                              dump_id)
+            path.unlink(missing_ok=True)
+            return None
+        log.info("Kept %s, stored before an interruption", path.name)
+        return stored
+
+    def _announce(self, event: str, dump: Dump) -> None:
+        """Tells the observers about the row just committed, with its figures (observe/observer.py)."""
+        stored = Stored.of(dump, self.store.file_path(dump), analyses.analysis_for(self.store, dump.id))
+        self._notify(event, lambda obs: getattr(obs, event)(dump.record, stored))
 
     # -- analysis (corehandler/analysis/unwind.py) ---------------------------------------------------------------------
 
@@ -299,16 +360,16 @@ class Daemon:
             analyses.put(self.store, dump_id, result)
             log.info("Analysis of %s, indexed earlier: %s", dump_id, result["state"])
 
-    def _finish(self, dump) -> None:
-        """Removes the raw files of an indexed dump and tells the observers, with the figures of its index row
-        (the same whether this daemon indexed it or a killed one did)."""
-        spool.core_path(self.settings.spool_dir, dump.id).unlink(missing_ok=True)
+    def _cleanup(self, dump: Dump) -> None:
+        """Stage cleanup: removes the raw files of a dump whose row is final."""
+        spool_dir = self.settings.spool_dir
+        if not spool.record_path(spool_dir, dump.id).exists() and not spool.core_path(spool_dir, dump.id).exists():
+            return
+        spool.core_path(spool_dir, dump.id).unlink(missing_ok=True)
         _checkpoint_pause("core_removed")
-        spool.remove_record(self.settings.spool_dir, dump.id)
+        spool.remove_record(spool_dir, dump.id)
         log.info("Ingested %s: %s%s, %d -> %d bytes", dump.id, dump.status,
                  f" ({dump.problem})" if dump.problem else "", dump.raw_bytes, dump.stored_bytes)
-        stored = Stored.of(dump, self.store.file_path(dump), analyses.analysis_for(self.store, dump.id))
-        self._notify("on_ingested", lambda obs: obs.on_ingested(dump.record, stored))
 
     def _try_ingest(self, dump_id: str) -> bool:
         if self._retry_at.get(dump_id, 0) > time.monotonic():
@@ -357,8 +418,9 @@ class Daemon:
     # -- recovery and retention -------------------------------------------------------------------------------
 
     def recover(self) -> None:
-        """Finishes what a killed daemon left: interrupted deletions, temp files, orphans, records in the
-        spool (in sweep), and store files that have neither an index row nor a record."""
+        """Finishes what a killed daemon left: interrupted deletions, temp files, dumps visible but not yet
+        stored, orphans, records in the spool (in sweep), and store files that have neither an index row nor a
+        record."""
         for d in self.store.finish_deletions():
             log.warning("Finished the interrupted deletion of %s (%s)", d.id, d.deleted_rule)
             # The killed daemon never reported it (the index counted it when the row went).
@@ -367,16 +429,17 @@ class Daemon:
             log.warning("Removing %s, left by an interrupted compression", tmp.name)
             tmp.unlink(missing_ok=True)
         self._analyse_indexed()
-        # Dumps a kill left indexed but not cleaned up: finished first, so the retention passes of the sweep
-        # plan with every one of them done.
-        for dump_id in spool.committed_ids(self.settings.spool_dir):
-            if self.store.get(dump_id) is not None:
-                self._try_ingest(dump_id)
+        # Dumps a kill left indexed but not stored or not cleaned up: finished first, so the retention passes
+        # of the sweep plan with every one of them done. A row still `compressing` is finished from the row
+        # even if its record is gone.
+        unfinished = [i for i in spool.committed_ids(self.settings.spool_dir) if self.store.get(i) is not None]
+        for dump_id in dict.fromkeys(unfinished + self.store.compressing()):
+            self._try_ingest(dump_id)
         self.sweep()
         pending = set(spool.committed_ids(self.settings.spool_dir))
         for path in self.store.unindexed_files():
             dump_id = path.name.rsplit(".", 1)[0]
-            if dump_id in pending or not spool.is_valid_id(dump_id):
+            if dump_id in pending or not spool.is_valid_id(dump_id) or self.store.get(dump_id) is not None:
                 continue
             self._index_stray(path, dump_id)
 

@@ -8,7 +8,8 @@ Exit codes (stable; scripts rely on them):
   4  EXIT_PERMISSION  needs root, the store is not this user's to read, or a path is not safe to trust
                       (writable by others)
   5  EXIT_CONFLICT    another core handler is installed, or the system is not in the state the verb expects
-                      (`python -m corehandler.host.supervise status|reload`: the daemon is not running)
+                      (`python -m corehandler.host.supervise status|reload`: the daemon is not running;
+                      `dump`, `debug`: the dump's core is still being compressed)
   6  EXIT_SYSTEM      a system operation failed (sysctl write, filesystem, a helper program), or a stored
                       dump failed verification (info, dump, debug)
 The CLI prints `corehandler: <message>` on stderr, one line, and exits with the code.
@@ -65,6 +66,12 @@ class UnsafePathError(CorehandlerError):
 
 
 class HandlerConflictError(CorehandlerError):
+    exit_code = EXIT_CONFLICT
+
+
+class NotReadyError(CorehandlerError):
+    """What the verb needs exists but is not ready yet (a dump's core still being compressed): try again."""
+
     exit_code = EXIT_CONFLICT
 
 

@@ -26,10 +26,10 @@ from corehandler.cli.common import emit, load, write_output
 from corehandler.cli.common import table as format_table
 from corehandler.cli.progress import Progress
 from corehandler.cli.selection import add_match_options, open_dumps, select
-from corehandler.errors import CorehandlerError, NoMatchError, NotRootError, UsageError
+from corehandler.errors import CorehandlerError, NoMatchError, NotReadyError, NotRootError, UsageError
 from corehandler.printable import display
 from corehandler.store import compress, retention, userview
-from corehandler.store.dumprow import Dump
+from corehandler.store.dumprow import COMPRESSING, Dump
 from corehandler.store.dumps import Dumps
 from corehandler.store.index import Store
 from corehandler.units import human_size
@@ -74,10 +74,12 @@ def signal_name(number: int | None) -> str:
 
 
 def file_state(dumps: Dumps, d: Dump, verify: bool) -> tuple[str, str | None]:
-    """("present"|"missing"|"corrupt"|"unreadable"|"none", problem). Without verify only the size and the zstd
-    frame header are checked (cheap enough for list); with it the file is decompressed and hashed. Corruption
-    found is marked in the index (as root), so every view and the daemon's errors counter see it; a dump
-    marked before stays corrupt."""
+    """("present"|"missing"|"corrupt"|"unreadable"|"none"|"compressing", problem). Without verify only the size
+    and the zstd frame header are checked (cheap enough for list); with it the file is decompressed and hashed.
+    Corruption found is marked in the index (as root), so every view and the daemon's errors counter see it; a
+    dump marked before stays corrupt."""
+    if d.status == COMPRESSING:
+        return COMPRESSING, None
     path = dumps.file_path(d)
     if path is None:
         return "none", None
@@ -150,9 +152,10 @@ def run_list(args: argparse.Namespace) -> int:
         return 0
     table = [("TIME", "PID", "UID", "SIG", "STATUS", "COREFILE", "SIZE", "ID", "SIGNATURE", "EXE")]
     for d, state, _ in rows:
+        size = human_size(d.raw_bytes) if d.path or d.status == COMPRESSING else "-"
         table.append((_time(d.crashed_at), str(d.pid if d.pid is not None else "-"),
                       str(d.uid if d.uid is not None else "-"), signal_name(d.signal), _status(d, state), state,
-                      human_size(d.raw_bytes) if d.path else "-", d.id, crashview.signature_cell(signatures.get(d.id)),
+                      size, d.id, crashview.signature_cell(signatures.get(d.id)),
                       display(d.exe) if d.exe else f"({display(d.comm)})" if d.comm else "-"))
     print(format_table(table))
     return 0
@@ -180,7 +183,10 @@ def _info_lines(dumps: Dumps, d: Dump, state: str, problem: str | None, all_thre
         ("Ingested", _time(d.ingested_at)),
     ]
     path = dumps.file_path(d)
-    if path is None:
+    if d.status == COMPRESSING:
+        fields.append(("Storage", f"being compressed ({human_size(d.raw_bytes)}); `dump` and `debug` can "
+                                  "read it once its status is final"))
+    elif path is None:
         fields.append(("Storage", "none (metadata only)"))
     else:
         kind = "compressed" if path.name.endswith(compress.COMPRESSED_SUFFIX) else "uncompressed"
@@ -218,6 +224,9 @@ def run_info(args: argparse.Namespace) -> int:
 def _newest_with_core(dumps: Dumps, args: argparse.Namespace) -> tuple[Dump, Path]:
     found = select(args, dumps)
     for d in reversed(found):
+        if d.status == COMPRESSING:  # the newest match: not an older dump in its place
+            raise NotReadyError(f"the core of {d.id} is still being compressed into the store: try again when "
+                                "`corehandler list` shows its status final")
         path = dumps.file_path(d)
         if path is not None:
             if not path.exists():

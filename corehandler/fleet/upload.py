@@ -56,6 +56,7 @@ from corehandler.fleet.upload_queue import (
 )
 from corehandler.observe.observer import Quiet
 from corehandler.store import analyses
+from corehandler.store.dumprow import COMPRESSING
 from corehandler.store.index import Store
 
 log = logging.getLogger("corehandler.fleet.upload")
@@ -107,6 +108,10 @@ class Uploader(Quiet):
         self.start()
 
     def on_ingested(self, record: dict, stored: dict) -> None:
+        if stored.get("status") != COMPRESSING:  # else its file is not there yet: on_stored queues it
+            self.on_stored(record, stored)
+
+    def on_stored(self, record: dict, stored: dict) -> None:
         with self._db_lock:
             # A reload that turned uploads off counts at once, before the thread takes it; turning them on
             # again queues what the store holds (backfill).

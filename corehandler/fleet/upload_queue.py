@@ -6,6 +6,7 @@ import sqlite3
 import time
 
 from corehandler.store import index
+from corehandler.store.dumprow import COMPRESSING
 
 STATES = ("pending", "uploading", "done", "failed")
 
@@ -39,10 +40,10 @@ def enqueue(db: sqlite3.Connection, dump_id: str, now: float | None = None) -> b
 
 def backfill(db: sqlite3.Connection, now: float | None = None) -> int:
     """Queues every live dump the queue has not seen (a kill between indexing and enqueueing, or a store
-    that existed before [upload] was set)."""
+    that existed before [upload] was set); not one still compressing, which on_stored queues."""
     with db:
         cur = db.execute("INSERT OR IGNORE INTO uploads (id, state, queued_at) SELECT id, 'pending', ? FROM dumps "
-                         "WHERE deleting = 0", (time.time() if now is None else now,))
+                         "WHERE deleting = 0 AND status != ?", (time.time() if now is None else now, COMPRESSING))
     return cur.rowcount
 
 

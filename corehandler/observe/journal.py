@@ -1,8 +1,12 @@
 """journald entries for dumps, retention deletions and errors: a daemon observer (docs/design.md).
 
 Find them with `journalctl MESSAGE_ID=<id>`:
-  7a7dd158d6224178bebec48e1516b612  a dump (one per dump the daemon ingests; COREHANDLER_ID is the id
-                                    `corehandler list` shows)
+  7a7dd158d6224178bebec48e1516b612  a dump (one per dump the daemon ingests, as soon as it is listed, with
+                                    its trace; COREHANDLER_ID is the id `corehandler list` shows). While its
+                                    core is being stored (COREHANDLER_STATUS=compressing) the entry has no
+                                    COREDUMP_FILENAME nor COREHANDLER_STORED_BYTES: the next entry has them
+  5c7f5a6f0cd84f8b9e3a9a31e1b8d2c4  a dump's core stored and verified (one per dump announced compressing):
+                                    COREDUMP_FILENAME, its final COREHANDLER_STATUS and the stored figures
   240de2af0a3e441c8602d0269540ea6c  retention removed a dump
   a219c89f8f754bd9b672a00dd7c65b78  a daemon error
 
@@ -36,12 +40,14 @@ from corehandler import fields
 from corehandler.analysis import findings
 from corehandler.observe.observer import Quiet
 from corehandler.printable import display
+from corehandler.store.dumprow import COMPRESSING
 
 log = logging.getLogger(__name__)
 
 # Where sd_journal_sendv always sends; not a parameter because libsystemd offers none.
 SOCKET = "/run/systemd/journal/socket"
 MESSAGE_ID_DUMP = "7a7dd158d6224178bebec48e1516b612"
+MESSAGE_ID_STORED = "5c7f5a6f0cd84f8b9e3a9a31e1b8d2c4"
 MESSAGE_ID_DELETED = "240de2af0a3e441c8602d0269540ea6c"
 MESSAGE_ID_ERROR = "a219c89f8f754bd9b672a00dd7c65b78"
 SYSLOG_IDENTIFIER = "corehandler"
@@ -91,6 +97,9 @@ class JournalObserver(Quiet):
 
     def on_ingested(self, record: Mapping[str, Any], stored: Mapping[str, Any]) -> None:
         self._safely(dump_entry, record, stored)
+
+    def on_stored(self, record: Mapping[str, Any], stored: Mapping[str, Any]) -> None:
+        self._safely(stored_entry, record, stored)
 
     def on_deleted(self, dump_id: str, exe: str | None, rule: str, freed_bytes: int) -> None:
         self._safely(deleted_entry, dump_id, exe, rule, freed_bytes)
@@ -204,6 +213,8 @@ def dump_entry(record: Mapping[str, Any], stored: Mapping[str, Any]) -> Fields:
         what += f", captured in {seconds:.3f} s ({throughput / 2**20:.0f} MiB/s)"
     if stored.get("path"):
         what += f", stored as {stored['path']}"
+    elif stored.get("status") == COMPRESSING:
+        what += ", being compressed into the store"
     f["MESSAGE"] = what
     _put(f, "COREDUMP_PID", record.get("pid"))
     _put(f, "COREDUMP_TID", record.get("tid"))
@@ -236,12 +247,37 @@ def dump_entry(record: Mapping[str, Any], stored: Mapping[str, Any]) -> Fields:
     _put(f, "COREHANDLER_THROUGHPUT_BYTES_PER_SECOND", None if throughput is None else round(throughput))
     _put(f, "COREHANDLER_HOLD_SECONDS", _seconds(fields.hold_seconds(record)))
     _put(f, "COREHANDLER_STRATEGY", cap.get("strategy"))
-    _put(f, "COREHANDLER_STORED_BYTES", stored.get("stored_bytes"))
-    _put(f, "COREHANDLER_COMPRESS_SECONDS", _seconds(fields.number(stored, "compress_seconds")))
+    _stored_fields(f, stored)
     errors = record.get("errors")
     if isinstance(errors, list) and errors:
         _put(f, "COREHANDLER_RECORD_ERRORS", "\n".join(str(e) for e in errors))
     analysis_fields(f, stored.get("analysis"))
+    return f
+
+
+def _stored_fields(f: Fields, stored: Mapping[str, Any]) -> None:
+    _put(f, "COREHANDLER_RAW_BYTES", stored.get("raw_bytes"))
+    _put(f, "COREHANDLER_STORED_BYTES", stored.get("stored_bytes"))
+    _put(f, "COREHANDLER_COMPRESS_SECONDS", _seconds(fields.number(stored, "compress_seconds")))
+
+
+def stored_entry(record: Mapping[str, Any], stored: Mapping[str, Any]) -> Fields:
+    """The second entry of a dump listed while compressing: where its core went, and what it took."""
+    dump_id = stored.get("id") or record.get("id")
+    raw, packed = fields.number(stored, "raw_bytes"), fields.number(stored, "stored_bytes")
+    what = f"Stored dump {dump_id}"
+    if stored.get("path"):
+        what += f" as {stored['path']} ({_mib(packed)} of {_mib(raw)})"
+    else:
+        what += f": no core kept ({stored.get('problem') or stored.get('status')})"
+    f: Fields = {"MESSAGE_ID": MESSAGE_ID_STORED, "PRIORITY": str(PRIORITY_INFO),
+                 "SYSLOG_IDENTIFIER": SYSLOG_IDENTIFIER, "MESSAGE": what}
+    _put(f, "COREHANDLER_ID", dump_id)
+    _put(f, "COREDUMP_FILENAME", stored.get("path"))
+    _put(f, "COREHANDLER_STATUS", stored.get("status"))
+    _put(f, "COREHANDLER_PROBLEM", stored.get("problem"))
+    _stored_fields(f, stored)
+    _put(f, "COREHANDLER_INGEST_SECONDS", _seconds(fields.number(stored, "ingest_seconds")))
     return f
 
 

@@ -30,7 +30,7 @@ from corehandler.atomicfile import write_atomic
 from corehandler.observe.analysis_metrics import AnalysisMetrics
 from corehandler.observe.observer import Quiet
 from corehandler.observe.upload_metrics import UploadCollector
-from corehandler.store.dumprow import STATUSES
+from corehandler.store.dumprow import COMPRESSING, STATUSES
 from corehandler.store.index import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,8 @@ class MetricsObserver(Quiet):
         self.compression_ratio = histogram("corehandler_compression_ratio",
                                            "Raw size over compressed size of each stored dump", RATIO_BUCKETS)
         self.ingest_duration = histogram("corehandler_ingest_duration_seconds",
-                                         "Time the daemon spent ingesting each dump (validate, compress, index)",
+                                         "Time the daemon spent ingesting each dump (validate, analyse, index, "
+                                         "compress)",
                                          DURATION_BUCKETS)
         self.backlog = Gauge("corehandler_ingest_backlog", "Committed spool records waiting to be ingested",
                              registry=r)
@@ -152,6 +153,10 @@ class MetricsObserver(Quiet):
             self._count_dump(record, stored)
             self.analysis.count(stored)
 
+    def on_stored(self, record: Mapping[str, Any], stored: Mapping[str, Any]) -> None:
+        with self._guard("on_stored"):
+            self._count_stored(stored)
+
     def on_error(self, kind: str, message: str, dump_id: str | None) -> None:
         with self._guard("on_error"):
             self.errors.labels(kind).inc()
@@ -204,7 +209,8 @@ class MetricsObserver(Quiet):
         hold = fields.hold_seconds(record)
         if hold is not None:
             self.hold.observe(hold)
-        self._count_stored(stored)
+        if stored.get("status") != COMPRESSING:  # else on_stored counts it, once its figures are known
+            self._count_stored(stored)
 
     def _count_stored(self, stored: Mapping[str, Any]) -> None:
         raw = fields.number(stored, "raw_bytes")
@@ -300,7 +306,7 @@ class _StoreCollector:
             log.debug("metrics: index unavailable: %s", err)
             return
         dumps = GaugeMetricFamily("corehandler_store_dumps", "Dumps in the store, by index status (ok, "
-                                  "truncated, dropped, invalid, orphan)", labels=["status"])
+                                  "truncated, dropped, invalid, orphan, compressing)", labels=["status"])
         for status in STATUSES:
             dumps.add_metric([status], by_status.get(status, (0, 0))[0])
         yield dumps

@@ -9,21 +9,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from corehandler.store.dumprow import Dump
+from corehandler.store.dumprow import COMPRESSING, Dump
 
 
 @dataclass(frozen=True)
 class Stored(Mapping):
-    """A dump as the daemon indexed it: what on_ingested reports beside the spool record. Read-only and a
-    Mapping of its fields, so observers that read crash figures defensively (`fields.number(stored, ...)`)
-    take it as they take any mapping."""
+    """A dump as the daemon indexed it: what on_ingested and on_stored report beside the spool record.
+    Read-only and a Mapping of its fields, so observers that read crash figures defensively
+    (`fields.number(stored, ...)`) take it as they take any mapping. While status is `compressing` the stored
+    file's figures are not known yet: path, stored_bytes and compress_seconds are None."""
 
     id: str
-    path: str | None          # the stored file, None for a dropped dump
+    path: str | None          # the stored file, None for a dropped dump (and while compressing)
     raw_bytes: int
     stored_bytes: int | None
-    compress_seconds: float
-    ingest_seconds: float
+    compress_seconds: float | None
+    ingest_seconds: float     # until the event: listed (on_ingested), or stored too (on_stored)
     ingested_at: float
     status: str
     problem: str | None
@@ -31,8 +32,10 @@ class Stored(Mapping):
 
     @classmethod
     def of(cls, dump: Dump, path: Path | None, analysis: Mapping[str, Any] | None) -> Stored:
+        pending = dump.status == COMPRESSING
         return cls(id=dump.id, path=str(path) if path else None, raw_bytes=dump.raw_bytes,
-                   stored_bytes=dump.stored_bytes, compress_seconds=dump.compress_seconds or 0.0,
+                   stored_bytes=None if pending else dump.stored_bytes,
+                   compress_seconds=None if pending else dump.compress_seconds or 0.0,
                    ingest_seconds=dump.ingest_seconds or 0.0, ingested_at=dump.ingested_at, status=dump.status,
                    problem=dump.problem, analysis=analysis)
 
@@ -56,7 +59,11 @@ class Observer(Protocol):
     raises. Observers inherit Quiet for the events they do not care about."""
 
     def on_start(self) -> None: ...
+    # The dump is listed (index row, analysis). stored.status `compressing`: its core is being stored, and
+    # on_stored follows; any other status is final, and nothing follows.
     def on_ingested(self, record: Mapping[str, Any], stored: Stored) -> None: ...
+    # A dump announced `compressing` is stored and verified: stored has its final status and figures.
+    def on_stored(self, record: Mapping[str, Any], stored: Stored) -> None: ...
     def on_deleted(self, dump_id: str, exe: str | None, rule: str, freed_bytes: int) -> None: ...
     def on_error(self, kind: str, message: str, dump_id: str | None) -> None: ...
     def on_state(self, backlog: int, store_bytes: int, store_count: int) -> None: ...
@@ -70,6 +77,9 @@ class Quiet:
         pass
 
     def on_ingested(self, record: Mapping[str, Any], stored: Stored) -> None:
+        pass
+
+    def on_stored(self, record: Mapping[str, Any], stored: Stored) -> None:
         pass
 
     def on_deleted(self, dump_id: str, exe: str | None, rule: str, freed_bytes: int) -> None:

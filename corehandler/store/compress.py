@@ -1,5 +1,5 @@
-"""Stored dumps: zstd compression to a temp file made durable and renamed into place, verification by
-streaming decompression, and decompression for `dump`. With compression off, dumps are stored raw."""
+"""Stored dumps: zstd compression to a temp file verified as it is written, made durable and renamed into place;
+verification of a stored file, and decompression for `dump`. With compression off, dumps are stored raw."""
 
 from __future__ import annotations
 
@@ -48,7 +48,9 @@ class Stored:
 
 
 def resolve_threads(threads: int) -> int:
-    return threads if threads > 0 else (os.cpu_count() or 1)
+    """zstd's workers for [compression] threads; 0: one per CPU but one, which store_file's own thread uses to
+    hash and verify the stream (on 2 CPUs one worker stored a dump sooner than two: bench/results/compress.md)."""
+    return threads if threads > 0 else max(1, (os.cpu_count() or 1) - 1)
 
 
 def stored_name(dump_id: str, compressed: bool) -> str:
@@ -58,8 +60,14 @@ def stored_name(dump_id: str, compressed: bool) -> str:
 def store_file(src: Path, store_dir: Path, dump_id: str, *, enabled: bool = True, level: int = 3,
                threads: int = 0, checkpoint: Callable[[str], None] | None = None) -> Stored:
     """Writes src into store_dir as <id>.zst (or <id>.core when compression is off): temp file, fsync,
-    rename, fsync of the directory. Raises DiskFullError on ENOSPC/EDQUOT, CompressError otherwise;
-    either way no temp file is left behind and src is untouched.
+    rename, fsync of the directory; the file renamed into place is verified. Raises DiskFullError on
+    ENOSPC/EDQUOT, VerifyError when what was written does not read back, CompressError otherwise; whichever,
+    no temp file is left behind and src is untouched.
+
+    One pass over src: its sha256 is taken as it is read, and the compressed bytes are decompressed as they
+    are written (zstd checks the content checksum it wrote, the XXH64 of the original bytes, at the end), so
+    the stored file is verified without being read back (bench/results/compress.md measures what that saves).
+    A raw copy has no checksum of its own: it is read back and hashed.
 
     checkpoint(name) is called at the named steps (the daemon's test-only pause points)."""
     start = time.monotonic()
@@ -72,9 +80,11 @@ def store_file(src: Path, store_dir: Path, dump_id: str, *, enabled: bool = True
                 open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
                              0o600), "wb") as fout:
             if enabled:
+                check = _Readback(fout)
                 cctx = zstandard.ZstdCompressor(level=level, threads=resolve_threads(threads),
                                                 write_checksum=True)
-                sink = cctx.stream_writer(fout, size=os.fstat(fin.fileno()).st_size, closefd=False)
+                sink = cctx.stream_writer(check, size=os.fstat(fin.fileno()).st_size, closefd=False,
+                                          write_size=CHUNK)
             else:
                 sink = fout
             while chunk := fin.read(CHUNK):
@@ -85,8 +95,11 @@ def store_file(src: Path, store_dir: Path, dump_id: str, *, enabled: bool = True
                     checkpoint("compressing")
             if enabled:
                 sink.close()
+                check.done(tmp.name, raw)
             fout.flush()
             os.fsync(fout.fileno())
+        if not enabled:
+            verify(tmp, raw, digest.hexdigest())
         if checkpoint:
             checkpoint("compressed")
         os.rename(tmp, final)
@@ -101,6 +114,53 @@ def store_file(src: Path, store_dir: Path, dump_id: str, *, enabled: bool = True
         tmp.unlink(missing_ok=True)
         raise
     return Stored(final, raw, final.stat().st_size, digest.hexdigest(), enabled, time.monotonic() - start)
+
+
+class _Readback:
+    """The compressor's output: written to the file and decompressed on the way, which checks what was
+    compressed against the frame's content checksum at the frame's end (done)."""
+
+    def __init__(self, out: BinaryIO):
+        self.out = out
+        self.decompressor = zstandard.ZstdDecompressor().decompressobj()
+        self.total = 0
+
+    def write(self, data: bytes) -> int:
+        self.out.write(data)
+        try:
+            self.total += len(self.decompressor.decompress(data))
+        except zstandard.ZstdError as e:
+            raise VerifyError(f"the compressed stream does not decompress: {e}") from e
+        return len(data)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    def done(self, name: str, raw_bytes: int) -> None:
+        if not self.decompressor.eof:
+            raise VerifyError(f"{name}: the compressed stream ends before its frame does")
+        if self.decompressor.unused_data:
+            raise VerifyError(f"{name}: the compressed stream goes on past its frame")
+        if self.total != raw_bytes:
+            raise VerifyError(f"{name} decompresses to {self.total} bytes, {raw_bytes} were compressed")
+
+
+def find_stored(store_dir: Path, dump_id: str) -> Path | None:
+    """The dump's stored file, compressed or not, if there is one (renamed into place: complete)."""
+    for compressed in (True, False):
+        path = store_dir / stored_name(dump_id, compressed)
+        if path.exists():
+            return path
+    return None
+
+
+def adopt(path: Path) -> Stored:
+    """A stored file found in place, measured and verified by reading it whole; VerifyError if it fails."""
+    start = time.monotonic()
+    raw, digest = measure(path)
+    check_header(path, raw)  # a frame cut at a block's end decompresses without an error, short
+    return Stored(path, raw, path.stat().st_size, digest, path.name.endswith(COMPRESSED_SUFFIX),
+                  time.monotonic() - start)
 
 
 def open_stored(path: Path) -> BinaryIO:
@@ -135,31 +195,6 @@ def verify(path: Path, raw_bytes: int, sha256: str | None) -> None:
         raise VerifyError(f"{path.name} decompresses to {total} bytes, expected {raw_bytes}")
     if sha256 and digest != sha256:
         raise VerifyError(f"{path.name} decompresses to data with sha256 {digest}, expected {sha256}")
-
-
-def verify_written(stored: Stored) -> None:
-    """Ingest's check before the raw core goes: the stored file reads back whole. A compressed one is
-    decompressed, and zstd checks each frame's content checksum (XXH64 of the original bytes, which store_file
-    has it write) as it goes: a bad write or a compressor bug fails that as surely as comparing sha256 would,
-    for one hash less per byte (about a tenth of ingest: bench/results/compress.md). A file without that
-    checksum, and a raw copy, are compared by sha256."""
-    with open(stored.path, "rb") as f:
-        head = f.read(18)  # the longest frame header
-    try:
-        checksummed = stored.compressed and zstandard.get_frame_parameters(head).has_checksum
-    except zstandard.ZstdError as e:
-        raise VerifyError(f"{stored.path.name} does not start with a zstd frame: {e}") from e
-    if not checksummed:
-        return verify(stored.path, stored.raw_bytes, stored.sha256)
-    total = 0
-    try:
-        with open_stored(stored.path) as reader:
-            while chunk := reader.read(CHUNK):
-                total += len(chunk)
-    except zstandard.ZstdError as e:
-        raise VerifyError(f"{stored.path.name} does not decompress: {e}") from e
-    if total != stored.raw_bytes:
-        raise VerifyError(f"{stored.path.name} decompresses to {total} bytes, expected {stored.raw_bytes}")
 
 
 def check_header(path: Path, raw_bytes: int) -> None:

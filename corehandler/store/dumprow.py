@@ -10,7 +10,10 @@ from dataclasses import dataclass
 from corehandler import fields
 from corehandler.printable import display
 
-STATUSES = ("ok", "truncated", "dropped", "invalid", "orphan")
+# A dump listed before its core is stored: visible (row, analysis, journal, metrics) while compression and
+# verification run; it then takes one of the other statuses (daemon.py's stages).
+COMPRESSING = "compressing"
+STATUSES = ("ok", "truncated", "dropped", "invalid", "orphan", COMPRESSING)
 
 
 

@@ -17,7 +17,7 @@ from corehandler import paths
 from corehandler.errors import EXIT_PERMISSION, CorehandlerError
 from corehandler.paths import DIR_MODES
 from corehandler.store import analyses, match
-from corehandler.store.dumprow import _COLUMNS, Dump
+from corehandler.store.dumprow import _COLUMNS, COMPRESSING, Dump
 from corehandler.store.match import Filter
 
 # Every table of index.sqlite is spelled and migrated here, and nowhere else. 5: the analysis table is part
@@ -245,6 +245,20 @@ class Store:
         with self.db:
             cur = self.db.execute(f"INSERT OR IGNORE INTO dumps ({columns}) VALUES ({marks})", row)
         return cur.rowcount == 1
+
+    def complete(self, dump_id: str, **values) -> bool:
+        """A `compressing` row takes its final status and the stored file's figures (the columns given);
+        False when it is not `compressing` (already completed)."""
+        sets = ", ".join(f"{k} = :{k}" for k in values)
+        with self.db:
+            cur = self.db.execute(f"UPDATE dumps SET {sets} WHERE id = :id AND status = :compressing",
+                                  {**values, "id": dump_id, "compressing": COMPRESSING})
+        return cur.rowcount == 1
+
+    def compressing(self) -> list[str]:
+        """Ids of the dumps listed but not yet stored, oldest first."""
+        return [r[0] for r in self.db.execute("SELECT id FROM dumps WHERE status = ? ORDER BY crashed_at, id",
+                                              (COMPRESSING,))]
 
     def get(self, dump_id: str) -> Dump | None:
         """The row of that exact id, half deleted or not (ingest asks whether an id is indexed)."""

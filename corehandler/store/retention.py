@@ -179,7 +179,8 @@ def vacuum(store, policy: Policy, *, now: float | None = None, busy: Iterable[st
 
     # A dump whose spool record is still there has not finished ingest (a kill between its index row and the
     # cleanup): the daemon completes it from that record, so its row must still be there.
-    busy = set(busy) | set(spool.committed_ids(paths.spool_dir(store.state_dir)))
+    # A dump still compressing has no stored file yet: the daemon completes its row.
+    busy = set(busy) | set(spool.committed_ids(paths.spool_dir(store.state_dir))) | set(store.compressing())
     unsent = upload_queue.waiting_ids(store.db)
     items = [Item(i, t, exe, size, i in busy, i in unsent, uid) for i, t, exe, size, uid in store.sizes()]
     _, free = filesystem(store.store_dir)

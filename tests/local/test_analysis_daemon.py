@@ -169,7 +169,7 @@ def test_restart_analyses_what_a_kill_left_and_skips_what_is_gone(tmp_path, cras
         assert "killed mid-analysis" in g["problems"][0] and "before analysis existed" in o["problems"][0]
         assert analyses.unanalysed(store) == []
     assert not (spool_dir / f"{left}.core").exists()
-    assert {e[1] for e in rec.of("ingested")} == {left, gone, older}
+    assert rec.of("ingested") == []  # their rows were final: the daemon that wrote them announced them
 
 
 def test_dropped_and_disabled_are_skipped(tmp_path, crashes):

@@ -1,12 +1,15 @@
-"""zstd storage: durable temp-then-rename, verification by streaming decompression, byte-identical output."""
+"""zstd storage: durable temp-then-rename, verified as it is written, byte-identical output; verification of a
+stored file."""
 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import subprocess
 
 import pytest
+import zstandard
 
 from corehandler.store import compress
 from support.spoolfeed import emit_core
@@ -51,14 +54,11 @@ def test_decompress_to_a_pipe(tmp_path, core):
     assert reader.wait() == 0
 
 
-@pytest.mark.parametrize("check", ["verify", "verify_written"])
-@pytest.mark.parametrize("damage", ["flip", "flip checksum", "truncate", "append"])
-def test_corrupt_store_file_fails_verification(tmp_path, core, damage, check):
-    """verify (what `dump` runs: sha256 against the index) and verify_written (ingest's: the frame's own
-    content checksum) catch the same damage."""
-    stored = compress.store_file(core, tmp_path, "id1")
-    compress.verify_written(stored)
-    data = bytearray(stored.path.read_bytes())
+DAMAGE = ["flip", "flip checksum", "truncate", "append"]
+
+
+def damaged(data: bytes, damage: str) -> bytes:
+    data = bytearray(data)
     if damage == "flip":
         data[len(data) // 2] ^= 0xFF
     elif damage == "flip checksum":
@@ -67,30 +67,74 @@ def test_corrupt_store_file_fails_verification(tmp_path, core, damage, check):
         del data[len(data) // 2:]
     else:
         data += b"trailing garbage"
-    stored.path.write_bytes(bytes(data))
+    return bytes(data)
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_corrupt_store_file_fails_verification(tmp_path, core, damage):
+    """verify (what `dump` and `info` run: sha256 against the index) and adopt (what ingest runs on a stored
+    file a kill left in place: the frame's own content checksum) catch the damage."""
+    stored = compress.store_file(core, tmp_path, "id1")
+    adopted = compress.adopt(stored.path)
+    assert (adopted.raw_bytes, adopted.stored_bytes, adopted.sha256) == (stored.raw_bytes, stored.stored_bytes,
+                                                                       stored.sha256)
+    stored.path.write_bytes(damaged(stored.path.read_bytes(), damage))
     with pytest.raises(compress.VerifyError):
-        if check == "verify":
-            compress.verify(stored.path, stored.raw_bytes, stored.sha256)
-        else:
-            compress.verify_written(stored)
+        compress.verify(stored.path, stored.raw_bytes, stored.sha256)
+    with pytest.raises(compress.VerifyError):
+        compress.adopt(stored.path)
 
 
-def test_verify_written_compares_sha256_where_there_is_no_frame_checksum(tmp_path, core):
-    import dataclasses
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_the_compressed_stream_is_verified_as_it_is_written(tmp_path, core, damage, monkeypatch):
+    """store_file decompresses what it writes on the way: damage between the compressor and the file (here:
+    the whole stream damaged, then handed on in pieces as the compressor does) fails the store, and leaves
+    neither a stored file nor a temp file."""
+    good = zstandard.ZstdCompressor(write_checksum=True).compress(core.read_bytes())
+    check = compress._Readback(io.BytesIO())
+    for i in range(0, len(good), 4096):
+        check.write(good[i:i + 4096])
+    check.done("good", core.stat().st_size)
 
-    import zstandard
+    class Damaging(compress._Readback):
+        def __init__(self, out):
+            super().__init__(out)
+            self.buffered = b""
 
-    path = tmp_path / "id1.zst"
-    path.write_bytes(zstandard.ZstdCompressor(write_checksum=False).compress(core.read_bytes()))
-    stored = compress.Stored(path, core.stat().st_size, path.stat().st_size, _sha(core), True, 0.0)
-    compress.verify_written(stored)
-    with pytest.raises(compress.VerifyError, match="sha256"):
-        compress.verify_written(dataclasses.replace(stored, sha256="0" * 64))
-    raw = compress.store_file(core, tmp_path, "id2", enabled=False)
-    with pytest.raises(compress.VerifyError, match="sha256"):
-        compress.verify_written(dataclasses.replace(raw, sha256="0" * 64))
-    with pytest.raises(compress.VerifyError, match="expected 1$"):
-        compress.verify_written(dataclasses.replace(stored, raw_bytes=1))
+        def write(self, data):
+            self.buffered += data
+            return len(data)
+
+        def flush(self):
+            pass
+
+        def hand_on(self):
+            bad = damaged(self.buffered, damage)
+            for i in range(0, len(bad), 4096):
+                super().write(bad[i:i + 4096])
+
+        def done(self, name, raw_bytes):
+            self.hand_on()
+            super().done(name, raw_bytes)
+
+    monkeypatch.setattr(compress, "_Readback", Damaging)
+    store = tmp_path / "store"
+    store.mkdir()
+    with pytest.raises(compress.VerifyError):
+        compress.store_file(core, store, "id1")
+    assert os.listdir(store) == []
+
+
+def test_a_stored_file_in_place_is_found_and_adopted(tmp_path, core):
+    assert compress.find_stored(tmp_path, "id1") is None
+    raw = compress.store_file(core, tmp_path, "id1", enabled=False)
+    assert compress.find_stored(tmp_path, "id1") == raw.path
+    adopted = compress.adopt(raw.path)
+    assert (adopted.raw_bytes, adopted.sha256, adopted.compressed) == (raw.raw_bytes, raw.sha256, False)
+    raw.path.unlink()
+    stored = compress.store_file(core, tmp_path, "id1")
+    assert compress.find_stored(tmp_path, "id1") == stored.path
+    assert compress.adopt(stored.path).sha256 == stored.sha256
 
 
 def test_wrong_size_or_hash_fails_verification(tmp_path, core):
@@ -121,7 +165,7 @@ def test_missing_source_is_a_compress_error(tmp_path):
 
 
 def test_threads_zero_means_one_per_cpu():
-    assert compress.resolve_threads(0) == os.cpu_count()
+    assert compress.resolve_threads(0) == max(1, os.cpu_count() - 1)
     assert compress.resolve_threads(3) == 3
 
 

@@ -70,13 +70,26 @@ def test_ingest_complete_truncated_and_dropped(tmp_path, state, feeder, csplice)
     assert sha_of(out) == raw_sha
     assert sorted(os.listdir(state / "store")) == sorted(r.path for r in rows.values() if r.path)
 
+    # Listed first (on_ingested), while the core is compressed; a dump with no core to store is final at once.
     ingested = {e[1]: e[2] for e in rec.of("ingested")}
-    assert set(ingested) == set(rows)
+    assert set(ingested) == set(rows) and len(rec.of("ingested")) == 3
     s = ingested[ok["id"]]
-    assert s["status"] == "ok" and s["raw_bytes"] == 3 << 20 and s["stored_bytes"] == rows[ok["id"]].stored_bytes
-    assert s["path"] == str(state / "store" / rows[ok["id"]].path) and s["ingest_seconds"] >= s["compress_seconds"]
+    assert s["status"] == "compressing" and s["raw_bytes"] == 3 << 20 and s["path"] is None
+    assert s["stored_bytes"] is None and s["compress_seconds"] is None
+    assert s["analysis"]["state"] != "pending"  # analysed before it is listed: the trace is there at once
     assert set(s) == {"id", "path", "raw_bytes", "stored_bytes", "compress_seconds", "ingest_seconds",
                       "ingested_at", "status", "problem", "analysis"}
+    assert ingested[trunc["id"]]["status"] == "compressing"
+    assert ingested[meta["id"]]["status"] == "dropped"
+    # Then stored (on_stored), with the final status and the stored file's figures.
+    stored = {e[1]: e[2] for e in rec.of("stored")}
+    assert set(stored) == {ok["id"], trunc["id"]} and len(rec.of("stored")) == 2
+    s = stored[ok["id"]]
+    assert s["status"] == "ok" and s["raw_bytes"] == 3 << 20 and s["stored_bytes"] == rows[ok["id"]].stored_bytes
+    assert s["path"] == str(state / "store" / rows[ok["id"]].path) and s["ingest_seconds"] >= s["compress_seconds"]
+    assert stored[trunc["id"]]["status"] == "truncated"
+    order = [(e[0], e[1]) for e in rec.events if e[0] in ("ingested", "stored")]
+    assert order.index(("ingested", ok["id"])) < order.index(("stored", ok["id"]))
     assert rec.of("state")[-1][1:] == (0, sum(r.stored_bytes for r in rows.values()), 3)
     assert rec.of("error") == [] and rec.events[-1] == ("close",)
 
@@ -87,7 +100,7 @@ def test_inotify_picks_up_new_records_without_a_sweep(tmp_path, state, feeder, c
         wait_for(lambda: d.store is not None, what="daemon start")
         for pid in (201, 202, 203):
             feed(feeder, csplice, settings, size=256 << 10, pid=pid)
-        wait_for(lambda: len(indexed(state)) == 3, what="three dumps indexed")
+        wait_for(lambda: [r.status for r in indexed(state).values()] == ["ok"] * 3, what="three dumps stored")
     assert sorted(r.pid for r in indexed(state).values()) == [201, 202, 203]
     assert spool_empty(state)
 
@@ -185,7 +198,8 @@ def test_100_records_dropped_at_once(tmp_path, state, feeder, csplice):
             os.rename(staging / r["core"], state / "spool" / r["core"])
         for r in records:
             os.rename(staging / f"{r['id']}.json", state / "spool" / f"{r['id']}.json")
-        wait_for(lambda: len(indexed(state)) == 100, timeout=120, what="100 dumps indexed")
+        wait_for(lambda: [r.status for r in indexed(state).values()] == ["ok"] * 100, timeout=120,
+                 what="100 dumps stored")
     rows = indexed(state)
     assert sorted(rows) == sorted(r["id"] for r in records)
     assert all(r.status == "ok" for r in rows.values())
@@ -230,6 +244,45 @@ def test_recovery_finishes_every_half_done_state(tmp_path, state, feeder, csplic
     assert sorted(os.listdir(store_dir)) == sorted(r.path for r in rows.values())
     for r in rows.values():
         compress.verify(store_dir / r.path, r.raw_bytes, r.sha256)
+
+
+def test_recovery_finishes_every_state_of_a_dump_listed_before_it_was_stored(tmp_path, state, feeder, csplice):
+    """Rows left `compressing` by a kill, made by hand: with the raw core alone (compressed again), with its
+    stored file complete in place (verified and kept), with a damaged one in place (stored again), with a temp
+    file, and with the record gone too (finished from the row). Each ends `ok` with a file that decompresses to
+    the captured bytes, announced stored once and not listed again (the killed daemon did that)."""
+    from corehandler.store.dumprow import row_from_record
+
+    spool_dir, store_dir = state / "spool", state / "store"
+    settings = write_settings(tmp_path / "s.conf", spool_dir)
+    raw_alone, in_place, damaged, temp, no_record = (
+        feed(feeder, csplice, settings, size=65536, pid=800 + i) for i in range(5))
+    shas = {r["id"]: sha_of(spool_dir / r["core"]) for r in (raw_alone, in_place, damaged, temp, no_record)}
+    store_dir.mkdir(mode=0o700)
+    with Store(state) as s:
+        for r in shas:
+            s.insert(row_from_record(next(x for x in (raw_alone, in_place, damaged, temp, no_record) if x["id"] == r),
+                                     status="compressing", problem=None, path=None, raw_bytes=65536, stored_bytes=0,
+                                     sha256=None))
+    kept = compress.store_file(spool_dir / in_place["core"], store_dir, in_place["id"], threads=1)
+    kept_inode = kept.path.stat().st_ino
+    bad = compress.store_file(spool_dir / damaged["core"], store_dir, damaged["id"], threads=1)
+    bad.path.write_bytes(bad.path.read_bytes()[:-9])
+    (store_dir / f".tmp.{temp['id']}.zst").write_bytes(b"partial")
+    (spool_dir / f"{no_record['id']}.json").unlink()
+
+    rec = Recorder()
+    with Running(Settings(state, threads=1, sweep_interval=3600), [rec]):
+        wait_for(lambda: spool_empty(state) and len(rec.of("stored")) == 5, what="every dump stored")
+    rows = indexed(state)
+    assert sorted(rows) == sorted(shas)
+    for r in rows.values():
+        assert r.status == "ok" and r.sha256 == shas[r.id] and r.stored_bytes == (store_dir / r.path).stat().st_size
+        compress.verify(store_dir / r.path, r.raw_bytes, r.sha256)
+    assert sorted(os.listdir(store_dir)) == sorted(r.path for r in rows.values())
+    assert (store_dir / rows[in_place["id"]].path).stat().st_ino == kept_inode  # kept, not written again
+    assert sorted(e[1] for e in rec.of("stored")) == sorted(shas) and rec.of("ingested") == []
+    assert [(e[1], e[3]) for e in rec.of("error")] == [("corrupt", damaged["id"])]
 
 
 def test_retention_timer_applies_a_reloaded_policy(tmp_path, state, feeder, csplice):

@@ -63,15 +63,21 @@ def sha_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def announced(proc: subprocess.Popen) -> list[tuple[str, str]]:
+    """(event, id) of the on_ingested and on_stored events an exited rundaemon printed, in order."""
+    out = _pending.pop(proc.stdout.fileno(), b"") + proc.stdout.read()
+    return [(e["event"], e["stored"]["id"]) for e in map(json.loads, out.splitlines())
+            if e["event"] in ("ingested", "stored")]
+
+
 def ingested_events(proc: subprocess.Popen) -> set[str]:
     """Ids of the on_ingested events an exited rundaemon printed."""
-    out = _pending.pop(proc.stdout.fileno(), b"") + proc.stdout.read()
-    return {e["stored"]["id"] for e in map(json.loads, out.splitlines()) if e["event"] == "ingested"}
+    return {dump_id for event, dump_id in announced(proc) if event == "ingested"}
 
 
-def run_to_completion(state_dir: Path, n: int) -> set[str]:
+def run_to_completion(state_dir: Path, n: int, events: list | None = None) -> set[str]:
     """A fresh daemon finishes the work; then it is stopped with SIGTERM (which must exit 0). Returns the ids
-    it reported ingested."""
+    it reported ingested (and adds every (event, id) it announced to events)."""
     proc = start(state_dir)
     try:
         wait_line(proc.stderr, "Watching")  # SIGTERM before the handlers are set would just kill it
@@ -80,12 +86,15 @@ def run_to_completion(state_dir: Path, n: int) -> set[str]:
             pending = [x for x in os.listdir(state_dir / "spool") if x != ".rate"]
             if not pending and (state_dir / "index.sqlite").exists():
                 with Store(state_dir) as s:
-                    if s.totals()[1] >= n:
+                    if s.totals()[1] >= n and not s.compressing():
                         break
             time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
-        return ingested_events(proc)
+        said = announced(proc)
+        if events is not None:
+            events += said
+        return {dump_id for event, dump_id in said if event == "ingested"}
     finally:
         proc.kill()
         proc.wait()
@@ -137,9 +146,49 @@ def test_sigkill_at_each_ingest_step_loses_nothing(fed, point):
         proc.wait()
     finally:
         proc.kill()
-    reported = ingested_events(proc) | run_to_completion(state_dir, len(expected))
+    events = announced(proc)
+    run_to_completion(state_dir, len(expected), events)
     check_invariants(state_dir, expected)
-    assert reported == set(expected)  # observers heard of every dump, the interrupted one included
+    # Observers heard of every dump, the interrupted one included: listed once, then stored once.
+    for dump_id in expected:
+        assert [e for e, i in events if i == dump_id] == ["ingested", "stored"], (dump_id, events)
+
+
+def cli(state_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "corehandler", "--config-dir", str(state_dir / "etc"),
+                           "--state-dir", str(state_dir), *args], capture_output=True, text=True)
+
+
+def test_a_dump_is_listed_with_its_analysis_while_its_core_is_compressed(fed):
+    """Stopped between the two stages (listed, not stored): list and info show the dump `compressing`, with its
+    analysis and no stored file; dump and debug say it is not ready (exit 5) and write nothing, rather than
+    hand out an older dump or a core not yet verified. A kill there still ends in exactly one complete dump."""
+    state_dir, expected = fed
+    proc = start(state_dir, pause="visible")
+    try:
+        wait_line(proc.stderr, "Pausing at visible")
+        listed = json.loads(cli(state_dir, "list", "--json").stdout)
+        assert len(listed) == 1
+        dump_id = listed[0]["id"]
+        assert (listed[0]["status"], listed[0]["corefile"], listed[0]["path"]) == ("compressing", "compressing", None)
+        assert listed[0]["raw_bytes"] == 2 << 20
+        info = cli(state_dir, "info", dump_id)
+        assert info.returncode == 0, info.stderr
+        assert "Status: compressing" in info.stdout and "Storage: being compressed (2M)" in info.stdout
+        assert "Analysis:" in info.stdout
+        info_json = json.loads(cli(state_dir, "info", "--json", dump_id).stdout)[0]
+        assert info_json["analysis"]["state"] != "pending"
+        out = state_dir.parent / "out.core"
+        for verb in (["dump", "-o", str(out)], ["debug", "--debugger", "true"]):
+            refused = cli(state_dir, *verb, dump_id)
+            assert refused.returncode == 5 and "still being compressed" in refused.stderr, refused
+        assert not out.exists()
+        proc.kill()
+        proc.wait()
+    finally:
+        proc.kill()
+    run_to_completion(state_dir, len(expected))
+    check_invariants(state_dir, expected)
 
 
 def test_sigkill_at_random_times_loses_nothing(tmp_path, feeder, csplice):
@@ -196,8 +245,10 @@ def test_disk_full_keeps_the_raw_dump_and_retries(tmp_path, feeder, csplice):
         assert error["id"] == r["id"] and "no space left" in error["message"]
         assert sha_of(core) == raw_sha  # the raw dump is kept
         assert [n for n in os.listdir(mnt / "state" / "store")] == []  # no half-written file
+        with Store(mnt / "state") as s:  # listed meanwhile, its core waiting for room
+            assert s.get(r["id"]).status == "compressing"
         subprocess.run(["mount", "-o", "remount,size=64m", str(mnt)], check=True)
-        wait_line(proc.stdout, '"event": "ingested"')
+        wait_line(proc.stdout, '"event": "stored"')
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
         check_invariants(mnt / "state", {r["id"]: raw_sha})

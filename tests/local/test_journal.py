@@ -4,6 +4,7 @@ the host's /run/systemd/journal/socket, so only a private mount namespace keeps 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from corehandler.observe import journal
@@ -37,6 +38,27 @@ def test_dump_entry_from_a_real_record(feeder, csplice, tmp_path):
     assert got["COREDUMP_FILENAME"] == stored["path"]
     assert got["COREHANDLER_ID"] == record["id"]
     assert "truncated (max_dump_size)" in got["MESSAGE"]
+
+
+def test_a_dump_listed_while_compressing_then_stored(feeder, csplice, tmp_path):
+    """The dump's entry comes when it is listed: its core still being compressed, it says so and names no file
+    and no compressed size; the stored entry that follows has them, under its own MESSAGE_ID."""
+    maker = RecordMaker(feeder, csplice, tmp_path / "spool-root")
+    record = maker.make(1 << 20)
+    final = maker.store_dump(record)
+    listed = dataclasses.replace(final, path=None, stored_bytes=None, compress_seconds=None,
+                                 status="compressing")
+    got = journal.dump_entry(record, listed)
+    assert got["MESSAGE_ID"] == journal.MESSAGE_ID_DUMP and got["COREHANDLER_STATUS"] == "compressing"
+    assert "being compressed into the store" in got["MESSAGE"]
+    assert not got.keys() & {"COREDUMP_FILENAME", "COREHANDLER_STORED_BYTES", "COREHANDLER_COMPRESS_SECONDS"}
+    assert got["COREHANDLER_RAW_BYTES"] == str(1 << 20)
+    done = journal.stored_entry(record, final)
+    assert done["MESSAGE_ID"] == journal.MESSAGE_ID_STORED and done["PRIORITY"] == "6"
+    assert done["COREHANDLER_ID"] == record["id"] and done["COREHANDLER_STATUS"] == "ok"
+    assert done["COREDUMP_FILENAME"] == final["path"]
+    assert done["COREHANDLER_STORED_BYTES"] == str(final["stored_bytes"])
+    assert done["MESSAGE"].startswith(f"Stored dump {record['id']} as {final['path']} (")
 
 
 def test_deletion_and_error_entries():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import urllib.error
 import urllib.request
@@ -93,6 +94,32 @@ def test_counts_and_histograms_match_the_records(three_dumps):
     assert value(got, "corehandler_ingest_duration_seconds_count") == 3
 
 
+def test_a_dump_listed_while_compressing_counts_its_stored_figures_once_stored(maker):
+    """on_ingested of a `compressing` dump counts the dump, its capture and analysis at once; its stored bytes,
+    ratio and compression and ingest times wait for on_stored, and are counted once."""
+    record = maker.make(2 * MIB)
+    final = maker.store_dump(record)
+    listed = dataclasses.replace(final, path=None, stored_bytes=None, compress_seconds=None,
+                                 status="compressing")
+    observer = MetricsObserver()
+    observer.on_ingested(record, listed)
+    got = samples(observer.exposition())
+    assert value(got, "corehandler_dumps_total", signal="SIGSEGV", outcome="complete", reason="",
+                 exe="other") == 1
+    assert value(got, "corehandler_hold_duration_seconds_count") == 1
+    assert value(got, "corehandler_stored_bytes_total") == 0
+    assert value(got, "corehandler_compression_ratio_count") == 0
+    assert value(got, "corehandler_ingest_duration_seconds_count") == 0
+    observer.on_stored(record, final)
+    got = samples(observer.exposition())
+    assert value(got, "corehandler_dumps_total", signal="SIGSEGV", outcome="complete", reason="",
+                 exe="other") == 1
+    assert value(got, "corehandler_stored_bytes_total") == final["stored_bytes"]
+    assert value(got, "corehandler_compression_ratio_count") == 1
+    assert value(got, "corehandler_compress_duration_seconds_count") == 1
+    assert value(got, "corehandler_ingest_duration_seconds_count") == 1
+
+
 def test_buckets_span_the_sizes_and_speeds_we_promise():
     assert min(metrics.SIZE_BUCKETS) <= MIB and max(metrics.SIZE_BUCKETS) >= 64 << 30
     assert min(metrics.THROUGHPUT_BUCKETS) <= 1e6 and max(metrics.THROUGHPUT_BUCKETS) >= 20e9
@@ -120,15 +147,16 @@ def test_store_series_are_read_from_the_index_at_each_scrape(tmp_path):
     assert not names & {"corehandler_store_dumps", "corehandler_retention_deletions_total"}  # no index yet
 
     with Store(tmp_path) as store:
-        for n, status, stored in ((1, "ok", 10), (2, "truncated", 20), (3, "ok", 30), (4, "dropped", 0)):
+        for n, status, stored in ((1, "ok", 10), (2, "truncated", 20), (3, "ok", 30), (4, "dropped", 0),
+                                  (5, "compressing", 0)):
             record = {"schema": 1, "id": f"17960000000{n:05d}-0123456789abcdef-{n}", "timestamp": 1_700_000_000 + n}
             store.insert(row_from_record(record, status=status, problem=None, path=f"{record['id']}.zst",
                                          raw_bytes=100, stored_bytes=stored, sha256=None))
         got = samples(observer.exposition())
         assert {dict(k[1])["status"]: v for k, v in got.items() if k[0] == "corehandler_store_dumps"} == {
-            "ok": 2, "truncated": 1, "dropped": 1, "invalid": 0, "orphan": 0}
+            "ok": 2, "truncated": 1, "dropped": 1, "invalid": 0, "orphan": 0, "compressing": 1}
         assert value(got, "corehandler_store_bytes") == 60
-        assert value(got, "corehandler_last_dump_timestamp_seconds") == 1_700_000_004
+        assert value(got, "corehandler_last_dump_timestamp_seconds") == 1_700_000_005
         assert not [k for k in got if k[0] == "corehandler_retention_deletions_total"]
 
         store.delete(store.get(f"17960000000{1:05d}-0123456789abcdef-1"), "max_age")

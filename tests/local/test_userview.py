@@ -169,6 +169,37 @@ def test_views_follow_deletions_and_the_index_of_an_older_version(published, cap
     assert listed(cli(published, USER, "list")) == [6001]
 
 
+def test_a_user_sees_their_dump_compressing_and_waits_for_its_core(published):
+    """A dump the daemon listed before storing its core (status `compressing`, no file yet) is in its user's
+    view as it is in the index: `list` shows it, `info` says its core is being compressed, `dump` and `debug`
+    exit 5 rather than hand out the user's older dump."""
+    from corehandler.errors import EXIT_CONFLICT
+    from corehandler.store.dumprow import row_from_record
+    from corehandler.store.index import Store
+
+    state, _, _, ids = published
+    with Store(state) as store:
+        mine = store.get(ids[6001]).record
+        record = dict(mine, id=mine["id"][:-4] + "6099", pid=6099, timestamp=mine["timestamp"] + 1)
+        store.insert(row_from_record(record, status="compressing", problem=None, path=None, raw_bytes=1 << 20,
+                                     stored_bytes=0, sha256=None))
+        userview.refresh(store, [USER])
+    try:
+        assert listed(cli(published, USER, "list")) == [6001, 6099]
+        got = cli(published, USER, "--json", "info", "6099")
+        assert got.returncode == 0, got.stderr
+        [info] = json.loads(got.stdout)
+        assert (info["status"], info["corefile"]) == ("compressing", "compressing")
+        for verb in (["dump"], ["debug", "--debugger", "true"]):
+            got = cli(published, USER, *verb, "mine")
+            assert got.returncode == EXIT_CONFLICT and b"still being compressed" in got.stderr, got.stderr
+    finally:
+        with Store(state) as store:
+            store.db.execute("DELETE FROM dumps WHERE id = ?", (record["id"],))
+            store.db.commit()
+            userview.refresh(store, [USER])
+
+
 def test_the_installed_program_as_nobody(published):
     """The same through the program and runuser, where the test venv allows it."""
     why = program_runnable_by("nobody")

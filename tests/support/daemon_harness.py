@@ -20,6 +20,9 @@ class Recorder(Quiet):
     def on_ingested(self, record, stored):
         self.events.append(("ingested", record["id"], stored))
 
+    def on_stored(self, record, stored):
+        self.events.append(("stored", record["id"], stored))
+
     def on_deleted(self, dump_id, exe, rule, freed_bytes):
         self.events.append(("deleted", dump_id, rule, freed_bytes))
 

@@ -26,6 +26,9 @@ class PrintObserver(Quiet):
     def on_ingested(self, record, stored):
         self._emit("ingested", stored=dict(stored))
 
+    def on_stored(self, record, stored):
+        self._emit("stored", stored=dict(stored))
+
     def on_deleted(self, dump_id, exe, rule, freed_bytes):
         self._emit("deleted", id=dump_id, rule=rule)
 
