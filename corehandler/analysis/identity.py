@@ -7,7 +7,8 @@ form outside any user manager, that runtime's bundle, the bundle init's namespac
 its config.json that name the pod and the container, and nothing else of that file).
 
 The cgroup path alone is partly the process's to choose (a user names the cgroups delegated to them), so a pod
-is named only from proc.container, and a pod uid is never taken from below a user manager (user@UID.service).
+is named only from proc.container, and nothing below a user manager (user@UID.service) names a container or a
+pod: rootless containers are identified by their user unit only.
 
 cgroup v2 ("0::/path"), v1 and hybrid hosts (a "name=systemd" hierarchy beside the controllers) all work:
 the unified path is used when it says more than "/", else the name=systemd one, else the first v1 path.
@@ -77,6 +78,12 @@ def parse_cgroup(path: str | None) -> dict[str, Any]:
     parts = [p for p in path.split("/") if p]
     user_manager = None
     for i, part in enumerate(parts):
+        if user_manager is not None:
+            # Below user@UID.service every name is the user's to choose: it attributes nothing to a container
+            # or a pod (rootless containers included: csplice can vouch for none of them).
+            if part.endswith(_UNIT_SUFFIXES):
+                out["user_unit"] = out["user_unit"] or part
+            continue
         for runtime, pattern in _CONTAINER_COMPONENTS:
             m = pattern.match(part)
             if m and out["container_id"] is None:
@@ -87,21 +94,18 @@ def parse_cgroup(path: str | None) -> dict[str, Any]:
             out["container_id"] = m.group(1)
             out["runtime"] = _PARENTS.get(parent, CONTAINERD if parent.startswith("pod") else None)
         m = _POD.match(part)
-        if m and user_manager is None:
+        if m:
             out["pod_uid"] = m.group(1).replace("_", "-")
         for pattern in _NSPAWN:
             m = pattern.match(part)
             if m and out["machine"] is None and out["container_id"] is None:
                 out["machine"] = _unescape_unit(m.group(1))
         if part.endswith(".slice"):
-            if user_manager is None:
-                out["slice"] = part
+            out["slice"] = part
         elif part.endswith(_UNIT_SUFFIXES):
             if part.startswith("user@") and part.endswith(".service"):
                 user_manager = part
                 out["unit"] = part
-            elif user_manager is not None:
-                out["user_unit"] = out["user_unit"] or part
             elif out["unit"] is None:
                 out["unit"] = part
     if out["machine"] is not None and out["runtime"] is None:

@@ -46,8 +46,9 @@ UID = "7c4d2a1e-93b5-4f0c-8d6e-1a2b3c4d5e6f"
     # Podman: rootful, rootless, cgroupfs
     (f"0::/machine.slice/libpod-{ID}.scope/container\n", dict(runtime="podman", container_id=ID,
                                                                  slice="machine.slice")),
+    # rootless: below a user manager every name is the user's, so no container is attributed from it
     (f"0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID}.scope/container\n",
-     dict(runtime="podman", container_id=ID)),
+     dict(runtime="systemd", container_id=None, user_unit=f"libpod-{ID}.scope", slice="user-1000.slice")),
     (f"0::/libpod_parent/libpod-{ID}\n", dict(runtime="podman", container_id=ID)),
     # systemd-nspawn: the template unit, and a registered machine scope
     ("0::/machine.slice/systemd-nspawn@debian.service/payload/system.slice/cron.service\n",
@@ -118,7 +119,8 @@ def test_a_cgroup_alone_names_no_pod():
     cgroup = (f"0::/user.slice/user-1000.slice/user@1000.service/app.slice/kubepods-pod{UID.replace('-', '_')}"
               f".slice/cri-containerd-{ID}.scope\n")
     got = identity.identify({"proc": {"cgroup": cgroup, "oci_config": json.dumps(CRI_CONFIG)}})
-    assert (got["pod_uid"], got["pod_name"], got["container_name"]) == (None, None, None)
+    assert (got["pod_uid"], got["pod_name"], got["container_name"], got["container_id"], got["runtime"]) == \
+        (None, None, None, None, "systemd")
 
 
 def test_missing_and_wrong_types_never_raise():
