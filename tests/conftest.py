@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from corehandler import paths
+from corehandler.analysis import account
 from support import cbuild, host_core, host_state, s3server
 
 HERE = Path(__file__).resolve().parent
@@ -163,6 +164,14 @@ def s3_private(tmp_path):
     server = _start_s3(tmp_path / "s3")
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _analyser_user():
+    """As root, the analyser's own user exists, made as `corehandler install` makes it: analyses run as it."""
+    if _is_root():
+        account.ensure()
+    yield
 
 
 HOST_MARKERS = ("root", "live_kernel", "deb", "journald")

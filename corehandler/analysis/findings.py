@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -201,26 +203,44 @@ def apply_errors(stack: dict, stderr: BinaryIO, limits: Limits) -> list[str]:
 
 
 
-def check_exe(exe_path: str | None, core_build_id: str | None) -> dict:
+def check_exe(exe_path: str | None, core_build_id: str | None, vetting: dict | None = None) -> dict:
     """The exe then (its build-id in the core) against the file at its path now: "same", "replaced" (other
-    build-id), "deleted" (gone, or /proc already said so), "unreadable", "unknown" (no build-id to compare)."""
+    build-id), "deleted" (gone, or /proc already said so), "unreadable", "unknown" (no build-id to compare, or
+    the path was not vetted). The path is the crashing process's to choose: the file is read only when the
+    analyser's jail found it, as the crashing user, a regular file reached without symlinks (`vetting`, its
+    report's `exe`), and then opened O_PATH|O_NOFOLLOW and checked again before a byte is read, so a device
+    or FIFO planted since is never opened and the states say nothing the user could not see themselves."""
     out: dict[str, Any] = {"path": exe_path, "build_id": core_build_id, "disk_build_id": None, "state": "unknown"}
     if not exe_path:
         return out
-    deleted = exe_path.endswith(" (deleted)")
-    path = exe_path.removesuffix(" (deleted)")
-    if deleted or not os.path.lexists(path):
+    if exe_path.endswith(" (deleted)"):
+        out["state"] = "deleted"
+        return out
+    if vetting is None:
+        return out
+    refused = vetting.get("refused")
+    if refused == os.strerror(errno.ENOENT):
         out["state"] = "deleted"
         return out
     try:
-        disk_id = out["disk_build_id"] = elfcore.file_build_id(path)
+        if refused:
+            raise OSError(errno.EACCES, refused)
+        fd = os.open(exe_path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EACCES, "not a regular file")
+            disk_id = out["disk_build_id"] = elfcore.file_build_id(f"/proc/self/fd/{fd}")
+        finally:
+            os.close(fd)
     except OSError as e:
+        if e.errno == errno.ENOENT:
+            out["state"] = "deleted"
+            return out
         out["state"], out["problem"] = "unreadable", e.strerror
         return out
     if core_build_id and disk_id:
         out["state"] = "same" if disk_id == core_build_id else "replaced"
     return out
-
 
 
 def exe_module(modules: list[dict], exe_path: str | None) -> dict | None:
@@ -240,7 +260,8 @@ def packages(modules: list[dict]) -> dict[str, dict]:
 
 
 def build_result(record: dict, stack: dict, modules: list[dict], modules_cut: bool, problems: list[str],
-                 timed_out: bool, *, available: bool = True, seconds: float = 0.0) -> dict:
+                 timed_out: bool, *, available: bool = True, seconds: float = 0.0,
+                 exe_vetting: dict | None = None) -> dict:
     threads = stack["threads"]
     tid = record.get("tid") if isinstance(record.get("tid"), int) else None
     crashing = next((t for t in threads if t["tid"] == tid), threads[0] if threads else None)
@@ -254,7 +275,7 @@ def build_result(record: dict, stack: dict, modules: list[dict], modules_cut: bo
     exe_path = fields.proc(record).get("exe")
     exe_path = exe_path if isinstance(exe_path, str) else None
     main = exe_module(modules, exe_path)
-    exe = check_exe(exe_path, main["build_id"] if main else None)
+    exe = check_exe(exe_path, main["build_id"] if main else None, exe_vetting)
     exe["package"] = main.get("package") if main else None
     cut = []
     if stack["threads_cut"]:

@@ -1,12 +1,15 @@
 """Crash analysis of a raw core: every thread's stack, the build-id of every mapped module, the exe checked
 against the file on disk, its package note, and the grouping keys (docs/analysis.md).
 
-The unwinder is elfutils' `eu-stack`. It runs as a child of the daemon, never in its process, behind
-`prlimit` (address space, CPU time, output file size, no core dumps of its own), `nice`/`ionice` and
-`unshare --net` (as far as the host allows: see sandbox()), with an environment holding no DEBUGINFOD_URLS
-and no proxies: nothing leaves the host. Its output goes to memory files capped by RLIMIT_FSIZE and is
-parsed line by line with every line cut at `Limits.line_chars`, so neither a core with thousands of threads
-nor a megabyte C++ symbol makes the daemon hold more than the caps.
+The unwinder is elfutils' `eu-stack`. It runs as a child of the daemon, never in its process, and never as
+root: jail.py, started as a fresh interpreter, vets the files the core names (as the crashing user: regular
+files reached without symlinks, readable by that user), builds a private read-only view of the system holding
+only those and the unwinder's own programs, gives it no network, and execs eu-stack as the analyser's own user
+(account.py) with no capabilities, PR_SET_NO_NEW_PRIVS, rlimits (address space, CPU time, output file size,
+no core dumps of its own) and low priority, with an environment holding no DEBUGINFOD_URLS and no proxies.
+The core is its inherited fd, readable by the analyser's group for the analysis only. Its output goes to
+memory files capped by RLIMIT_FSIZE and is parsed line by line with every line cut at `Limits.line_chars`,
+so neither a core with thousands of threads nor a megabyte C++ symbol makes the daemon hold more than the caps.
 
 The modules and their build-ids come from the core's own notes and first pages (coremodules.py), in the
 daemon: a few preads.
@@ -17,84 +20,44 @@ finish() waits for it until the timeout (counted from start), kills it if it is 
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import shutil
 import signal as signals
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from corehandler import fields
-from corehandler.analysis import coremodules
+from corehandler import elfcore, fields
+from corehandler.analysis import account, coremodules, jail
 from corehandler.analysis.findings import Limits, apply_errors, build_result, parse_stack
 
-# No proxies, no debuginfod: the analyser never reaches the network (and as root has none, see _command).
+log = logging.getLogger(__name__)
+
+# No proxies, no debuginfod: the analyser never reaches the network (and has none: jail.py).
 _ENV = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "LC_ALL": "C"}
+# What jail.py may copy into the view of files the analyser's uid cannot read (a user's 0700 binary).
+COPY_BYTES = 256 << 20
+JAIL_FAILED = 70
 
-
-# -- eu-stack's output --------------------------------------------------------------------------------------
-
-
-# -- the files on disk --------------------------------------------------------------------------------------
-
-
-# -- the children -------------------------------------------------------------------------------------------
 
 def _tool(name: str) -> str | None:
     return shutil.which(name, path=_ENV["PATH"])
 
 
-_SANDBOX: list[tuple[str, list[str]]] | None = None
-
-
-def _works(cmd: list[str]) -> bool:
-    try:
-        return subprocess.run(cmd + ["true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, env=_ENV, timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-# RLIMIT_CORE 1, not 0: the kernel runs a pipe handler even for RLIMIT_CORE 0 (csplice then keeps metadata),
-# but skips the dump of a process whose limit is 1 (fs/coredump.c's guard for a handler's own helpers), so a
-# crashing analyser never reaches our own spool; csplice refuses 1 in socket mode the same way.
-CORE_LIMIT = "--core=1"
-
-
-def sandbox() -> list[tuple[str, list[str]]]:
-    """The wrappers that work here, probed once per process: under a systemd unit whose seccomp filter denies
-    setrlimit, or without the capability to make a network namespace, a wrapper fails and is left out
-    rather than failing every analysis (the result's `sandbox` says which applied)."""
-    global _SANDBOX
-    if _SANDBOX is None:
-        found = []
-        candidates = [("limits", [_tool("prlimit"), CORE_LIMIT, "--"]), ("nice", [_tool("nice"), "-n", "19"]),
-                      ("ionice", [_tool("ionice"), "-c", "2", "-n", "7"])]
-        for name, cmd in candidates:
-            if cmd[0] and _works(cmd):
-                found.append((name, cmd))
-        unshare = _tool("unshare")
-        for cmd in ([unshare, "--net", "--"], [unshare, "--user", "--map-root-user", "--net", "--"]):
-            if unshare and _works(cmd):
-                found.append(("no-network", cmd))
-                break
-        _SANDBOX = found
-    return _SANDBOX
-
-
-def _command(argv: list[str], limits: Limits) -> list[str]:
-    """argv behind the resource limits, low priority and no network, as far as this host allows."""
-    cmd = []
-    for name, wrapper in sandbox():
-        if name == "limits":
-            cmd += [wrapper[0], f"--as={limits.memory_bytes}", CORE_LIMIT, f"--cpu={limits.cpu_seconds}",
-                    f"--fsize={limits.output_bytes}", "--"]
-        else:
-            cmd += wrapper
-    return cmd + argv
+def sandbox() -> list[str]:
+    """What keeps this host's analyses from running at all, said once at the daemon's start: as root, the
+    analyser's user must exist (`corehandler install` makes it)."""
+    if os.geteuid() == 0 and account.lookup() is None:
+        why = f"no user {account.NAME}: crashes are not unwound until `corehandler install` makes it"
+        log.warning("Analysis: %s", why)
+        return [why]
+    return []
 
 
 @dataclass
@@ -110,16 +73,52 @@ class _Child:
         self.ended = time.monotonic()
 
 
-def _spawn(argv: list[str], limits: Limits) -> _Child:
-    out = os.fdopen(os.memfd_create("corehandler-analysis-out", os.MFD_CLOEXEC), "w+b")
-    err = os.fdopen(os.memfd_create("corehandler-analysis-err", os.MFD_CLOEXEC), "w+b")
+def _memfd(name: str) -> BinaryIO:
+    return os.fdopen(os.memfd_create(name, os.MFD_CLOEXEC), "w+b")
+
+
+def _crashing_user(record: dict) -> dict:
+    """The crashing process's uid, gid and supplementary groups (its /proc status, read by csplice)."""
+    status = fields.proc(record).get("status")
+    groups = []
+    for line in (status if isinstance(status, str) else "").splitlines():
+        if line.startswith("Groups:"):
+            groups = [int(g) for g in line.split()[1:] if g.isdigit()]
+    uid, gid = record.get("uid"), record.get("gid")
+    return {"uid": uid if isinstance(uid, int) else None, "gid": gid if isinstance(gid, int) else None,
+            "groups": groups}
+
+
+def _exe_path(record: dict) -> str | None:
+    exe = fields.proc(record).get("exe")
+    return exe if isinstance(exe, str) and not exe.endswith(" (deleted)") else None
+
+
+def _spawn(run: "Running", argv: list[str], files: list[str]) -> _Child:
+    out, err = _memfd("corehandler-analysis-out"), _memfd("corehandler-analysis-err")
+    spec = _memfd("corehandler-analysis-spec")
     try:
-        proc = subprocess.Popen(_command(argv, limits), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                env=_ENV, cwd="/", start_new_session=True, close_fds=True)
+        limits = run.limits
+        spec.write(json.dumps({
+            "argv": argv, "core_fd": run.core_fd, "report_fd": run.report.fileno(), "user": run.user,
+            "crashing": _crashing_user(run.record), "files": files, "exe": _exe_path(run.record),
+            "copy_bytes": COPY_BYTES, "env": _ENV,
+            "limits": {"memory_bytes": limits.memory_bytes, "cpu_seconds": limits.cpu_seconds,
+                       "output_bytes": limits.output_bytes}}).encode())
+        spec.flush()
+        spec.seek(0)
+        # -I -S: the jail imports the standard library only, from a fresh process (not a preexec hook in
+        # this threaded one).
+        proc = subprocess.Popen([sys.executable, "-I", "-S", jail.__file__, str(spec.fileno())],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=_ENV, cwd="/",
+                                start_new_session=True, close_fds=True,
+                                pass_fds=(spec.fileno(), run.core_fd, run.report.fileno()))
     except BaseException:
         out.close()
         err.close()
         raise
+    finally:
+        spec.close()
     child = _Child(proc, out, err)
     # A thread notes the exit as it happens: finish() runs only after compression, and the analysis's time
     # is the child's, not the compression's.
@@ -130,7 +129,7 @@ def _spawn(argv: list[str], limits: Limits) -> _Child:
 
 @dataclass
 class Running:
-    """An analysis under way: both children started, the daemon free to compress meanwhile."""
+    """An analysis under way: the child started, the daemon free to compress meanwhile."""
     core: Path
     record: dict
     limits: Limits
@@ -138,6 +137,21 @@ class Running:
     available: bool = True
     stack: _Child | None = None
     problems: list[str] = field(default_factory=list)
+    user: dict | None = None
+    core_fd: int = -1
+    core_access: tuple[int, int] | None = None  # (mode, gid) to give back once the analyser is done
+    report: BinaryIO | None = None
+
+
+def _open_core(run: Running) -> None:
+    """The core as an fd for the jail, readable by the analyser's group while it runs (the spool is 0700, so
+    only this fd reaches it)."""
+    run.core_fd = os.open(run.core, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    if run.user is not None:
+        st = os.fstat(run.core_fd)
+        run.core_access = (st.st_mode & 0o7777, st.st_gid)
+        os.fchown(run.core_fd, -1, run.user["gid"])
+        os.fchmod(run.core_fd, 0o640)
 
 
 def start(core: Path, record: dict, limits: Limits = Limits()) -> Running:
@@ -147,13 +161,21 @@ def start(core: Path, record: dict, limits: Limits = Limits()) -> Running:
         run.available = False
         run.problems.append("eu-stack not found (install elfutils)")
         return run
-    core_arg = f"--core={run.core}"
+    if os.geteuid() == 0:
+        run.user = account.lookup()
+        if run.user is None:
+            run.available = False
+            run.problems.append(f"no user {account.NAME} to run the analyser as (`corehandler install` makes it)")
+            return run
     # No -e EXE: libdwfl then finds every file, the executable too, by the core's file names and rejects one
     # whose build-id differs, so a binary replaced since the crash shows unsymbolised frames, not wrong ones
-    # (with -e it would take the file as given).
-    argv = [stack, core_arg, "-b", "-m", "-n", str(limits.frames)] + (["-s"] if limits.source_lines else [])
+    # (with -e it would take the file as given). Those names reach it only vetted (jail.py).
+    argv = [stack, "-b", "-m", "-n", str(limits.frames)] + (["-s"] if limits.source_lines else [])
     try:
-        run.stack = _spawn(argv, limits)
+        files = elfcore.inspect_core(run.core).files
+        _open_core(run)
+        run.report = _memfd("corehandler-analysis-report")
+        run.stack = _spawn(run, argv, files)
     except OSError as e:
         run.problems.append(f"cannot start the analyser: {e.strerror}")
         cancel(run)
@@ -176,12 +198,46 @@ def _wait(child: _Child | None, deadline: float) -> bool:
 
 
 def cancel(run: Running) -> None:
-    """Kills and reaps the child (ingest gave up on this dump, or the daemon is stopping)."""
+    """Kills and reaps the child (ingest gave up on this dump, or the daemon is stopping), and gives the core
+    back its own access."""
     if run.stack is not None:
         _wait(run.stack, 0)
         run.stack.stdout.close()
         run.stack.stderr.close()
     run.stack = None
+    if run.core_fd >= 0:
+        try:
+            if run.core_access is not None:
+                os.fchmod(run.core_fd, run.core_access[0])
+                os.fchown(run.core_fd, -1, run.core_access[1])
+        finally:
+            os.close(run.core_fd)
+            run.core_fd = -1
+    if run.report is not None:
+        run.report.close()
+        run.report = None
+
+
+def _jail_report(run: Running) -> dict:
+    if run.report is None:
+        return {}
+    run.report.seek(0)
+    try:
+        report = json.loads(run.report.read() or b"{}")
+    except ValueError:
+        return {}
+    return report if isinstance(report, dict) else {}
+
+
+def _jail_problems(report: dict) -> list[str]:
+    out = [f"analyser not started: {report['error']}"] if report.get("error") else []
+    out += [str(n) for n in report.get("notes") or []]
+    refused = report.get("refused") or []
+    if refused:
+        shown = "; ".join(f"{path}: {why}" for path, why in refused[:4])
+        more = report.get("refused_count", len(refused)) - min(len(refused), 4)
+        out.append(f"mapped files not shown to the unwinder: {shown}" + (f" (and {more} more)" if more > 0 else ""))
+    return out
 
 
 def _exit_problem(name: str, child: _Child) -> str | None:
@@ -213,6 +269,8 @@ def finish(run: Running) -> dict:
         p = _exit_problem("eu-stack", run.stack)
         if p:
             problems.append(p)
+    report = _jail_report(run)
+    problems += _jail_problems(report)
     cancel(run)
     try:
         modules, modules_cut = coremodules.modules(run.core)
@@ -223,8 +281,8 @@ def finish(run: Running) -> dict:
     # The child's own time plus our parsing: not the compression finish() waited behind.
     seconds = ended - run.started + time.monotonic() - parse_started
     result = build_result(run.record, stack, modules, modules_cut, problems, timed_out, available=run.available,
-                          seconds=seconds)
-    result["sandbox"] = [name for name, _ in sandbox()]
+                          seconds=seconds, exe_vetting=report.get("exe"))
+    result["sandbox"] = report.get("applied") or []
     return result
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from corehandler import paths as paths_mod
+from corehandler.analysis import account
 from corehandler.atomicfile import write_atomic
 from corehandler.config import Config, write_csplice_settings
 from corehandler.csplice_contract import PIDFD_SINCE, PIDFD_SPECIFIER, SPECIFIERS, csplice_version
@@ -185,6 +186,10 @@ def install(config: Config, paths: Paths, *, csplice: Path | None = None, force:
                                    f"`corehandler install --force` replaces it and uninstall puts it back")
 
     ensure_state_dirs(paths)
+    try:
+        account.ensure()  # the analyser's own user: crashes are unwound as it, never as root
+    except OSError as e:
+        raise SystemFailure(str(e)) from None
     # Values saved before an earlier install into this state dir are the ones uninstall must restore, even if
     # that install used another csplice path. Another installation's csplice with nothing saved here (a second
     # state dir, scripts/setup's /opt copy) is a handler like any other: saved, so uninstall puts it back.

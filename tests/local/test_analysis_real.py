@@ -217,7 +217,6 @@ def test_crashing_analyser(tmp_path, binary, fake_stack):
 
 def test_missing_analyser(tmp_path, monkeypatch):
     monkeypatch.setattr(unwind, "_tool", lambda name: None)
-    monkeypatch.setattr(unwind, "_SANDBOX", None)  # probed again without tools, restored afterwards
     r = unwind.analyse(tmp_path / "nothing", {"tid": 1})
     assert r["state"] == findings.UNAVAILABLE and "elfutils" in r["problems"][0]
 

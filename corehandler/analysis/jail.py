@@ -1,0 +1,302 @@
+"""The analyser's jail: run as `python -I -S jail.py SPEC_FD` by unwind.py, as root, it vets the files the core
+says were mapped, builds the unwinder a private read-only view of the system, drops every privilege and execs
+the unwinder. Standard library only: it runs without the venv's site-packages, and as a fresh process rather
+than a preexec hook of the daemon's threaded process.
+
+In order, each step with why:
+1. Vet the core's NT_FILE paths as the crashing user (its uid, gid and groups as effective ids): absolute and
+   canonical (the kernel writes them so), every component reached without a symlink (O_NOFOLLOW), the last a
+   regular file (checked on an O_PATH fd, so a device's driver is never opened and a FIFO never blocks), and
+   readable by that user (reopened through /proc/self/fd as them). A path failing any of these is not shown
+   to the unwinder, and the report says why: a user's core cannot make us read what the user could not.
+2. A mount, network and IPC namespace of its own. A tmpfs becomes its root, holding: the system's program
+   trees read-only (/usr and the merged-/usr links: the unwinder's own libraries and /usr/lib/debug),
+   /etc/ld.so.cache, a /proc showing its own process only (the core is its inherited fd, opened as
+   /proc/self/fd/N), and each vetted file at its own path (bound read-only, or copied when the analyser's uid
+   could not read it: a user's private binary, up to a cap). Nothing of the state dir, /home, /tmp or /dev is
+   there, so an unvetted path names nothing.
+3. Every capability out of the bounding set, no groups, the analyser's own uid and gid (a system user that
+   owns nothing: `corehandler install` makes it), PR_SET_NO_NEW_PRIVS, the rlimits, low priority, exec.
+Where the host refuses namespaces (a unit's RestrictNamespaces), step 2 is skipped and said so; the unwinder
+then runs unprivileged on the host's view. Where the uid cannot be dropped (no analyser user, no CAP_SETUID),
+nothing runs: the unwinder never runs as root.
+
+The report (JSON, to the report fd) says what applied, which paths were refused, and any error.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import platform
+import resource
+import shutil
+import signal
+import stat
+import sys
+
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWNET = 0x00020000, 0x08000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
+IOPRIO_SET = {"x86_64": 251, "aarch64": 30}
+# The system's program trees, as they are on this host (a directory bound read-only, or a merged-/usr link).
+SYSTEM_TREES = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+MOUNT_POINT = "/tmp"  # the tmpfs root is mounted over it, in the jail's own namespace only
+MAX_FILES = 4096
+MAX_REFUSED = 32
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"{what}: {os.strerror(e)}")
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    def enc(s: str | None) -> bytes | None:
+        return None if s is None else s.encode("utf-8", "surrogateescape")
+    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
+
+
+def _bind_ro(source: str, target: str, extra: int = 0) -> None:
+    _mount(source, target, None, MS_BIND | MS_REC)
+    _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | extra)
+
+
+# -- 1. vetting, as the crashing user ------------------------------------------------------------------------
+
+def vet(path: str) -> tuple[int | None, str | None]:
+    """(a read-only fd of the file at path, None) or (None, why it is refused); runs with the crashing user's
+    effective ids."""
+    parts = path.split("/")
+    if not path.startswith("/") or any(p in ("", ".", "..") for p in parts[1:]):
+        return None, "not a canonical absolute path"
+    if path.endswith(" (deleted)"):
+        return None, "deleted since it was mapped"
+    fds = [os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
+    try:
+        for part in parts[1:-1]:
+            fds.append(os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fds[-1]))
+        fds.append(os.open(parts[-1], os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fds[-1]))
+        st = os.fstat(fds[-1])
+        if stat.S_ISLNK(st.st_mode):
+            return None, "a symlink"
+        if not stat.S_ISREG(st.st_mode):
+            return None, "not a regular file"
+        fd = os.open(f"/proc/self/fd/{fds[-1]}", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC)
+        return fd, None
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            return None, "a symlink on the way"
+        if e.errno == errno.EACCES:
+            return None, "not readable by the crashing user"
+        return None, e.strerror or str(e)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _groups(spec: dict) -> list[int]:
+    return [g for g in spec.get("groups") or [] if isinstance(g, int) and g >= 0][:64]
+
+
+def vet_all(spec: dict, report: dict) -> dict[str, int]:
+    crashing = spec.get("crashing") or {}
+    uid, gid = crashing.get("uid"), crashing.get("gid")
+    as_user = os.geteuid() == 0 and isinstance(uid, int) and isinstance(gid, int) and uid >= 0 and gid >= 0
+    if as_user:
+        os.setgroups(_groups(crashing))
+        os.setegid(gid)
+        os.seteuid(uid)
+    vetted: dict[str, int] = {}
+    exe = spec.get("exe")
+    try:
+        for path in list(dict.fromkeys(spec.get("files") or []))[:MAX_FILES]:
+            fd, why = vet(path)
+            if fd is not None:
+                vetted[path] = fd
+            else:
+                _refuse(report, path, why)
+            if path == exe:
+                report["exe"] = {"refused": why}
+        if exe and "exe" not in report:
+            fd, why = vet(exe)
+            report["exe"] = {"refused": why}
+            if fd is not None:
+                os.close(fd)
+    finally:
+        if as_user:
+            os.seteuid(0)
+            os.setegid(0)
+            os.setgroups([])
+    return vetted
+
+
+def _refuse(report: dict, path: str, why: str) -> None:
+    report["refused_count"] += 1
+    if len(report["refused"]) < MAX_REFUSED:
+        report["refused"].append([path, why])
+
+
+# -- 2. the view -----------------------------------------------------------------------------------------------
+
+def _under_system_tree(path: str) -> bool:
+    return path.split("/")[1] in SYSTEM_TREES
+
+
+def _place(root: str, path: str) -> str:
+    target = root + path
+    os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+    return target
+
+
+def _readable_by_analyser(st: os.stat_result, uid: int | None) -> bool:
+    return bool(st.st_mode & stat.S_IROTH) or st.st_uid == uid
+
+
+def build_view(spec: dict, vetted: dict[str, int], report: dict) -> str:
+    root = MOUNT_POINT
+    copy_budget = int(spec.get("copy_bytes", 0))
+    tool = spec["argv"][0]
+    # A test's stand-in unwinder, outside the system trees: held open now, as the tmpfs may cover its path.
+    tool_fd = None if _under_system_tree(tool) else os.open(tool, os.O_PATH | os.O_CLOEXEC)
+    _mount("corehandler-analysis", root, "tmpfs", MS_NOSUID | MS_NODEV,
+           f"mode=0755,size={copy_budget + (4 << 20)}")
+    for name in SYSTEM_TREES:
+        host = "/" + name
+        if os.path.islink(host):
+            os.symlink(os.readlink(host), f"{root}/{name}")
+        elif os.path.isdir(host):
+            os.mkdir(f"{root}/{name}", 0o755)
+            _bind_ro(host, f"{root}/{name}")
+    if os.path.isfile("/etc/ld.so.cache"):
+        open(_place(root, "/etc/ld.so.cache"), "w").close()
+        _bind_ro("/etc/ld.so.cache", f"{root}/etc/ld.so.cache")
+    if os.path.isdir("/etc/alternatives"):  # Debian's links of /usr/bin/awk and friends
+        os.makedirs(f"{root}/etc/alternatives", 0o755)
+        _bind_ro("/etc/alternatives", f"{root}/etc/alternatives")
+    # Its own processes only (hidepid=invisible, and it is the only process of its uid); the core is read
+    # through /proc/self/fd, where the kernel checks the analyser's read access as for any open.
+    os.mkdir(f"{root}/proc", 0o755)
+    _mount("proc", f"{root}/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible,subset=pid")
+    if tool_fd is not None:
+        open(_place(root, tool), "w").close()
+        _bind_ro(f"/proc/self/fd/{tool_fd}", root + tool)
+        os.close(tool_fd)
+    analyser_uid = (spec.get("user") or {}).get("uid")
+    for path, fd in vetted.items():
+        if _under_system_tree(path):
+            continue  # the read-only system tree holds it already, at the path just vetted
+        try:
+            st = os.fstat(fd)
+            target = _place(root, path)
+            if _readable_by_analyser(st, analyser_uid):
+                open(target, "w").close()
+                _bind_ro(f"/proc/self/fd/{fd}", target, MS_NOEXEC)
+            elif st.st_size <= copy_budget:
+                copy_budget -= st.st_size
+                with open(os.dup(fd), "rb") as src, open(target, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+                os.chmod(target, 0o444)
+                report["copied"] += 1
+            else:
+                _refuse(report, path, "private to its user and over the copy budget")
+        except OSError as e:
+            _refuse(report, path, f"cannot place it in the view: {e.strerror}")
+    return root
+
+
+# -- 3. privileges -------------------------------------------------------------------------------------------
+
+def drop(user: dict, last: int) -> None:
+    for cap in range(last + 1):
+        _check(_libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), f"dropping capability {cap}")
+    os.setgroups([])
+    os.setresgid(user["gid"], user["gid"], user["gid"])
+    os.setresuid(user["uid"], user["uid"], user["uid"])  # clears the permitted and effective sets
+
+
+def limit(spec: dict, report: dict) -> None:
+    limits = spec.get("limits") or {}
+    for name, key in (("RLIMIT_AS", "memory_bytes"), ("RLIMIT_CPU", "cpu_seconds"), ("RLIMIT_FSIZE", "output_bytes")):
+        if key in limits:
+            resource.setrlimit(getattr(resource, name), (limits[key], limits[key]))
+    # 1, not 0: the kernel skips a dump of a process whose RLIMIT_CORE is 1 (fs/coredump.c's guard for a core
+    # handler's own helpers), so a crashing analyser never reaches our own spool.
+    resource.setrlimit(resource.RLIMIT_CORE, (1, 1))
+    report["applied"].append("limits")
+    os.nice(19)
+    report["applied"].append("nice")
+    # Python ignores these, and an ignored signal stays ignored across exec: the unwinder must die of SIGXFSZ
+    # at its output cap, not carry on with EFBIG.
+    for sig in (signal.SIGXFSZ, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
+    number = IOPRIO_SET.get(platform.machine())
+    if number is not None and _libc.syscall(number, 1, 0, (2 << 13) | 7) == 0:  # self, best-effort level 7
+        report["applied"].append("ionice")
+
+
+def run(spec: dict, report: dict) -> None:
+    with open("/proc/sys/kernel/cap_last_cap") as f:  # read before the view hides /proc/sys
+        last_cap = int(f.read())
+    view = False
+    if os.geteuid() == 0:
+        try:
+            _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC), "unshare")
+            _mount(None, "/", None, MS_REC | MS_PRIVATE)
+            report["applied"].append("namespaces")
+            view = True
+        except OSError as e:
+            report["notes"].append(f"no namespaces of its own ({e.strerror}): the unwinder sees the host's files")
+    # Vetted in the namespace the view is built in: a bind mount takes its source from this namespace only.
+    vetted = vet_all(spec, report)
+    if view:
+        os.chroot(build_view(spec, vetted, report))
+        os.chdir("/")
+        report["applied"].append("private-view")
+    for fd in vetted.values():
+        os.close(fd)
+    os.set_inheritable(spec["core_fd"], True)
+    user = spec.get("user")
+    if os.geteuid() == 0:
+        if not user:
+            raise PermissionError(errno.EPERM, "no analyser user to run as (corehandler install makes it)")
+        drop(user, last_cap)
+        report["applied"] += ["uid", "no-capabilities"]
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
+    report["applied"].append("no-new-privs")
+    limit(spec, report)
+    argv = [spec["argv"][0], f"--core=/proc/self/fd/{spec['core_fd']}", *spec["argv"][1:]]
+    _write_report(spec, report)
+    try:
+        os.execve(argv[0], argv, spec.get("env") or {})
+    except OSError as e:
+        raise OSError(e.errno, f"cannot run {argv[0]}: {e.strerror}") from None
+
+
+def _write_report(spec: dict, report: dict) -> None:
+    fd = spec.get("report_fd")
+    if fd is not None:
+        os.pwrite(fd, json.dumps(report).encode(), 0)
+
+
+def main(argv: list[str]) -> int:
+    with open(int(argv[1]), "rb") as f:
+        spec = json.loads(f.read())
+    report = {"applied": [], "refused": [], "refused_count": 0, "copied": 0, "notes": [], "error": None}
+    try:
+        run(spec, report)
+    except OSError as e:
+        report["error"] = str(e.strerror or e) + (f" ({e.filename})" if e.filename else "")
+        _write_report(spec, report)
+        return 70
+    return 71  # not reached: run() execs
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

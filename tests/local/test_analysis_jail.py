@@ -1,0 +1,127 @@
+"""The analyser's jail (corehandler/analysis/jail.py) against real crashes cored by gdb: the unwinder runs as
+its own user with no capabilities and no-new-privs in a private view, and the files a core names reach it
+only vetted as the crashing user (issue 20, item 3)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from corehandler.analysis import account, findings, unwind
+from support import realcore
+from support.waiting import wait_for
+
+pytestmark = pytest.mark.root
+
+USER = 4242  # a crashing user: vetting takes its ids, no passwd entry needed
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _tools():
+    for tool in ("gdb", "eu-stack", "gcc"):
+        if not shutil.which(tool):
+            pytest.fail(f"{tool} is missing: scripts/install-deps installs it (scripts/apt/*.txt)")
+
+
+@pytest.fixture
+def open_dir():
+    """A directory every user can reach (pytest's own are root's 0700), removed afterwards."""
+    base = Path(tempfile.mkdtemp(prefix="corehandler-jail-"))
+    os.chmod(base, 0o755)
+    yield base
+    shutil.rmtree(base)
+
+
+def _crash(open_dir: Path):
+    binary = realcore.build(open_dir / "bin", name="analysed")
+    os.chmod(open_dir / "bin", 0o755)
+    return realcore.crash(binary, open_dir / "core", "segv")
+
+
+def _as_user(c, **proc):
+    return dict(realcore.record_for(c, "id", **proc), uid=USER, gid=USER)
+
+
+def _functions(result) -> list:
+    return [f["function"] for t in result["threads"] for f in t["frames"]]
+
+
+def test_a_fifo_planted_at_a_mapped_path_is_refused_not_waited_for(open_dir):
+    c = _crash(open_dir)
+    c.binary.rename(open_dir / "bin" / "moved")
+    os.mkfifo(c.binary, 0o666)
+    r = unwind.analyse(c.core, _as_user(c), findings.Limits(timeout=20))
+    assert r["state"] != findings.TIMEOUT, r["problems"]
+    assert any(f"{c.binary}: not a regular file" in p for p in r["problems"]), r["problems"]
+    assert r["exe"]["state"] == "unreadable"
+
+
+def test_a_device_at_a_mapped_path_is_never_opened(open_dir):
+    c = _crash(open_dir)
+    c.binary.unlink()
+    os.symlink("/dev/zero", c.binary)
+    r = unwind.analyse(c.core, _as_user(c), findings.Limits(timeout=20))
+    assert r["state"] != findings.TIMEOUT
+    assert any(f"{c.binary}: a symlink" in p for p in r["problems"]), r["problems"]
+
+
+def test_a_root_only_elf_gives_a_user_no_symbols(open_dir):
+    c = _crash(open_dir)
+    visible = unwind.analyse(c.core, _as_user(c))
+    assert "crash_segv" in _functions(visible)  # readable by the user: symbolised
+    os.chmod(c.binary, 0o700)
+    hidden = unwind.analyse(c.core, _as_user(c))
+    assert "crash_segv" not in json.dumps(hidden), hidden["threads"][0]["frames"][:2]
+    assert any("not readable by the crashing user" in p for p in hidden["problems"])
+    assert hidden["exe"]["state"] == "unreadable" and hidden["exe"]["disk_build_id"] is None
+    # root's own crash of it keeps its symbols
+    assert "crash_segv" in _functions(unwind.analyse(c.core, realcore.record_for(c, "id")))
+
+
+def test_a_users_private_binary_is_still_symbolised(open_dir):
+    c = _crash(open_dir)
+    os.chown(c.binary, USER, USER)
+    os.chmod(c.binary, 0o700)  # the user's, unreadable by the analyser's uid: copied into its view
+    r = unwind.analyse(c.core, _as_user(c))
+    assert "crash_segv" in _functions(r) and r["exe"]["state"] == "same"
+
+
+def test_the_analyser_runs_as_its_own_user_without_privileges_or_our_files(open_dir, tmp_path, monkeypatch):
+    c = _crash(open_dir)
+    fake = tmp_path / "fake-eu-stack"
+    fake.write_text("#!/bin/sh\necho 'TID 1:'\nexec sleep 600\n")
+    fake.chmod(0o755)
+    real = unwind._tool
+    monkeypatch.setattr(unwind, "_tool", lambda name: str(fake) if name == "eu-stack" else real(name))
+    before = os.stat(c.core)
+    run = unwind.start(c.core, _as_user(c), findings.Limits(timeout=60))
+    try:
+        pid = run.stack.proc.pid
+        status_path = Path(f"/proc/{pid}/status")
+
+        def execed():
+            status = dict(line.split(":", 1) for line in status_path.read_text().splitlines())
+            return status if status["Name"].strip() == "sleep" else None
+        status = wait_for(execed, timeout=30, what="the analyser exec'd")
+        user = account.lookup()
+        assert status["Uid"].split() == [str(user["uid"])] * 4 and status["Gid"].split() == [str(user["gid"])] * 4
+        assert user["uid"] != 0 and status["Groups"].split() == []
+        assert int(status["CapEff"], 16) == int(status["CapPrm"], 16) == int(status["CapBnd"], 16) == 0
+        assert status["NoNewPrivs"].strip() == "1"
+        for ns in ("mnt", "net"):
+            assert os.readlink(f"/proc/{pid}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}")
+        # Its root holds the system's program trees, its /proc and the stand-in, nothing of our state.
+        root = Path(f"/proc/{pid}/root")
+        assert not (root / "var").exists() and not (root / "home").exists() and not (root / "dev").exists()
+        assert (root / "usr" / "bin" / "eu-stack").exists()
+        # The core is read through the fd it inherited, for the analysis only.
+        assert os.stat(c.core).st_gid == user["gid"]
+    finally:
+        unwind.cancel(run)
+    after = os.stat(c.core)
+    assert (after.st_mode, after.st_gid) == (before.st_mode, before.st_gid)
