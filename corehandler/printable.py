@@ -15,9 +15,13 @@ _NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\"}
 _UNSAFE = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")
 
 
-def display(s: str | None) -> str | None:
+def display(s: object) -> str | None:
+    """s escaped; None stays None, and anything not a string is shown as its str() (a sidecar's field may hold
+    any JSON value)."""
     if s is None:
         return None
+    if not isinstance(s, str):
+        s = str(s)
     if s.isprintable() and "\\" not in s:
         return s
     return "".join(_char(c) for c in s)

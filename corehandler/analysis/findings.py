@@ -11,6 +11,7 @@ from typing import Any, BinaryIO
 
 from corehandler import elfcore, fields
 from corehandler.analysis import identity, signature
+from corehandler.printable import display
 
 # Outcomes of an analysis (the `state` of an analysis row).
 OK = "ok"                    # every thread unwound as far as the caps allow
@@ -58,18 +59,9 @@ class Limits:
 
 
 
-def escape(text: str, limit: int) -> str:
-    """Printable text: control characters and undecodable bytes as \\xNN, cut at limit characters."""
-    out = []
-    for ch in text[:limit]:
-        o = ord(ch)
-        if 0xDC80 <= o <= 0xDCFF:
-            out.append(f"\\x{o - 0xDC00:02x}")
-        elif o < 0x20 or o == 0x7F:
-            out.append(f"\\x{o:02x}")
-        else:
-            out.append(ch)
-    return "".join(out) + ("...[cut]" if len(text) > limit else "")
+def _cut(text: str, limit: int) -> str:
+    """text as the unwinder wrote it (escaped only when printed: printable.py), cut at limit characters."""
+    return text[:limit] + ("...[cut]" if len(text) > limit else "")
 
 
 
@@ -124,8 +116,8 @@ def _frame_fields(frame: dict, rest: str | None, limit: int) -> None:
             function, sep, module = rest.rpartition(" - ")
             if not sep:
                 function, module = rest, None
-    frame["function"] = escape(function, limit) if function else None
-    frame["module"] = escape(module, limit) if module else None
+    frame["function"] = _cut(function, limit) if function else None
+    frame["module"] = _cut(module, limit) if module else None
 
 
 
@@ -169,7 +161,7 @@ def parse_stack(f: BinaryIO, limits: Limits) -> dict:
             continue
         m = _SOURCE.match(line)
         if m and frame["offset"] is not None:
-            frame["file"] = escape(m.group(1), limits.line_chars)
+            frame["file"] = _cut(m.group(1), limits.line_chars)
             frame["line"] = int(m.group(2))
             continue
         if frame["build_id"] is None and frame["offset"] is None:
@@ -189,7 +181,7 @@ def apply_errors(stack: dict, stderr: BinaryIO, limits: Limits) -> list[str]:
         if m:
             t = by_tid.get(int(m.group(1)))
             if t is not None:
-                t["error"] = escape(m.group(2), limits.line_chars)
+                t["error"] = _cut(m.group(2), limits.line_chars)
             continue
         m = _MAX_FRAMES.match(line)
         if m:
@@ -198,7 +190,7 @@ def apply_errors(stack: dict, stderr: BinaryIO, limits: Limits) -> list[str]:
                 t["frames_cut"] = True
             continue
         if line.strip() and len(problems) < MAX_PROBLEMS:
-            problems.append(escape(line, limits.line_chars))
+            problems.append(_cut(line, limits.line_chars))
     return problems
 
 
@@ -313,11 +305,12 @@ def build_result(record: dict, stack: dict, modules: list[dict], modules_cut: bo
 
 
 def frame_line(f: dict) -> str:
-    """One frame as coredumpctl shows it: `#0  0x00005555555551af crash_segv (app + 0x11af) [app.c:6]`."""
-    module = (f.get("module") or "").rsplit("/", 1)[-1] or None
+    """One frame as coredumpctl shows it: `#0  0x00005555555551af crash_segv (app + 0x11af) [app.c:6]`. The
+    names are the crashed program's (its symbols, its files' paths): escaped (printable.py)."""
+    module = display((f.get("module") or "").rsplit("/", 1)[-1]) or None
     where = f"{module} + {f['offset']:#x}" if module and f.get("offset") is not None else (module or "n/a")
-    source = f" [{f['file']}:{f['line']}]" if f.get("file") else ""
-    return f"#{f['index']:<2} {f['pc']:#018x} {f.get('function') or 'n/a'} ({where}){source}"
+    source = f" [{display(f['file'])}:{f['line']}]" if f.get("file") else ""
+    return f"#{f['index']:<2} {f['pc']:#018x} {display(f.get('function')) or 'n/a'} ({where}){source}"
 
 
 
@@ -327,7 +320,7 @@ def thread_lines(t: dict) -> list[str]:
     if t.get("frames_cut"):
         out.append(f"... (more frames, cut at {len(t['frames'])})")
     if t.get("error"):
-        out.append(f"(unwinding stopped: {t['error']})")
+        out.append(f"(unwinding stopped: {display(t['error'])})")
     return out
 
 

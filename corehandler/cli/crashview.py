@@ -8,6 +8,7 @@ import argparse
 import datetime as dt
 
 from corehandler.analysis import findings
+from corehandler.printable import display
 from corehandler.store.dumprow import Dump
 from corehandler.store.dumps import Dumps
 
@@ -123,9 +124,10 @@ def _time(ts: float) -> str:
 def group_table(gs: list[dict]) -> str:
     table = [("COUNT", "FIRST", "LAST", "HOSTS", "UNITS", "SIGNATURE ID", "SIGNATURE")]
     for g in gs:
+        # Host names, units and signatures are the crashed processes' words: escaped (printable.py).
         table.append((str(g["count"]), _time(g["first_seen"]), _time(g["last_seen"]),
-                      ",".join(g["hosts"]) or "-", ",".join(g["units"]) or "-", g["signature_id"] or g["key"],
-                      g["signature"] or "-"))
+                      display(",".join(g["hosts"])) or "-", display(",".join(g["units"])) or "-",
+                      display(g["signature_id"] or g["key"]), display(g["signature"]) or "-"))
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in table)
 
@@ -143,9 +145,10 @@ def trace_lines(result: dict, all_threads: bool) -> list[str]:
     if modules:
         out.append("Modules:")
         for m in modules:
-            out.append(f"  {m['name']} build-id {m['build_id'] or '-'}"
-                       + (f" ({', '.join(f'{k}={v}' for k, v in _package(result, m['name']).items())})"
-                          if _package(result, m["name"]) else ""))
+            # The paths and the package notes are the crashed program's: escaped (printable.py).
+            package = ", ".join(f"{k}={display(str(v))}" for k, v in _package(result, m["name"]).items())
+            out.append(f"  {display(m['name'])} build-id {display(m['build_id']) or '-'}"
+                       + (f" ({package})" if package else ""))
     return out
 
 

@@ -13,6 +13,7 @@ from corehandler.cli.common import emit, load, table, write_output
 from corehandler.cli.progress import Progress
 from corehandler.errors import NoMatchError, UsageError
 from corehandler.fleet import bucket, reader
+from corehandler.printable import display
 from corehandler.units import human_size
 
 
@@ -82,13 +83,14 @@ def run_list(args: argparse.Namespace) -> int:
         groups = reader.group(sidecars)
         rows = [("COUNT", "CORES", "HOSTS", "FIRST (UTC)", "LAST (UTC)", "LATEST", "SIGNATURE")]
         rows += [(str(g["count"]), str(g["cores"]), str(len(g["hosts"])), _when(g["first_seen"]),
-                  _when(g["last_seen"]), g["latest"] or "-", g["signature"] or "-") for g in groups]
+                  _when(g["last_seen"]), display(g["latest"]) or "-", display(g["signature"]) or "-")
+                 for g in groups]
         emit(args, groups, table(rows) if groups else "")
     else:
         found = [reader.row(s) for s in sidecars]
         rows = [("TIME (UTC)", "HOST", "ID", "CORE", "EXE")]
-        rows += [(_when(r["crashed_at"]), r["host"] or "-", r["id"] or "-",
-                  human_size(r["core_bytes"]) if r["core"] else "sidecar only", r["exe"] or r["comm"] or "-")
+        rows += [(_when(r["crashed_at"]), display(r["host"]) or "-", display(r["id"]) or "-",
+                  human_size(r["core_bytes"]) if r["core"] else "sidecar only", display(r["exe"] or r["comm"]) or "-")
                  for r in found]
         emit(args, found, table(rows) if found else "")
     if not sidecars:
@@ -113,18 +115,21 @@ def run_info(args: argparse.Namespace) -> int:
         return 0
     r = reader.row(sc)
     core = sc.get("core")
-    lines = [f"ID:        {r['id']}", f"Host:      {r['host']}", f"Crashed:   {_when(r['crashed_at'])} UTC",
-             f"Exe:       {r['exe'] or '-'}", f"Signal:    {r['signal']}", f"Status:    {r['status']}",
-             f"Signature: {r['signature']} ({sc.get('signature_source')})",
-             "Core:      " + (f"s3://{target.bucket}/{core['key']} ({human_size(core['bytes'])}, "
+    # A sidecar is any host's word, and its names a crashed process's: every value escaped (printable.py).
+    lines = [f"ID:        {display(r['id'])}", f"Host:      {display(r['host'])}",
+             f"Crashed:   {_when(r['crashed_at'])} UTC", f"Exe:       {display(r['exe']) or '-'}",
+             f"Signal:    {display(r['signal'])}", f"Status:    {display(r['status'])}",
+             f"Signature: {display(r['signature'])} ({display(sc.get('signature_source'))})",
+             "Core:      " + (f"s3://{target.bucket}/{display(core.get('key'))} ({human_size(core['bytes'])}, "
                                f"{human_size(core['raw_bytes'] or 0)} decompressed)" if core else
-                               f"none (budget: {sc.get('budget')})"),
-             f"Sidecar:   s3://{target.bucket}/{sc['_key']}"]
+                               f"none (budget: {display(sc.get('budget'))})"),
+             f"Sidecar:   s3://{target.bucket}/{display(sc['_key'])}"]
     threads = (sc.get("analysis") or {}).get("threads") or []
     crashing = next((t for t in threads if t.get("crashing")), threads[0] if threads else None)
     if crashing:
-        lines.append(f"Stack of thread {crashing.get('tid')} (docs/analysis.md):")
-        lines += [f"  #{f.get('index')} {f.get('function') or '??'} ({f.get('module') or '?'}+{f.get('offset')})"
+        lines.append(f"Stack of thread {display(crashing.get('tid'))} (docs/analysis.md):")
+        lines += [f"  #{display(f.get('index'))} {display(f.get('function')) or '??'} "
+                  f"({display(f.get('module')) or '?'}+{display(f.get('offset'))})"
                   for f in crashing.get("frames") or []]
     print("\n".join(lines))
     return 0

@@ -31,15 +31,16 @@ def test_frames_build_ids_and_sources():
     assert (f2["pc"], f2["module"], f2["offset"]) == (0, None, None)
 
 
-def test_symbol_with_newline_and_control_characters_is_escaped():
-    text = "TID 7:\n#0  0x0000555555555186 evil\nname\x1b[31m - t\n" + f"    [{BID}]@0x555555554000+0x1186\n"
+def test_symbol_with_newline_and_control_characters_is_kept_and_printed_escaped():
+    text = "TID 7:\n#0  0x0000555555555186 evil\nname\x1b[31m\u202e\x9b - t\n" + f"    [{BID}]@0x555555554000+0x1186\n"
     f = stack(text)["threads"][0]["frames"][0]
-    assert f["function"] == "evil\\x0aname\\x1b[31m" and f["module"] == "t" and f["offset"] == 0x1186
+    assert f["function"] == "evil\nname\x1b[31m\u202e\x9b" and f["module"] == "t" and f["offset"] == 0x1186
+    assert "evil\\nname\\x1b[31m\\u202e\\u009b (t + 0x1186)" in findings.frame_line(f)
 
 
-def test_undecodable_bytes_are_escaped():
+def test_undecodable_bytes_are_printed_escaped():
     f = stack("TID 7:\n#0  0x0000555555555186 caf\udce9 - t\n")["threads"][0]["frames"][0]
-    assert f["function"] == "caf\\xe9"
+    assert f["function"] == "caf\udce9" and " caf\\xe9 (t)" in findings.frame_line(f)
 
 
 def test_megabyte_symbol_is_cut_and_parsing_goes_on():
@@ -88,6 +89,6 @@ def test_exe_module():
     assert findings.exe_module(modules, "/other") is modules[0] and findings.exe_module([], "/x") is None
 
 
-def test_escape():
-    assert findings.escape("a\nb\udcff", 100) == "a\\x0ab\\xff"
-    assert findings.escape("x" * 10, 4) == "xxxx...[cut]"
+def test_cut():
+    assert findings._cut("a\nb\udcff", 100) == "a\nb\udcff"
+    assert findings._cut("x" * 10, 4) == "xxxx...[cut]"
