@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import subprocess
 from pathlib import Path
 
@@ -118,11 +119,19 @@ def _installed_line(st: dict) -> str:
 def _listener_line(entry: dict | None) -> str | None:
     if entry is None:
         return None
+    # A restart is a window in which the kernel dropped dumps: say when and why, so the gap is visible.
+    restarted = ""
+    if entry.get("restarts"):
+        when = dt.datetime.fromtimestamp(entry["last_restart"]).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z") \
+            if entry.get("last_restart") else "?"
+        restarted = (f"; restarted {entry['restarts']} time{'s' if entry['restarts'] != 1 else ''}, last at "
+                     f"{when} (the listener {entry.get('last_restart_why') or 'failed'})")
     if entry["listening"]:
         how = f"supervised, pid {entry['pid']}" if entry["supervised"] else "not supervised by corehandler"
-        return f"listening on {entry['socket_path']} ({how}); {entry['refused_peers']} non-kernel peers refused"
+        return (f"listening on {entry['socket_path']} ({how}); {entry['refused_peers']} non-kernel peers refused"
+                + restarted)
     return (f"NOT LISTENING on {entry['socket_path']}: the kernel DROPS EVERY DUMP SILENTLY until it is back "
-            f"(log: {entry['log_file']}; `corehandler install --mode pipe` needs no listener)")
+            f"(log: {entry['log_file']}; `corehandler install --mode pipe` needs no listener)" + restarted)
 
 
 def _sysctl_d_line(entry: dict) -> str:

@@ -114,6 +114,7 @@ def _listener_summary(config: Config, paths: Paths, mode: str | None) -> dict | 
     path = config.kernel.socket_path
     return {"socket_path": str(path), "listening": listener.listening(path, paths.proc_root),
             "supervised": found.running, "pid": found.daemon_pid, "log_file": found.log_file,
+            "restarts": found.restarts, "last_restart": found.last_restart, "last_restart_why": found.last_restart_why,
             "refused_peers": spool.refused_count(paths.spool_dir)}
 
 

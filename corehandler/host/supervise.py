@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import json
 import os
 import select
 import signal
@@ -71,9 +72,28 @@ class Status:
     daemon_pid: int | None  # `corehandler serve`, while it is up
     pid_file: str
     log_file: str
+    restarts: int = 0  # of a failed child, since this supervisor started
+    last_restart: float | None = None  # epoch seconds
+    last_restart_why: str | None = None  # "was killed by SIGKILL", "exited with status 73"
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def _restarts_file(paths_or_run_dir, service: Service) -> Path:
+    run_dir = getattr(paths_or_run_dir, "run_dir", paths_or_run_dir)
+    return Path(run_dir) / f"{service.name}.restarts"
+
+
+def _read_restarts(path: Path) -> dict:
+    """The supervisor's restart note: {"restarts", "last_restart", "last_restart_why"}; {} without one."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: data.get(k) for k in ("restarts", "last_restart", "last_restart_why") if data.get(k) is not None}
 
 
 def systemd_is_pid1(run_root: Path = Path("/run")) -> bool:
@@ -138,7 +158,8 @@ def status(paths: Paths, service: Service = DAEMON) -> Status:
         while (pid := _read_pid(pid_file)) is None and time.monotonic() < deadline:
             time.sleep(0.01)
         daemon_pid = _read_pid(paths.run_dir / service.child_pid_file)
-    return Status(running, pid, daemon_pid, str(pid_file), str(_log_file(paths, service)))
+    return Status(running, pid, daemon_pid, str(pid_file), str(_log_file(paths, service)),
+                  **(_read_restarts(_restarts_file(paths, service)) if running else {}))
 
 
 def start(paths: Paths, config_dir: Path | None = None, *, command: list[str] | None = None,
@@ -316,6 +337,7 @@ class _Supervisor:
         self.ready_fd = ready_fd
         self.child: subprocess.Popen | None = None
         self.stop_requested_at: float | None = None
+        self.restarts = 0
 
     def log(self, message: str) -> None:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -345,6 +367,7 @@ class _Supervisor:
             return 1
         os.ftruncate(lock, 0)
         os.write(lock, f"{os.getpid()}\n".encode())
+        _restarts_file(self.run_dir, self.service).unlink(missing_ok=True)  # counted per supervisor
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, self._on_signal)
         try:
@@ -352,6 +375,7 @@ class _Supervisor:
         finally:
             (self.run_dir / self.service.child_pid_file).unlink(missing_ok=True)
             (self.run_dir / self.service.pid_file).unlink(missing_ok=True)
+            _restarts_file(self.run_dir, self.service).unlink(missing_ok=True)
             os.close(lock)
 
     def _loop(self) -> int:
@@ -379,10 +403,24 @@ class _Supervisor:
             if time.monotonic() - started >= STABLE_AFTER:
                 backoff = self.service.backoff_first
             self.log(f"the daemon {_describe(returncode)}; restarting it in {backoff:g} s")
+            self._note_restart(_describe(returncode))
             self._sleep(backoff)
             backoff = min(backoff * 2, self.service.backoff_max)
         self.log("stopped")
         return 0
+
+    def _note_restart(self, why: str) -> None:
+        """What `status` says of a gap: how often the child was restarted, when last, and why (a listener's
+        restart is a window in which the kernel dropped dumps)."""
+        self.restarts += 1
+        path = _restarts_file(self.run_dir, self.service)
+        tmp = path.with_name(f".{path.name}.tmp")
+        try:
+            tmp.write_text(json.dumps({"restarts": self.restarts, "last_restart": time.time(),
+                                       "last_restart_why": why}))
+            os.replace(tmp, path)
+        except OSError as err:
+            self.log(f"cannot note the restart in {path}: {err.strerror}")
 
     def _wait_child(self) -> int:
         assert self.child is not None

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from corehandler.host import supervise
+from corehandler.cli import install as cli_install
+from corehandler.config import Config
+from corehandler.host import overview, supervise
 from corehandler.paths import Paths
 from support.waiting import wait_for
 
@@ -135,6 +137,24 @@ def test_a_killed_daemon_is_replaced(paths, tmp_path):
                    what="a new daemon")
     assert new.pid == st.pid and alive(new.daemon_pid)
     assert "was killed by SIGKILL; restarting it in 1 s" in Path(st.log_file).read_text()
+    # status says the gap: how often, when, why (issue 20, item 14)
+    assert st.restarts == 0 and st.last_restart is None
+    assert (new.restarts, new.last_restart_why) == (1, "was killed by SIGKILL") and new.last_restart <= time.time()
+
+
+def test_status_says_when_and_why_the_listener_last_restarted(paths, tmp_path, monkeypatch):
+    st = supervise.start(paths, command=script(tmp_path, "listener.py", SLEEPER), service=supervise.LISTENER)
+    os.kill(st.daemon_pid, signal.SIGKILL)
+    wait_for(lambda: supervise.status(paths, supervise.LISTENER).daemon_pid not in (None, st.daemon_pid),
+             what="a new listener")
+    monkeypatch.setattr(overview.listener, "listening", lambda path, proc_root: True)
+    entry = overview._listener_summary(Config(), paths, "socket")
+    assert entry["restarts"] == 1 and entry["last_restart_why"] == "was killed by SIGKILL"
+    line = cli_install._listener_line(entry)
+    assert line.startswith("listening on ") and "; restarted 1 time, last at " in line
+    assert line.endswith("(the listener was killed by SIGKILL)")
+    supervise.stop(paths, timeout=5, service=supervise.LISTENER)
+    assert supervise.status(paths, supervise.LISTENER).restarts == 0  # a stopped listener has no gap to tell
 
 
 def test_a_clean_exit_is_not_restarted(paths, tmp_path):
