@@ -241,6 +241,8 @@ class Daemon:
             log.warning("Record %s names core %r; using %s", dump_id, record.get("core"), raw.name)
         core_missing = has_core and not raw.exists()
         info = elfcore.inspect_core(raw) if has_core and not core_missing else None
+        if info is not None:  # the view rule's clean-exec check (userview.clean_exec)
+            record[userview.AUXV_KEY] = {"at_secure": info.at_secure}
         return (raw, info, *_status(record, info, core_missing))
 
     def _make_visible(self, dump_id: str) -> Dump | None:

@@ -18,7 +18,8 @@ ELFDATA2LSB, ELFDATA2MSB = 1, 2
 ET_CORE = 4
 PT_LOAD, PT_NOTE = 1, 4
 PN_XNUM = 0xFFFF
-NT_PRSTATUS, NT_PRPSINFO, NT_FILE = 1, 3, 0x46494C45
+NT_PRSTATUS, NT_PRPSINFO, NT_AUXV, NT_FILE = 1, 3, 6, 0x46494C45
+AT_SECURE = 23
 # Notes beyond this are not read: a real core's notes are a few MiB even with thousands of threads.
 MAX_NOTES_BYTES = 64 << 20
 MAX_PHNUM = 1 << 20
@@ -41,6 +42,7 @@ class CoreInfo:
     fname: str | None = None
     psargs: str | None = None
     files: list[str] = field(default_factory=list)  # NT_FILE mapped file names, in order
+    at_secure: int | None = None  # the auxv's AT_SECURE: nonzero for a setuid/setgid/capability exec
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -117,6 +119,18 @@ def _parse_notes(info: CoreInfo, data: bytes, end: str, layout: _Layout) -> None
             info.psargs = _text(psargs) if psargs else None
         elif ntype == NT_FILE:
             _parse_nt_file(info, desc, end + layout.word)
+        elif ntype == NT_AUXV:
+            _parse_auxv(info, desc, end, layout.word)
+
+
+def _parse_auxv(info: CoreInfo, desc: bytes, end: str, word: str) -> None:
+    """AT_SECURE of the (type, value) word pairs; absent means unknown (None), not clean."""
+    pair = struct.calcsize(end + word * 2)
+    for at in range(0, len(desc) - pair + 1, pair):
+        key, value = struct.unpack_from(end + word * 2, desc, at)
+        if key == AT_SECURE:
+            info.at_secure = value
+            return
 
 
 def _parse_nt_file(info: CoreInfo, desc: bytes, fmt: str) -> None:

@@ -5,7 +5,8 @@
  * into a pipe either with write() (what a stock kernel does: a copy per page) or with vmsplice() of its own
  * pages (what a COREDUMP_USE_PIPE kernel does). The pipe goes to the command after "--", or to stdout.
  *
- * Layout: ELF header, a PT_NOTE and a PT_LOAD program header, NT_PRSTATUS and NT_PRPSINFO notes, then the load
+ * Layout: ELF header, a PT_NOTE and a PT_LOAD program header, NT_PRSTATUS, NT_PRPSINFO and NT_AUXV notes (the
+ * auxv holds AT_SECURE, --at-secure, default 0, as the view rule reads it), then the load
  * segment to the end: every 64-bit little-endian word at file offset o holds o ^ 0x5a5a5a5a5a5a5a5a, except in
  * zero regions (--zero-regions: every other MiB of the segment, left untouched as a crashed process's
  * untouched pages are). A size below the headers' size gives the first --size bytes of that stream.
@@ -46,10 +47,11 @@ static char *put_note(char *p, uint32_t type, const void *desc, size_t len) {
 }
 
 /* Builds the whole image in an anonymous mapping, like the crashed process's memory. */
-static char *build_core(uint64_t size, bool zero_regions, pid_t pid, uint64_t *ret_map) {
+static char *build_core(uint64_t size, bool zero_regions, pid_t pid, uint64_t at_secure, uint64_t *ret_map) {
         uint64_t hdr_end, map = MAX(size, 4096);
         struct elf_prstatus prs = {};
         struct elf_prpsinfo psi = {};
+        uint64_t auxv[4] = { AT_SECURE, at_secure, AT_NULL, 0 };
         Elf64_Ehdr eh = {};
         Elf64_Phdr ph[2] = {};
         char head[4096] = {}, *img, *p;
@@ -77,7 +79,7 @@ static char *build_core(uint64_t size, bool zero_regions, pid_t pid, uint64_t *r
 
         ph[0].p_type = PT_NOTE;
         ph[0].p_offset = sizeof eh + sizeof ph;
-        ph[0].p_filesz = note_size(sizeof prs) + note_size(sizeof psi);
+        ph[0].p_filesz = note_size(sizeof prs) + note_size(sizeof psi) + note_size(sizeof auxv);
         hdr_end = (ph[0].p_offset + ph[0].p_filesz + 4095) & ~4095ULL;
         ph[1].p_type = PT_LOAD;
         ph[1].p_flags = PF_R | PF_W;
@@ -89,7 +91,8 @@ static char *build_core(uint64_t size, bool zero_regions, pid_t pid, uint64_t *r
         memcpy(head, &eh, sizeof eh);
         memcpy(head + sizeof eh, ph, sizeof ph);
         p = put_note(head + ph[0].p_offset, NT_PRSTATUS, &prs, sizeof prs);
-        (void) put_note(p, NT_PRPSINFO, &psi, sizeof psi);
+        p = put_note(p, NT_PRPSINFO, &psi, sizeof psi);
+        (void) put_note(p, NT_AUXV, auxv, sizeof auxv);
         memcpy(img, head, MIN(size, hdr_end));
 
         for (uint64_t o = hdr_end; o + 8 <= size; o += 8) {
@@ -130,7 +133,7 @@ static int push_vmsplice(int fd, const char *img, uint64_t size, size_t chunk) {
 static void usage(void) {
         (void) fprintf(stderr,
                        "usage: feeder --size BYTES [--mode write|vmsplice] [--zero-regions] [--chunk BYTES]\n"
-                       "              [--pipe-size BYTES] [--pid PID] [--emit FILE] [-- COMMAND ARGS...]\n");
+                       "              [--pipe-size BYTES] [--pid PID] [--at-secure N] [--emit FILE] [-- COMMAND ARGS...]\n");
         exit(2);
 }
 
@@ -139,9 +142,10 @@ int main(int argc, char *argv[]) {
                 { "size", required_argument, NULL, 's' },      { "mode", required_argument, NULL, 'm' },
                 { "zero-regions", no_argument, NULL, 'z' },    { "chunk", required_argument, NULL, 'c' },
                 { "pipe-size", required_argument, NULL, 'p' }, { "pid", required_argument, NULL, 'P' },
-                { "emit", required_argument, NULL, 'e' },      {}
+                { "emit", required_argument, NULL, 'e' },      { "at-secure", required_argument, NULL, 'a' },
+                {}
         };
-        uint64_t size = 0, map = 0, t0, t1;
+        uint64_t size = 0, map = 0, at_secure = 0, t0, t1;
         size_t chunk = 64 * 1024, pipe_size = 0;
         bool vm = false, zero_regions = false, have_size = false;
         const char *emit = NULL;
@@ -163,12 +167,13 @@ int main(int argc, char *argv[]) {
                 case 'p': pipe_size = strtoull(optarg, NULL, 10); break;
                 case 'P': pid = (pid_t) atoi(optarg); break;
                 case 'e': emit = optarg; break;
+                case 'a': at_secure = strtoull(optarg, NULL, 10); break;
                 default: usage();
                 }
         if (!have_size || chunk == 0)
                 usage();
 
-        img = build_core(size, zero_regions, pid, &map);
+        img = build_core(size, zero_regions, pid, at_secure, &map);
         if (!img) {
                 perror("feeder: mmap");
                 return 1;

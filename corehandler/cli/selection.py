@@ -100,5 +100,10 @@ def select(args: argparse.Namespace, dumps: Dumps) -> list[Dump]:
     if crashview.filtering(args):
         found = crashview.apply_filters(args, dumps, found, getattr(args, "last", None))
     if not found:
-        raise NoMatchError("no dumps match" + (f" {' '.join(map(display, args.match))}" if args.match else ""))
+        # A user's view holds only what is theirs to see: the rest is not there for them, not "denied", so an
+        # id is never confirmed to someone who may not see it (docs/design.md, "Users").
+        mine = " of yours (other users' dumps and setuid programs' are root's)" if isinstance(dumps, UserView) \
+            else ""
+        raise NoMatchError("no dumps" + mine + " match"
+                           + (f" {' '.join(map(display, args.match))}" if args.match else ""))
     return found

@@ -11,8 +11,10 @@ vacuum and corruption marks) publishes one view per uid:
   <state>/store/<id>.zst     each of those dumps' stored file gets the same ACL entry
 The state, store and users directories are 0711 (paths.DIR_MODES): a user can open a name there but list
 nothing, so they reach their own view by their uid and their cores by the ids in it, and nothing else. A dump is
-visible when the record's uid (%u) is that user and its dumpable (%d) is 1 (SUID_DUMP_USER): a setuid
-program's or a prctl(PR_SET_DUMPABLE, 0) process's dumps (%d 0 or 2) stay root's, as do orphans (no uid).
+visible when the record's uid (%u) is that user's, an ordinary user's (not a system, dynamic or nobody uid), its
+dumpable (%d) is 1 (SUID_DUMP_USER), and its exec was clean (real == effective ids in its status, AT_SECURE 0 in
+its core's auxv): systemd-coredump's rule. A setuid program's or a prctl(PR_SET_DUMPABLE, 0) process's dumps
+(%d 0 or 2, or AT_SECURE 1) stay root's, as do orphans (no uid).
 
 The CLI run as a user without read access to the index reads UserView instead of Store: the same query,
 the same matching rule (match.py).
@@ -43,6 +45,12 @@ log = logging.getLogger(__name__)
 
 SCHEMA = 1
 DUMPABLE_USER = 1  # SUID_DUMP_USER, the kernel's %d for an ordinary process
+# systemd's own ranges (and Debian's SYS_UID_MAX): system users, dynamic users, nobody.
+SYSTEM_UID_MAX = 999
+DYNAMIC_UIDS = range(61184, 65520)
+NOBODY = 65534
+# The record key the daemon adds at ingest: facts of the core's auxv ({"at_secure": N | None}).
+AUXV_KEY = "auxv"
 _ACL_XATTR = "system.posix_acl_access"
 # <linux/posix_acl_xattr.h>: a version, then (tag, perm, id) entries sorted by tag (and id within a tag).
 _ACL_VERSION = 2
@@ -55,10 +63,39 @@ def view_path(state_dir: Path, uid: int) -> Path:
     return paths.users_dir(state_dir) / f"{uid}.json"
 
 
+def ordinary_uid(uid: object) -> bool:
+    """A uid systemd-coredump would give a core to: not root or a system user (<= SYSTEM_UID_MAX), not a
+    systemd dynamic user (DYNAMIC_UIDS), not nobody. Those are services' identities, shared or recycled: a
+    dump of one is not "theirs" to any person who might log in as it."""
+    return (isinstance(uid, int) and not isinstance(uid, bool) and SYSTEM_UID_MAX < uid < 2**32 - 1
+            and uid not in DYNAMIC_UIDS and uid != NOBODY)
+
+
+def _ids(status: object, key: str) -> list[str]:
+    for line in (status if isinstance(status, str) else "").splitlines():
+        if line.startswith(key + ":"):
+            return line.split()[1:]
+    return []
+
+
+def clean_exec(d: Dump) -> bool:
+    """Whether the process ran as exactly its user since its exec (systemd-coredump's rule since
+    CVE-2025-4598): its /proc status, read by csplice at the crash, says real == effective uid and gid, and
+    its core's auxv says AT_SECURE 0 (no setuid, setgid or file-capability exec, even one that later dropped
+    its privileges and made itself dumpable). A dump without a core has no auxv: the status decides alone."""
+    status = (d.record.get("proc") or {}).get("status")
+    uids, gids = _ids(status, "Uid"), _ids(status, "Gid")
+    if len(uids) < 2 or len(gids) < 2 or uids[0] != uids[1] or gids[0] != gids[1] or uids[0] != str(d.uid):
+        return False
+    if d.record.get("core") is None:
+        return True
+    return (d.record.get(AUXV_KEY) or {}).get("at_secure") == 0
+
+
 def visible(d: Dump) -> bool:
-    """Whether the crashing user may see this dump: theirs (not root's: root sees everything anyway), of a
-    dumpable process."""
-    return isinstance(d.uid, int) and d.uid > 0 and d.record.get("dumpable") == DUMPABLE_USER
+    """Whether the crashing user may see this dump: theirs, an ordinary user's, of a dumpable process that
+    ran as exactly that user since its exec."""
+    return ordinary_uid(d.uid) and d.record.get("dumpable") == DUMPABLE_USER and clean_exec(d)
 
 
 def read_acl(uid: int) -> bytes:

@@ -21,18 +21,22 @@ from corehandler.errors import EXIT_NOMATCH, EXIT_PERMISSION
 from corehandler.paths import DIR_MODES
 from corehandler.store import userview
 from support import cbuild
-from support.asuser import program_runnable_by, run_as, run_as_program
+from support.asuser import named_user, program_runnable_by, run_as, run_as_program
 from support.daemon_harness import Running, wait_for
 from support.spoolfeed import feed, write_settings
 
 pytestmark = pytest.mark.root
 
-USER = 65534     # nobody
-OTHER = 65533    # another user (no passwd entry needed: the kernel knows uids, not names)
-# pid: (uid, dumpable, comm). dumpable is the kernel's %d: 1 an ordinary process, 2 a setuid one dumped for
-# root (suid_dumpable=2), 0 one that made itself non-dumpable.
-CRASHES = {6001: (USER, 1, "mine"), 6002: (USER, 2, "setuid"), 6003: (USER, 0, "nodump"),
-           6004: (OTHER, 1, "theirs"), 6005: (0, 1, "roots")}
+USER = 4321      # an ordinary user
+OTHER = 4322     # another one (no passwd entry needed: the kernel knows uids, not names)
+# pid: (uid, dumpable, comm, facts). dumpable is the kernel's %d: 1 an ordinary process, 2 a setuid one dumped
+# for root (suid_dumpable=2), 0 one that made itself non-dumpable. The rest stay root's by systemd-coredump's
+# rule: a system, dynamic or nobody uid, and an unclean exec (effective id not the real one, AT_SECURE set).
+CRASHES = {6001: (USER, 1, "mine", {}), 6002: (USER, 2, "setuid", {}), 6003: (USER, 0, "nodump", {}),
+           6004: (OTHER, 1, "theirs", {}), 6005: (0, 1, "roots", {}), 6006: (500, 1, "system", {}),
+           6007: (61200, 1, "dynamic", {}), 6008: (65534, 1, "nobody", {}), 6009: (USER, 1, "seteuid", {"euid": 0}),
+           6010: (USER, 1, "setegid", {"egid": 0}), 6011: (USER, 1, "atsecure", {"at_secure": 1})}
+HIDDEN = (6002, 6003, 6005, 6006, 6007, 6008, 6009, 6010, 6011)
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +53,9 @@ def published():
         etc.mkdir(mode=0o755)
         settings = write_settings(base / "s.conf", state / "spool")
         shas, ids = {}, {}
-        for pid, (uid, dumpable, comm) in CRASHES.items():
+        for pid, (uid, dumpable, comm, facts) in CRASHES.items():
             r = feed(cbuild.feeder(), paths.csplice_path(), settings, size=(1 << 20) + pid, pid=pid,
-                     comm=comm, uid=uid, dumpable=dumpable)
+                     comm=comm, uid=uid, dumpable=dumpable, **facts)
             assert (r["uid"], r["dumpable"]) == (uid, dumpable)
             shas[pid] = hashlib.sha256((state / "spool" / r["core"]).read_bytes()).hexdigest()
             ids[pid] = r["id"]
@@ -83,13 +87,16 @@ def test_a_user_lists_and_dumps_their_own_dumpable_crashes_only(published):
     assert info["id"] == ids[6001] and info["corefile"] == "present"
     got = cli(published, USER, "dump", ids[6001])
     assert got.returncode == 0 and hashlib.sha256(got.stdout).hexdigest() == shas[6001]
-    # Another user's, a setuid program's, a non-dumpable one's and root's are invisible: not even "denied".
-    for pid in (6002, 6003, 6004, 6005):
+    # Another user's, a setuid program's, a non-dumpable one's, root's, a system/dynamic/nobody uid's and an
+    # unclean exec's are invisible, even by their exact id: not even "denied" (coredumpctl hides them too).
+    for pid in (6004, *HIDDEN):
         for verb in ("list", "info", "dump"):
             got = cli(published, USER, verb, str(pid))
             assert got.returncode == EXIT_NOMATCH and got.stdout == b"", (pid, verb, got.stderr)
         assert cli(published, USER, "info", ids[pid]).returncode == EXIT_NOMATCH
     assert listed(cli(published, OTHER, "list")) == [6004]
+    for uid in (500, 61200, 65534):  # no view for them at all
+        assert listed(cli(published, uid, "list")) == []
 
 
 def test_root_sees_every_dump(published, capsys):
@@ -107,11 +114,11 @@ def test_the_index_and_other_users_files_stay_closed(published):
         assert stat.S_IMODE(os.stat(state / sub).st_mode) == DIR_MODES[kind], sub
     stored = {pid: next((state / "store").glob(f"{ids[pid]}.*")) for pid in CRASHES}
     assert userview.acl_readers(stored[6001]) == [USER] and userview.acl_readers(stored[6004]) == [OTHER]
-    for pid in (6002, 6003, 6005):
+    for pid in HIDDEN:
         assert userview.acl_readers(stored[pid]) == [], pid
-    assert sorted(os.listdir(state / "users")) == [f"{OTHER}.json", f"{USER}.json"]
+    assert sorted(os.listdir(state / "users")) == sorted([f"{OTHER}.json", f"{USER}.json"])
     view = (state / "users" / f"{USER}.json").read_text()
-    assert "mine" in view and not any(word in view for word in ("setuid", "nodump", "theirs", "roots"))
+    assert "mine" in view and not any(f'"{CRASHES[pid][2]}"' in view for pid in (6004, *HIDDEN))
     # The kernel's word, as the user: the index, the other user's view and core, any listing: denied.
     probe = ("import os, sys\n"
              "def denied(f, *a):\n"
@@ -165,7 +172,7 @@ def test_views_follow_deletions_and_the_index_of_an_older_version(published, cap
 
     with Store(state) as store:
         userview.refresh(store)
-    assert sorted(os.listdir(state / "users")) == [f"{OTHER}.json", f"{USER}.json"]
+    assert sorted(os.listdir(state / "users")) == sorted([f"{OTHER}.json", f"{USER}.json"])
     assert listed(cli(published, USER, "list")) == [6001]
 
 
@@ -200,14 +207,15 @@ def test_a_user_sees_their_dump_compressing_and_waits_for_its_core(published):
             userview.refresh(store, [USER])
 
 
-def test_the_installed_program_as_nobody(published):
+def test_the_installed_program_as_a_user(published):
     """The same through the program and runuser, where the test venv allows it."""
-    why = program_runnable_by("nobody")
+    user = named_user(USER)
+    why = program_runnable_by(user)
     if why:
         pytest.skip(why)
     state, etc, shas, ids = published
     base = ["--config-dir", str(etc), "--state-dir", str(state)]
-    got = run_as_program("nobody", base + ["list"])
+    got = run_as_program(user, base + ["list"])
     assert got.returncode == 0 and [int(line.split()[3]) for line in got.stdout.decode().splitlines()[1:]] == [6001]
-    got = run_as_program("nobody", base + ["dump", ids[6001]])
+    got = run_as_program(user, base + ["dump", ids[6001]])
     assert got.returncode == 0 and hashlib.sha256(got.stdout).hexdigest() == shas[6001]

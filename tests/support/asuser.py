@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import os
+import pwd
 import subprocess
 import sys
 import tempfile
@@ -54,6 +55,18 @@ def run_as(uid: int, gid: int, argv: list[str]) -> Result:
         out.seek(0)
         err.seek(0)
         return Result(os.waitstatus_to_exitcode(status), out.read(), err.read())
+
+
+def named_user(uid: int) -> str:
+    """The name of uid, made (no home, no shell) when it has none: runuser takes names. nobody will not do: its
+    dumps are nobody's to see (userview.ordinary_uid)."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = f"corehandler-u{uid}"
+        subprocess.run(["useradd", "--uid", str(uid), "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+                        "--shell", "/usr/sbin/nologin", name], check=True, capture_output=True)
+        return name
 
 
 def program_runnable_by(user: str) -> str | None:

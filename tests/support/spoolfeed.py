@@ -21,10 +21,12 @@ def write_settings(path: Path, spool_dir: Path, **extra) -> Path:
 
 def feed(feeder: Path, csplice: Path, settings: Path, *, size: int, pid: int = 4242, comm: str | bytes = "feeder",
          signal: int = 11, zero_regions: bool = False, proc_root: Path | None = None, uid: int | None = None,
-         dumpable: int | None = None) -> dict | None:
+         dumpable: int | None = None, euid: int | None = None, egid: int | None = None,
+         at_secure: int = 0) -> dict | None:
     """Runs feeder | csplice for one fake crash and returns the committed record (None when a running
     daemon took it before we could read it). uid and dumpable are the kernel's %u (default: ours) and %d
-    (default 1)."""
+    (default 1); with a uid, the proc root's status says its real, effective, saved and fs ids (euid and egid
+    the effective ones, default the real ones); at_secure goes into the core's auxv."""
     spool_dir = Path(next(line.split("=", 1)[1].strip() for line in settings.read_text().splitlines()
                           if line.startswith("spool_dir=")))
     before = set(os.listdir(spool_dir)) if spool_dir.exists() else set()
@@ -32,9 +34,17 @@ def feed(feeder: Path, csplice: Path, settings: Path, *, size: int, pid: int = 4
     # an unrelated host process that happens to have this PID.
     proc_root = proc_root or settings.parent / "noproc"
     (proc_root / str(pid)).mkdir(parents=True, exist_ok=True)
+    status = proc_root / str(pid) / "status"
+    if uid is not None:
+        e_uid, e_gid = uid if euid is None else euid, uid if egid is None else egid
+        status.write_text(f"Name:\tfeeder\nUid:\t{uid}\t{e_uid}\t{e_uid}\t{e_uid}\n"
+                          f"Gid:\t{uid}\t{e_gid}\t{e_gid}\t{e_gid}\n")
+    else:
+        status.unlink(missing_ok=True)
     env = dict(os.environ, CSPLICE_SETTINGS=str(settings), CSPLICE_PROC_ROOT=str(proc_root),
                CSPLICE_LOG_STDERR="1")
-    args = [str(feeder), "--size", str(size), "--pid", str(pid)] + (["--zero-regions"] if zero_regions else [])
+    args = [str(feeder), "--size", str(size), "--pid", str(pid), "--at-secure", str(at_secure)] + \
+        (["--zero-regions"] if zero_regions else [])
     kernel_args = core_args(pid, comm=comm, signal=signal, hostname="testhost")
     for position, value in ((3, uid), (4, uid), (5, dumpable)):  # %u %g %d
         if value is not None:
