@@ -119,8 +119,9 @@ def test_the_analyser_runs_as_its_own_user_without_privileges_or_our_files(open_
         root = Path(f"/proc/{pid}/root")
         assert not (root / "var").exists() and not (root / "home").exists() and not (root / "dev").exists()
         assert (root / "usr" / "bin" / "eu-stack").exists()
-        # The core is read through the fd it inherited, for the analysis only.
+        # The core is read through the fd it inherited, for the analysis only; nothing else of ours is open.
         assert os.stat(c.core).st_gid == user["gid"]
+        assert set(os.listdir(f"/proc/{pid}/fd")) == {"0", "1", "2", str(run.core_fd)}
     finally:
         unwind.cancel(run)
     after = os.stat(c.core)
