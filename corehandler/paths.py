@@ -55,6 +55,11 @@ def index_path(state_dir: Path) -> Path:
     return Path(state_dir) / "index.sqlite"
 
 
+def cache_dir(state_dir: Path) -> Path:
+    """root's caches (the fleet view's sidecars), never a HOME that sudo kept."""
+    return Path(state_dir) / "cache"
+
+
 @dataclass(frozen=True)
 class Paths:
     state_dir: Path = DEFAULT_STATE_DIR

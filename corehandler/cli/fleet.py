@@ -31,7 +31,7 @@ def register(commands) -> None:
     lst.add_argument("--group", action="store_true", help="one row per signature: count, cores, hosts, "
                      "first and last seen")
     lst.add_argument("--no-cache", action="store_true", help="read every sidecar from the bucket, not the "
-                     "local cache of those read before (~/.cache/corehandler)")
+                     "local cache of those read before (~/.cache/corehandler; as root the state dir's cache/)")
 
     info = sub.add_parser("info", parents=[common], help="a dump's sidecar: record, index row, trace")
     info.set_defaults(handler=run_info)
@@ -73,7 +73,7 @@ def run_list(args: argparse.Namespace) -> int:
     client, target, upload = _open(args)
     last = args.date or dt.datetime.now(dt.timezone.utc).date()
     days = [last - dt.timedelta(days=n) for n in range(args.days - 1, -1, -1)]
-    cache = None if args.no_cache else _cache(target, upload.endpoint)
+    cache = None if args.no_cache else _cache(target, upload.endpoint, load(args)[1].state_dir)
     try:
         sidecars = reader.list_sidecars(client, target, days, args.host, cache=cache)
     finally:
@@ -99,9 +99,9 @@ def run_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cache(target, endpoint: str) -> "reader.SidecarCache | None":
+def _cache(target, endpoint: str, state_dir: Path) -> "reader.SidecarCache | None":
     try:
-        return reader.SidecarCache(reader.SidecarCache.default_path(target, endpoint))
+        return reader.SidecarCache(reader.SidecarCache.default_path(target, endpoint, state_dir))
     except (OSError, sqlite3.Error) as e:  # a read-only home: list without one
         print(f"corehandler: no sidecar cache ({e}); reading every sidecar", file=sys.stderr)
         return None

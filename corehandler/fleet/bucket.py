@@ -137,6 +137,19 @@ def target(config) -> Target:
     return Target(config.bucket, config.prefix, host_name(config))
 
 
+def _parse_problem(e: Exception) -> str:
+    """What is wrong with a credentials file, by line number only: configparser's own message quotes the
+    offending line, which may be the secret itself, and this message goes to the log and to `status`."""
+    if isinstance(e, UnicodeDecodeError):
+        return f"not UTF-8 (byte {e.start})"
+    lines = [n for n, _ in getattr(e, "errors", [])] or [getattr(e, "lineno", None)]
+    where = ", ".join(str(n) for n in lines if n is not None)
+    kind = {"MissingSectionHeaderError": "a line before any [profile]", "ParsingError": "a line that is not "
+            "key = value", "DuplicateSectionError": "a duplicate [profile]", "DuplicateOptionError": "a duplicate "
+            "key"}.get(type(e).__name__, "malformed")
+    return f"{kind}" + (f" (line {where})" if where else "")
+
+
 def read_credentials(path: Path, profile: str) -> dict:
     """Access key, secret and session token from an AWS shared-credentials file, refused when anyone but
     root (or the user running us) could read it: the key opens every host's dumps."""
@@ -152,8 +165,10 @@ def read_credentials(path: Path, profile: str) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
             parser.read_file(f)
-    except (OSError, UnicodeDecodeError, configparser.Error) as e:
-        raise CredentialsFileError(f"upload.credentials_file {path}: cannot read: {e}") from None
+    except OSError as e:
+        raise CredentialsFileError(f"upload.credentials_file {path}: cannot read: {e.strerror}") from None
+    except (UnicodeDecodeError, configparser.Error) as e:
+        raise CredentialsFileError(f"upload.credentials_file {path}: cannot read: {_parse_problem(e)}") from None
     if not parser.has_section(profile):
         raise CredentialsFileError(f"upload.credentials_file {path} has no [{profile}] profile")
     section = parser[profile]

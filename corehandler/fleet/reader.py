@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable
 
+from corehandler import paths
 from corehandler.errors import CorehandlerError, NoMatchError
 from corehandler.fleet import bucket
 from corehandler.fleet.bucket import BucketError, Target
@@ -75,6 +76,10 @@ def _parse(target: Target, key: str, body: bytes | str) -> dict:
     return data
 
 
+def _cache_name(target: Target, endpoint: str) -> str:
+    return hashlib.sha256(f"{endpoint}\0{target.bucket}\0{target.prefix}".encode()).hexdigest()[:16]
+
+
 class SidecarCache:
     """Sidecars already read, by key and ETag, in a private SQLite file."""
 
@@ -88,10 +93,15 @@ class SidecarCache:
                         "body TEXT NOT NULL)")
 
     @staticmethod
-    def default_path(target: Target, endpoint: str) -> Path:
+    def default_path(target: Target, endpoint: str, state_dir: Path | None = None) -> Path:
+        """~/.cache/corehandler (or XDG_CACHE_HOME's); as root the state dir's cache/ instead: `sudo` may keep
+        the invoking user's HOME and XDG_CACHE_HOME, where a file or symlink of theirs would take root's
+        writes."""
+        if os.geteuid() == 0 and state_dir is not None:
+            return paths.cache_dir(state_dir) / f"fleet-{_cache_name(target, endpoint)}.sqlite"
         base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-        name = hashlib.sha256(f"{endpoint}\0{target.bucket}\0{target.prefix}".encode()).hexdigest()[:16]
-        return base / "corehandler" / f"fleet-{name}.sqlite"
+        return base / "corehandler" / f"fleet-{_cache_name(target, endpoint)}.sqlite"
+
 
     def get(self, keys: list[str]) -> dict[str, tuple[str, str]]:
         found = {}

@@ -108,16 +108,22 @@ def check_handler_path(path: Path) -> Path:
         raise SystemFailure(f"csplice not found at {real}: {e.strerror}") from None
     if not stat.S_ISREG(st.st_mode) or not st.st_mode & stat.S_IXUSR:
         raise UnsafePathError(f"csplice at {real} is not an executable file")
+    check_root_only(real, "csplice", "the kernel runs csplice as root")
+    return real
+
+
+def check_root_only(real: Path, what: str, why: str) -> None:
+    """Raises UnsafePathError unless root owns `real` (a resolved path) and every directory above it, and none
+    is writable by group or others (a sticky directory aside): only root can change what root will run."""
     for part in [real, *real.parents]:
         st = part.stat()
         if st.st_uid not in TRUSTED_UIDS:
-            raise UnsafePathError(f"refusing csplice at {real}: {part} is owned by uid {st.st_uid}, not root, "
-                                  f"and the kernel runs csplice as root")
+            raise UnsafePathError(f"refusing {what} at {real}: {part} is owned by uid {st.st_uid}, not root, "
+                                  f"and {why}")
         sticky_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not sticky_dir:
-            raise UnsafePathError(f"refusing csplice at {real}: {part} is writable by group or others "
-                                  f"(mode {stat.S_IMODE(st.st_mode):04o}), and the kernel runs csplice as root")
-    return real
+            raise UnsafePathError(f"refusing {what} at {real}: {part} is writable by group or others "
+                                  f"(mode {stat.S_IMODE(st.st_mode):04o}), and {why}")
 
 
 def require_root(verb: str) -> None:

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from corehandler.errors import NotRootError, SystemFailure
-from corehandler.host import sysctl
+from corehandler.host import install, sysctl
 
 MiB = 1 << 20
 PMD_SIZE = 2 * MiB
@@ -252,6 +252,16 @@ def run_handler(result: Path, pid: str, pidfd: str | None) -> None:
     result.write_text(json.dumps(out))
 
 
+def check_probe_handler(executable: str | None = None, package: Path | None = None) -> None:
+    """The kernel runs the probe's handler as root: this interpreter (resolved) and the corehandler package it
+    imports must be root's alone, as csplice must be (install.check_root_only), or whoever could change them
+    would run code as root."""
+    real = Path(os.path.realpath(executable or sys.executable))
+    install.check_root_only(real, "the probe's interpreter", "doctor --probe runs it as root")
+    here = Path(os.path.realpath(package or Path(__file__).resolve().parents[1]))
+    install.check_root_only(here, "the corehandler package", "doctor --probe's handler imports it as root")
+
+
 def probe_crash(sysctl_root: Path = sysctl.SYSCTL_ROOT, timeout: float = 30,
                 lock: Path = sysctl.CORE_PATTERN_LOCK) -> list[dict]:
     """Crashes a throw-away process through a temporary core_pattern pointing at run_handler(), holding `lock`
@@ -259,6 +269,7 @@ def probe_crash(sysctl_root: Path = sysctl.SYSCTL_ROOT, timeout: float = 30,
     Needs root."""
     if os.geteuid() != 0:
         raise NotRootError("doctor --probe needs root: it crashes a process through a temporary core_pattern")
+    check_probe_handler()
     with tempfile.TemporaryDirectory(prefix="corehandler-probe.", dir="/run") as tmp:
         result = Path(tmp) / "result.json"
         pattern = f"|{sys.executable} -P -m corehandler.host.kernelprobe handler {result} %P %F"

@@ -4,6 +4,8 @@ copied page from a referenced one in a core, and its measurements on this host a
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from corehandler.errors import UnsafePathError
 from corehandler.host import kernelprobe
 
 
@@ -65,3 +68,26 @@ def test_doctor_on_this_host_agrees_with_what_it_measured():
     assert align["value"] == (align["aligned"] == align["mappings"] == 8)
     # Nothing crashed without --probe.
     assert found["coredump_use_pipe"]["how"] == found["pidfd_specifier"]["how"] == "not probed"
+
+
+def test_the_probe_runs_no_interpreter_or_package_someone_else_could_change(tmp_path):
+    """doctor --probe puts this interpreter into core_pattern, so the kernel runs it as root: it must be
+    root's alone, as csplice must be (issue 20, item 11)."""
+    if os.geteuid() != 0:
+        pytest.skip("root owns what root may run; as another user every path is refused")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    python = shared / "python3"
+    shutil.copy(os.path.realpath(sys.executable), python)
+    package = shared / "corehandler"
+    package.mkdir()
+    os.chmod(tmp_path, 0o755)
+    kernelprobe.check_probe_handler(str(python), package)  # root's, 0755: fine
+    os.chmod(shared, 0o777)  # anyone could swap the interpreter the kernel runs as root
+    with pytest.raises(UnsafePathError, match="writable by group or others"):
+        kernelprobe.check_probe_handler(str(python), package)
+    os.chmod(shared, 0o755)
+    os.chown(package, 4321, 4321)  # a user's package directory: they would write the handler's code
+    with pytest.raises(UnsafePathError, match="owned by uid 4321"):
+        kernelprobe.check_probe_handler(str(python), package)
+    kernelprobe.check_probe_handler()  # this test run's own: root's

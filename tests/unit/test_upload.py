@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -109,6 +110,47 @@ def test_a_credentials_file_others_can_read_is_refused(tmp_path):
         bucket.read_credentials(path, "other")
     with pytest.raises(bucket.CredentialsFileError, match="No such file"):
         bucket.read_credentials(tmp_path / "missing", "default")
+
+
+@pytest.mark.parametrize("text", [
+    "[default]\naws_access_key_id = AK\naws_secret_access_key SECRET-wJalrXUtnFEMI\n",   # no "="
+    "aws_secret_access_key = SECRET-wJalrXUtnFEMI\n[default]\n",                         # before any profile
+    "[default]\naws_secret_access_key = SECRET-wJalrXUtnFEMI\naws_secret_access_key = SECRET-2\n",
+])
+def test_a_malformed_credentials_file_is_named_by_line_never_echoed(tmp_path, caplog, text):
+    creds = tmp_path / "credentials"
+    creds.write_text(text)
+    creds.chmod(0o600)
+    with pytest.raises(bucket.CredentialsFileError) as e:
+        bucket.read_credentials(creds, "default")
+    assert "SECRET" not in e.value.message and "line" in e.value.message, e.value.message
+    # ...and so neither in the uploader's log line nor in the queue problem `status` shows
+    dump_id = f"{int(time.time() * 1e6)}-0123456789abcdef-7"
+    _store_with_dump(tmp_path / "state", dump_id, b"x")
+    clock = Clock()
+    uploader = upload.Uploader(UploadConfig.model_validate({"url": "s3://fleet-x", "credentials_file": str(creds)}),
+                               tmp_path / "state", clock=clock)
+    with Store(tmp_path / "state") as store:
+        for _ in range(3):
+            clock.now += uploader.step(store) + 0.001
+        st = upload_queue.stats(store.db, clock.now)
+    assert st["problem"]["reason"] == "credentials" and "SECRET" not in st["problem"]["message"]
+    assert not [r for r in caplog.records if "SECRET" in r.getMessage()]
+
+
+def test_roots_fleet_cache_is_in_the_state_dir_whatever_home_sudo_kept(tmp_path, monkeypatch):
+    from corehandler.fleet import reader
+
+    if os.geteuid() != 0:
+        pytest.skip("the rule is root's")
+    monkeypatch.setenv("HOME", str(tmp_path / "user-home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-home" / ".cache"))
+    target = bucket.Target("fleet-test", "p", "h1")
+    path = reader.SidecarCache.default_path(target, "http://s3", tmp_path / "state")
+    assert path.parent == tmp_path / "state" / "cache" and "user-home" not in str(path)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert reader.SidecarCache.default_path(target, "http://s3", tmp_path / "state").is_relative_to(
+        tmp_path / "user-home" / ".cache" / "corehandler")
 
 
 def _client_error(code: str, status: int = 400) -> ClientError:
