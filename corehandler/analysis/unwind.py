@@ -43,7 +43,6 @@ log = logging.getLogger(__name__)
 _ENV = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "LC_ALL": "C"}
 # What jail.py may copy into the view of files the analyser's uid cannot read (a user's 0700 binary).
 COPY_BYTES = 256 << 20
-JAIL_FAILED = 70
 
 
 def _tool(name: str) -> str | None:
