@@ -147,6 +147,6 @@ def run_get(args: argparse.Namespace) -> int:
             reader.fetch_core(client, target, sc, output=out, progress=progress, workdir=workdir)
 
     write_output(args.output, write)
-    print(f"wrote {sc['id']} from {sc['host']} ({human_size(core.get('raw_bytes') or 0)}) to "
+    print(f"wrote {display(sc['id'])} from {display(sc['host'])} ({human_size(core.get('raw_bytes') or 0)}) to "
           f"{args.output or 'stdout'}", file=sys.stderr)
     return 0
