@@ -162,6 +162,9 @@ class RetentionConfig(_Section):
     max_age: Duration() = Field(0.0, description="delete dumps older than this, e.g. \"2w\"; 0 = no limit")
     max_count: Count = Field(0, description="most dumps kept; 0 = no limit")
     max_per_exe: Count = Field(0, description="most dumps kept per executable and user; 0 = no limit")
+    dropped_max_age: Duration() = Field(14 * 86400.0, description="delete dumps whose core was not kept "
+                                        "(dropped, or invalid without one) older than this; 0 = no limit")
+    dropped_max_count: Count = Field(1000, description="most dumps whose core was not kept; 0 = no limit")
     interval: Duration(1, units.MAX_DURATION) = Field(3600.0, description="how often retention runs besides "
                                                                           "after each ingest")
 
@@ -286,6 +289,14 @@ class AnalysisConfig(_Section):
                                                   "info is installed)")
 
 
+class ScrubConfig(_Section):
+    enabled: bool = Field(True, description="read every stored dump back in the background and mark those that "
+                                            "fail their checksum corrupt (`list`, `status`, the metrics show them)")
+    rate: Size(64 << 10, 1 << 40) = Field(4 << 20, description="bytes per second the scrub reads from the store")
+    interval: Duration(60, units.MAX_DURATION) = Field(7 * 86400.0, description="from the start of one pass over "
+                                                                                "the store to the next")
+
+
 class Config(_Section):
     state_dir: AbsolutePath = Field(DEFAULT_STATE_DIR, description="spool, store and index live here")
     capture: CaptureConfig = CaptureConfig()
@@ -295,6 +306,7 @@ class Config(_Section):
     metrics: MetricsConfig = MetricsConfig()
     journal: JournalConfig = JournalConfig()
     analysis: AnalysisConfig = AnalysisConfig()
+    scrub: ScrubConfig = ScrubConfig()
     upload: UploadConfig = UploadConfig()
 
     def paths(self, base: Paths) -> Paths:

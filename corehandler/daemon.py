@@ -33,12 +33,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from corehandler import elfcore, paths, spool
+from corehandler import elfcore, paths, spool, steps
 from corehandler.analysis import findings, unwind
 from corehandler.errors import CorehandlerError
 from corehandler.inotify import IN_Q_OVERFLOW, Watch
 from corehandler.observe.observer import Observer, Stored
-from corehandler.store import analyses, compress, retention, userview
+from corehandler.store import analyses, attempts, compress, retention, userview
 from corehandler.store.dumprow import COMPRESSING, Dump, row_from_record
 from corehandler.store.index import Store
 
@@ -61,6 +61,7 @@ class Settings:
     retry_interval: float = 60.0    # after a failed ingest (disk full, I/O error)
     analysis_enabled: bool = True
     analysis_limits: findings.Limits = field(default_factory=findings.Limits)
+    ingest_attempts: int = attempts.MAX_ATTEMPTS  # then the record is given up (store/attempts.py)
 
     @property
     def spool_dir(self) -> Path:
@@ -109,6 +110,8 @@ def _status(record: dict, info: elfcore.CoreInfo | None, core_missing: bool) -> 
         problems += info.problems
     if record.get("orphan"):
         return "orphan", problems
+    if record.get("given_up"):
+        return "invalid", problems
     if record.get("core") is None:
         if record.get("unreadable"):
             return "invalid", problems
@@ -121,6 +124,13 @@ def _status(record: dict, info: elfcore.CoreInfo | None, core_missing: bool) -> 
             problems.insert(0, f"capture truncated: {capture['truncated_reason']}")
         return "truncated", problems
     return ("ok" if info.status == elfcore.STATUS_OK else "invalid"), problems
+
+
+def _stand_in(spool_dir: Path, dump_id: str, error: str, **flags) -> dict:
+    """The record the daemon makes for one it cannot use: the id, the core if there is one, and why."""
+    core = spool.core_path(spool_dir, dump_id)
+    return {"schema": spool.RECORD_SCHEMA, "id": dump_id, "unreadable": True,
+            "core": core.name if core.exists() else None, "errors": [error], **flags}
 
 
 class Daemon:
@@ -139,6 +149,7 @@ class Daemon:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.store: Store | None = None
         self._corrupt_seen: set[str] | None = None
+        self._views_stale = False  # an append failed: the next change rewrites every view whole
         if handle_signals:  # now, not in run(): a SIGHUP before the loop starts is kept, not fatal
             signal.signal(signal.SIGTERM, lambda *_: self.stop())
             signal.signal(signal.SIGINT, lambda *_: self.stop())
@@ -205,17 +216,18 @@ class Daemon:
 
     # -- ingest ---------------------------------------------------------------------------------------------
 
-    def ingest(self, dump_id: str) -> bool:
+    def ingest(self, dump_id: str, given_up: attempts.GiveUp | None = None) -> bool:
         """Takes one dump as far as it goes (the stages in this module's doc); True when it is in the index
-        afterwards."""
+        afterwards. given_up: ingest gave this record up (store/attempts.py): it is indexed as invalid, without
+        analysis, and its core is stored only if given_up.keep_core."""
         start = time.monotonic()
         dump = self.store.get(dump_id)
         if dump is None:
-            dump = self._make_visible(dump_id)
+            dump = self._make_visible(dump_id, given_up)
             if dump is None:
                 return False
         if dump.status == COMPRESSING:
-            dump = self._make_stored(dump, start)
+            dump = self._make_stored(dump, start, given_up)
         self._cleanup(dump)
         return True
 
@@ -229,12 +241,16 @@ class Daemon:
             if not spool.record_path(spool_dir, dump_id).exists():
                 return None
             self.report_error("corrupt", f"{e}; indexed as invalid", dump_id)
-            core = spool.core_path(spool_dir, dump_id)
-            return {"schema": spool.RECORD_SCHEMA, "id": dump_id, "unreadable": True,
-                    "core": core.name if core.exists() else None, "errors": [str(e)]}
+            return _stand_in(spool_dir, dump_id, str(e))
 
-    def _validate(self, dump_id: str, record: dict) -> tuple[Path, elfcore.CoreInfo | None, str, list[str]]:
-        """(raw core, what its headers say or None when there is none to store, status, problems)."""
+    def _validate(self, dump_id: str, record: dict,
+                  given_up: attempts.GiveUp | None = None) -> tuple[Path, elfcore.CoreInfo | None, str, list[str]]:
+        """(raw core, what its headers say or None when there is none to store, status, problems). A record
+        given up a second time keeps no core: not even its headers are read."""
+        if given_up is not None and not given_up.keep_core:
+            said = list(record.get("errors") or []) if record.get("given_up") else [given_up.reason]
+            return spool.core_path(self.settings.spool_dir, dump_id), None, "invalid", \
+                said + ["core not kept: storing it failed as well"]
         raw = spool.core_path(self.settings.spool_dir, dump_id)
         has_core = record.get("core") is not None
         if has_core and record.get("core") != raw.name:
@@ -245,13 +261,15 @@ class Daemon:
             record[userview.AUXV_KEY] = {"at_secure": info.at_secure}
         return (raw, info, *_status(record, info, core_missing))
 
-    def _make_visible(self, dump_id: str) -> Dump | None:
+    def _make_visible(self, dump_id: str, given_up: attempts.GiveUp | None = None) -> Dump | None:
         """Stage visible: the dump's row, analysis and announcement, before its core is stored."""
         start = time.monotonic()
         record = self._read_record(dump_id)
         if record is None:
             return None
-        raw, info, status, problems = self._validate(dump_id, record)
+        if given_up is not None:  # what failed may be anything the record says: only the core is kept
+            record = _stand_in(self.settings.spool_dir, dump_id, given_up.reason, given_up=True)
+        raw, info, status, problems = self._validate(dump_id, record, given_up)
         self._start_analysis(dump_id, record, raw, status)
         self._finish_analysis(dump_id, record, status)
         self.store.insert(row_from_record(record, status=COMPRESSING if info is not None else status,
@@ -260,16 +278,15 @@ class Daemon:
                                           sha256=None, ingest_seconds=time.monotonic() - start))
         dump = self.store.get(dump_id)
         self._announce("on_ingested", dump)
-        if userview.visible(dump):
-            self._publish([dump.uid])
+        self._update_views(changed=[dump])
         self._checkpoint("visible")
         return dump
 
-    def _make_stored(self, dump: Dump, start: float) -> Dump:
+    def _make_stored(self, dump: Dump, start: float, given_up: attempts.GiveUp | None = None) -> Dump:
         """Stage stored: the raw core into the store, verified, and the row's final status. Validation is
         redone (it reads headers only): a restarted daemon has only the row and the spool."""
         s = self.settings
-        raw, info, status, problems = self._validate(dump.id, dump.record)
+        raw, info, status, problems = self._validate(dump.id, dump.record, given_up)
         store_dir = paths.store_dir(s.state_dir)
         stored = self._stored_already(dump.id, store_dir, raw if info is not None else None)
         if stored is None and info is not None:
@@ -295,8 +312,7 @@ class Daemon:
         dump = self.store.get(dump.id)
         self._announce("on_stored", dump)
         _checkpoint_pause("indexed")  # from here on, stopping would only delay the cleanup
-        if userview.visible(dump):
-            self._publish([dump.uid])
+        self._update_views(changed=[dump])
         return dump
 
     def _stored_already(self, dump_id: str, store_dir: Path, raw: Path | None) -> compress.Stored | None:
@@ -332,8 +348,12 @@ class Daemon:
 
     def _finish_analysis(self, dump_id: str, record: dict, status: str) -> None:
         running, self._analysing = self._analysing, None
+        failed: list[str] = []
         if running is not None:
-            result = unwind.finish(running)
+            result = steps.run("analysis", failed, unwind.finish, running)
+            if result is None:
+                unwind.cancel(running)
+                result = findings.skipped(record, failed[0], state=findings.FAILED)
         elif not self.settings.analysis_enabled:
             result = findings.skipped(record, "analysis disabled ([analysis] enabled = false)")
         else:
@@ -377,24 +397,43 @@ class Daemon:
         if self._retry_at.get(dump_id, 0) > time.monotonic():
             return False
         try:
-            done = self.ingest(dump_id)
+            # Counted before it runs: an attempt that kills the daemon counts too.
+            attempt = attempts.begin(self.store, dump_id)
+            given_up = attempts.give_up(self.store, dump_id, attempt, self.settings.ingest_attempts)
+            if given_up is not None:
+                self.report_error("ingest", f"{dump_id}: {given_up.reason}; indexed as invalid", dump_id)
+            done = self.ingest(dump_id, given_up)
         except _Retry as e:
             self._cancel_analysis()
             self._retry_at[dump_id] = time.monotonic() + self.settings.retry_interval
             if isinstance(e.__cause__, compress.DiskFullError):
+                self._count(attempts.undo, dump_id)  # not the record's fault
                 self.retain()  # keep_free may make room for the retry
+            else:
+                self._count(attempts.failed, dump_id, str(e.__cause__))
             return False
         except Stopping:
             self._cancel_analysis()
+            self._count(attempts.undo, dump_id)
             return False
         except Exception as e:
             self._cancel_analysis()
             log.exception("Ingest of %s failed", dump_id)
             self.report_error("ingest", f"Ingest of {dump_id} failed: {e}; retrying later", dump_id)
             self._retry_at[dump_id] = time.monotonic() + self.settings.retry_interval
+            self._count(attempts.failed, dump_id, f"{type(e).__name__}: {e}")
             return False
         self._retry_at.pop(dump_id, None)
+        self._count(attempts.done, dump_id)
         return done
+
+    def _count(self, change: Callable, *args) -> None:
+        """Notes an attempt's end in the index (store/attempts.py); an index error there is logged: the next
+        sweep tries the record again either way."""
+        try:
+            change(self.store, *args)
+        except sqlite3.Error as e:
+            log.error("Cannot count ingest attempts (%s): %s", change.__name__, e)
 
     def sweep(self) -> int:
         """Adopts orphans and ingests every committed record; returns how many were ingested."""
@@ -439,6 +478,7 @@ class Daemon:
             self._try_ingest(dump_id)
         self.sweep()
         pending = set(spool.committed_ids(self.settings.spool_dir))
+        self._count(attempts.prune, pending | set(self.store.compressing()))
         for path in self.store.unindexed_files():
             dump_id = path.name.rsplit(".", 1)[0]
             if dump_id in pending or not spool.is_valid_id(dump_id) or self.store.get(dump_id) is not None:
@@ -466,15 +506,29 @@ class Daemon:
         for d in deleted:
             self._notify("on_deleted", lambda obs: obs.on_deleted(d.id, d.exe, d.rule, d.freed_bytes))
         if deleted:
-            self._publish(None)
+            self._update_views(gone=[(d.id, d.uid) for d in deleted])
         self._state()
         return deleted
 
     def _publish(self, uids) -> None:
-        """Republishes the users' views (userview.py); a failure is logged and retried at the next change."""
+        """Republishes the users' views whole (userview.py); a failure is logged and retried at the next
+        change."""
         try:
             userview.refresh(self.store, uids)
         except (OSError, sqlite3.Error) as e:
+            self.report_error("ingest", f"Cannot publish the users' views of their dumps: {e}")
+
+    def _update_views(self, changed=(), gone=()) -> None:
+        """Appends what one ingest stage or one retention pass changed to the users' views: the cost of the
+        change, not of everything a user has (userview.update)."""
+        try:
+            if self._views_stale:
+                userview.refresh(self.store, None)
+            else:
+                userview.update(self.store, changed, gone)
+            self._views_stale = False
+        except (OSError, sqlite3.Error) as e:
+            self._views_stale = True
             self.report_error("ingest", f"Cannot publish the users' views of their dumps: {e}")
 
     def check_corrupt(self) -> None:
@@ -511,6 +565,7 @@ class Daemon:
         self.store = Store(s.state_dir)
         if s.analysis_enabled:
             unwind.sandbox()  # probed now, not in the first dump's analysis time
+        self.check_corrupt()  # the baseline, before an observer (the scrub) can mark anything
         # the state dir is ours now (the uploader starts its thread here)
         self._notify("on_start", lambda obs: obs.on_start())
         watch = Watch(s.spool_dir)

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from corehandler import boundedjson
 from corehandler.atomicfile import write_atomic
 from corehandler.errors import CorehandlerError
 
@@ -39,6 +40,19 @@ ID_RE = re.compile(r"^(?P<usec>\d+)-(?P<boot>[0-9a-f]{16})-(?P<pid>\d+)(?:\.\d+)
 # A prefix of an id, as a MATCH word may give one. Its microsecond timestamp has 16 digits: 11 or more (more
 # than any PID) start an id, and a comm like "2-b" stays a comm.
 ID_PREFIX_RE = re.compile(r"\d{11,}(-[0-9a-f]{0,16}(-(\d+(\.\d*)?)?)?)?")
+
+
+# A record is a few KiB; a 64 KiB argv of high bytes escaped makes ~700 KiB. Past this, it is not csplice's.
+MAX_RECORD_BYTES = 16 << 20
+_INT, _STR, _DICT, _LIST = (int,), (str,), (dict,), (list,)
+# The JSON types of the fields the Python side reads (docs/design.md, schema 1); null is always allowed.
+_SHAPE = {"schema": _INT, "id": _STR, "core": _STR, "pid": _INT, "tid": _INT, "uid": _INT, "gid": _INT,
+          "signal": _INT, "timestamp": _INT, "dumpable": _INT, "rlimit_core": _STR, "hostname": _STR,
+          "comm": _STR, "boot_id": _STR, "specifiers": _DICT, "proc": _DICT, "capture": _DICT, "handler": _DICT,
+          "errors": _LIST}
+_PROC_SHAPE = {"exe": _STR, "comm": _STR, "status": _STR, "cgroup": _STR, "cmdline": _LIST, "environ": _LIST,
+               "maps": _STR, "ns": _DICT, "container": _DICT, "truncated": _LIST}
+_CAPTURE_SHAPE = {"socket": _DICT, "truncated_reason": _STR, "dropped_reason": _STR, "error": _STR}
 
 
 class SpoolRecordError(CorehandlerError):
@@ -74,16 +88,46 @@ def committed_ids(spool_dir: Path) -> list[str]:
     return sorted(i for i in ids if is_valid_id(i))
 
 
+def misshapen(record: dict) -> str | None:
+    """The first field whose JSON type is not what schema 1 gives it (each reader relies on these), or None."""
+    for where, obj, shape in (("record", record, _SHAPE), ("proc", record.get("proc"), _PROC_SHAPE),
+                              ("capture", record.get("capture"), _CAPTURE_SHAPE)):
+        if not isinstance(obj, dict):
+            continue
+        for key, types in shape.items():
+            value = obj.get(key)
+            if value is None:
+                continue
+            if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+                return f"{where}.{key} is a JSON {type(value).__name__}, not {'/'.join(t.__name__ for t in types)}"
+            if types is _INT and not -2**63 <= value < 2**63:  # the index's INTEGER
+                return f"{where}.{key} is out of range"
+    cmdline = (record.get("proc") or {}).get("cmdline") or []
+    if not all(isinstance(arg, str) for arg in cmdline):
+        return "proc.cmdline holds a value that is not a string"
+    if not all(isinstance(err, str) for err in record.get("errors") or []):
+        return "errors holds a value that is not a string"
+    return None
+
+
 def read_record(spool_dir: Path, dump_id: str) -> dict:
-    """The parsed record. Strings keep invalid UTF-8 bytes as lone surrogates (\\udcXX)."""
+    """The parsed record. Strings keep invalid UTF-8 bytes as lone surrogates (\\udcXX). Anything else (not
+    JSON, nested or sized past the bounds, a field of the wrong type) is a SpoolRecordError."""
     path = record_path(spool_dir, dump_id)
     try:
         with open(path, "rb") as f:
-            record = json.loads(f.read())
-    except (OSError, ValueError) as e:
+            data = f.read(MAX_RECORD_BYTES + 1)
+    except OSError as e:
         raise SpoolRecordError(f"cannot read record {path}: {e}") from e
+    try:
+        record = boundedjson.loads(data, max_bytes=MAX_RECORD_BYTES)
+    except boundedjson.BoundedJSONError as e:
+        raise SpoolRecordError(f"cannot read record {path}: {e}") from None
     if not isinstance(record, dict):
         raise SpoolRecordError(f"record {path} is not a JSON object")
+    wrong = misshapen(record)
+    if wrong:
+        raise SpoolRecordError(f"record {path}: {wrong}")
     if record.get("schema") != RECORD_SCHEMA:
         raise SpoolRecordError(f"record {path} has schema {record.get('schema')!r}, expected {RECORD_SCHEMA}")
     if record.get("id") != dump_id:

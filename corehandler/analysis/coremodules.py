@@ -7,18 +7,21 @@ them here costs a few preads; eu-unstrip -n took 90-350 ms a core on the loaded 
 finding and checksumming debug files it does not need for the list (docs/analysis.md).
 
 Everything read comes from the crashed process's memory: sizes and counts are capped, and a malformed header
-gives a module without a build-id, never an exception.
+gives a module without a build-id, never an exception. The cost is O(n log n) in the core's mappings (a
+process may have 65530 of them, vm.max_map_count): a read finds its segment by bisection, at most
+MAX_EXAMINED mapped files are looked into, and the listing stops at its time budget with what it has.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import struct
-from dataclasses import dataclass
+import time
+from bisect import bisect_right
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from corehandler import elfcore
+from corehandler import boundedjson, elfcore
 
 NT_GNU_BUILD_ID = 3
 PACKAGE_NOTE_OWNER, PACKAGE_NOTE_TYPE = b"FDO", 0xCAFE1A7E
@@ -26,6 +29,11 @@ MAX_NOTE_BYTES = 8192
 MAX_PACKAGE_NOTE = 4096
 MAX_MODULES = 512
 MAX_NT_FILE = 8 << 20
+# NT_FILE entries read (the kernel's default vm.max_map_count is 65530) and mapped files looked into: a data
+# file mapped from its start costs a look as an ELF image does.
+MAX_FILE_ENTRIES = 1 << 16
+MAX_EXAMINED = 1 << 14
+BUDGET_SECONDS = 10.0
 ET_EXEC = 2
 
 
@@ -34,15 +42,20 @@ class _Core:
     fd: int
     end: str
     layout: object
-    loads: list[tuple[int, int, int]]   # (vaddr, offset, filesz) of PT_LOAD segments with file bytes
+    loads: list[tuple[int, int, int]]   # (vaddr, offset, filesz) of PT_LOAD segments with file bytes, sorted
     files: list[tuple[int, int, int, str]]  # (start, end, page offset, name) from NT_FILE
+    files_cut: bool = False
+    starts: list[int] = field(default_factory=list)  # each load's vaddr, for bisection
 
     def read(self, vaddr: int, length: int) -> bytes:
         """Bytes of the process's memory at vaddr, as far as the core holds them."""
-        for start, offset, size in self.loads:
-            if start <= vaddr < start + size:
-                return elfcore._read_at(self.fd, offset + vaddr - start, min(length, start + size - vaddr))
-        return b""
+        i = bisect_right(self.starts, vaddr) - 1
+        if i < 0:
+            return b""
+        start, offset, size = self.loads[i]
+        if vaddr >= start + size:
+            return b""
+        return elfcore._read_at(self.fd, offset + vaddr - start, min(length, start + size - vaddr))
 
 
 def _open(fd: int) -> _Core | None:
@@ -67,6 +80,7 @@ def _open(fd: int) -> _Core | None:
         elif p["type"] == elfcore.PT_NOTE:
             notes.append(p)
     core.loads.sort()
+    core.starts = [start for start, _, _ in core.loads]
     for p in notes:
         _nt_file(core, elfcore._read_at(fd, p["offset"], min(p["filesz"], elfcore.MAX_NOTES_BYTES)))
     return core
@@ -84,10 +98,13 @@ def _nt_file(core: _Core, data: bytes) -> None:
         names_at = 2 * size + 3 * size * count
         if names_at > len(desc):
             return
-        names = desc[names_at:].split(b"\0")
-        for i in range(min(count, len(names))):
-            start, stop, offset = struct.unpack_from(core.end + word * 3, desc, 2 * size + 3 * size * i)
-            core.files.append((start, stop, offset * page, names[i].decode("utf-8", "surrogateescape")))
+        names = desc[names_at:].split(b"\0", min(count, MAX_FILE_ENTRIES))
+        room = MAX_FILE_ENTRIES - len(core.files)
+        n = min(count, len(names), room)
+        core.files_cut = core.files_cut or room < min(count, len(names))
+        entries = struct.iter_unpack(core.end + word * 3, desc[2 * size:2 * size + 3 * size * n])
+        for (start, stop, offset), name in zip(entries, names):
+            core.files.append((start, stop, offset * page, name.decode("utf-8", "surrogateescape")))
 
 
 def _module_notes(core: _Core, start: int) -> tuple[str | None, dict | None]:
@@ -123,31 +140,43 @@ def _module_notes(core: _Core, start: int) -> tuple[str | None, dict | None]:
 
 
 def parse_package(desc: bytes) -> dict | None:
-    """The JSON of a .note.package (systemd's package-metadata spec), None when it is not a JSON object."""
+    """The JSON of a .note.package (systemd's package-metadata spec), None when it is not a JSON object (or is
+    nested deeper than any package note is)."""
     try:
-        value = json.loads(desc[:MAX_PACKAGE_NOTE].split(b"\0", 1)[0].decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+        value = boundedjson.loads(desc[:MAX_PACKAGE_NOTE].split(b"\0", 1)[0])
+    except boundedjson.BoundedJSONError:
         return None
     return value if isinstance(value, dict) else None
 
 
-def modules(path: Path | str) -> tuple[list[dict], bool]:
+def modules(path: Path | str, *, budget: float = BUDGET_SECONDS,
+            problems: list[str] | None = None) -> tuple[list[dict], bool]:
     """([{name, start, size, build_id, file, package}], cut) for every file-backed ELF image the core maps,
-    in address order; ([], False) for a file that is no core. Raises OSError when it cannot be read."""
+    in address order; ([], False) for a file that is no core. Raises OSError when it cannot be read. Past a
+    cap or the time budget (seconds) the list is cut, and why is appended to problems."""
+    deadline = time.monotonic() + budget
+    problems = [] if problems is None else problems
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
         core = _open(fd)
         if core is None:
             return [], False
+        if core.files_cut:
+            problems.append(f"module listing read the first {MAX_FILE_ENTRIES} of the core's mapped files only")
         spans: dict[str, list[int]] = {}
         for start, stop, _, name in core.files:
             span = spans.setdefault(name, [start, stop])
             span[0], span[1] = min(span[0], start), max(span[1], stop)
-        out, seen = [], set()
+        out, seen, examined = [], set(), 0
         for start, _, offset, name in sorted(core.files):
             if offset != 0 or name in seen:
                 continue
             if len(out) == MAX_MODULES:
+                return out, True
+            examined += 1
+            if examined > MAX_EXAMINED or time.monotonic() > deadline:
+                problems.append(f"module listing stopped after {examined - 1} mapped files "
+                                f"({'its cap' if examined > MAX_EXAMINED else f'its {budget:g} s budget'})")
                 return out, True
             build_id, package = _module_notes(core, start)
             if build_id is None and core.read(start, 4) != elfcore.ELFMAG:

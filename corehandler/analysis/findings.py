@@ -325,9 +325,9 @@ def thread_lines(t: dict) -> list[str]:
 
 
 
-def skipped(record: dict, reason: str) -> dict:
-    """The result of a dump with nothing to unwind: identity only."""
-    return {"state": SKIPPED, "problems": [reason], "cut": [], "seconds": 0.0, "analyser": None,
+def skipped(record: dict, reason: str, state: str = SKIPPED) -> dict:
+    """The result of a dump with nothing to unwind (or whose analysis failed outright): identity only."""
+    return {"state": state, "problems": [reason], "cut": [], "seconds": 0.0, "analyser": None,
             "crashing_tid": record.get("tid"), "threads": [], "threads_seen": 0, "modules": [], "exe": None,
             "packages": {}, "identity": identity.identify(record)}
 

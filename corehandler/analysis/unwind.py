@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from corehandler import elfcore, fields
+from corehandler import elfcore, fields, steps
 from corehandler.analysis import account, coremodules, jail
 from corehandler.analysis.findings import Limits, apply_errors, build_result, parse_stack
 
@@ -272,9 +272,11 @@ def finish(run: Running) -> dict:
     problems += _jail_problems(report)
     cancel(run)
     try:
-        modules, modules_cut = coremodules.modules(run.core)
+        modules, modules_cut = coremodules.modules(run.core, problems=problems)
     except OSError as e:
         problems.append(f"cannot read the modules of {run.core.name}: {e.strerror}")
+    except Exception as e:  # the core's bytes are the crashed process's: no parser error stops the analysis
+        problems.append(steps.problem("module listing", e))
     if timed_out:
         problems.insert(0, f"analyser killed at the {limits.timeout:g} s timeout")
     # The child's own time plus our parsing: not the compression finish() waited behind.

@@ -133,8 +133,9 @@ def _time(ts: float) -> str:
 
 def _json(d: Dump, state: str, problem: str | None, **extra) -> dict:
     """A dump as --json prints it: every index column, names as the process's bytes (invalid UTF-8 as lone
-    surrogates, which json.dumps writes as \\udcXX escapes: the spool record's convention)."""
-    return dict(d.summary(), corefile=state, corefile_problem=problem, **extra)
+    surrogates, which json.dumps writes as \\udcXX escapes: the spool record's convention), and the status the
+    text shows (corrupt once a check of the stored file failed)."""
+    return dict(d.summary(), status=_status(d, state), corefile=state, corefile_problem=problem, **extra)
 
 
 def run_list(args: argparse.Namespace) -> int:

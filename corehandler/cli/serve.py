@@ -17,6 +17,7 @@ from corehandler.host import overview
 from corehandler.observe.journal import JournalObserver
 from corehandler.observe.metrics import MetricsObserver
 from corehandler.paths import csplice_path
+from corehandler.store import scrub
 
 log = logging.getLogger("corehandler.serve")
 
@@ -45,6 +46,8 @@ def observers_for(config, paths, store_limit) -> tuple[list, list[str]]:
                 problems.append(f"cannot serve metrics on {config.metrics.listen}:{config.metrics.port}: "
                                 f"{e.strerror}; dumps are still ingested")
         observers.append(metrics)
+    if config.scrub.enabled:
+        observers.append(scrub.Scrubber(paths.state_dir, scrub.Policy(config.scrub.rate, config.scrub.interval)))
     return observers, problems
 
 

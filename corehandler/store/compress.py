@@ -163,20 +163,44 @@ def adopt(path: Path) -> Stored:
                   time.monotonic() - start)
 
 
-def open_stored(path: Path) -> BinaryIO:
-    """A reader of the dump's original bytes, compressed or raw."""
-    f = open(path, "rb")
+class _Paced:
+    """A file whose reads call pace(n) with the bytes they got (the scrub's rate limit)."""
+
+    def __init__(self, f: BinaryIO, pace: Callable[[int], None]):
+        self.f, self.pace = f, pace
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        self.pace(len(data))
+        return data
+
+    def close(self) -> None:
+        self.f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_stored(path: Path, pace: Callable[[int], None] | None = None) -> BinaryIO:
+    """A reader of the dump's original bytes, compressed or raw; pace(n) is told of every n bytes read from
+    the disk."""
+    f = open(path, "rb", buffering=0 if pace else -1)
+    if pace:
+        f = _Paced(f, pace)
     if path.name.endswith(COMPRESSED_SUFFIX):
         return zstandard.ZstdDecompressor().stream_reader(f, read_size=CHUNK, read_across_frames=True, closefd=True)
     return f
 
 
-def _copy(path: Path, write: Callable[[bytes], object],
-          progress: Callable[[int], None] | None = None) -> tuple[int, str]:
+def _copy(path: Path, write: Callable[[bytes], object], progress: Callable[[int], None] | None = None,
+          pace: Callable[[int], None] | None = None) -> tuple[int, str]:
     digest = hashlib.sha256()
     total = 0
     try:
-        with open_stored(path) as reader:
+        with open_stored(path, pace) as reader:
             while chunk := reader.read(CHUNK):
                 digest.update(chunk)
                 total += len(chunk)
@@ -188,9 +212,9 @@ def _copy(path: Path, write: Callable[[bytes], object],
     return total, digest.hexdigest()
 
 
-def verify(path: Path, raw_bytes: int, sha256: str | None) -> None:
-    """Raises VerifyError unless path decompresses to raw_bytes bytes with that sha256."""
-    total, digest = _copy(path, lambda chunk: None)
+def verify(path: Path, raw_bytes: int, sha256: str | None, pace: Callable[[int], None] | None = None) -> None:
+    """Raises VerifyError unless path decompresses to raw_bytes bytes with that sha256 (read at pace's rate)."""
+    total, digest = _copy(path, lambda chunk: None, pace=pace)
     if total != raw_bytes:
         raise VerifyError(f"{path.name} decompresses to {total} bytes, expected {raw_bytes}")
     if sha256 and digest != sha256:

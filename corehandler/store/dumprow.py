@@ -111,7 +111,7 @@ def row_from_record(record: dict, *, status: str, problem: str | None, path: str
         "comm": display(fields.comm(record)),
         "cmdline": json.dumps([display(a) for a in cmdline]) if isinstance(cmdline, list) else None,
         "hostname": display(record.get("hostname")),
-        "boot_id": record.get("boot_id"),
+        "boot_id": display(record.get("boot_id")),  # the kernel's, but the record's bytes all the same
         "raw_bytes": raw_bytes, "stored_bytes": stored_bytes, "sha256": sha256,
         "status": status, "problem": problem, "path": path, "deleting": 0,
         "compress_seconds": compress_seconds, "ingest_seconds": ingest_seconds,

@@ -22,8 +22,8 @@ from corehandler.store.match import Filter
 
 # Every table of index.sqlite is spelled and migrated here, and nowhere else. 5: the analysis table is part
 # of the schema (before, the daemon made it at start); the upload queue's tables come with the first upload.
-# 7: records lose proc.oci_config (_SCRUB_OCI_CONFIG).
-SCHEMA_VERSION = 7
+# 7: records lose proc.oci_config (_SCRUB_OCI_CONFIG). 8: ingest_attempts (store/attempts.py).
+SCHEMA_VERSION = 8
 
 _SCHEMA_TABLE = """
 CREATE TABLE IF NOT EXISTS dumps (
@@ -91,6 +91,17 @@ _UPLOAD_TABLES = (
 )
 
 
+
+# Ingest attempts of spool records not indexed yet, counted before each attempt (store/attempts.py).
+_ATTEMPTS_TABLE = """
+CREATE TABLE IF NOT EXISTS ingest_attempts (
+    id TEXT PRIMARY KEY,
+    attempts INTEGER NOT NULL,
+    failures INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT,
+    last_at REAL NOT NULL,
+    given_up INTEGER NOT NULL DEFAULT 0
+)"""
 
 _DELETIONS_TABLE = """
 CREATE TABLE IF NOT EXISTS deletions (
@@ -194,6 +205,7 @@ class Store:
             db.execute(_SCHEMA_TABLE)
             db.execute(_DELETIONS_TABLE)
             db.execute(_ANALYSIS_TABLE)
+            db.execute(_ATTEMPTS_TABLE)
             for statement in _ANALYSIS_INDEXES:
                 db.execute(statement)
             have = {row[1] for row in db.execute("PRAGMA table_info(dumps)")}
@@ -319,11 +331,14 @@ class Store:
         rows = self.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM dumps {where} ORDER BY crashed_at, id")
         return [Dump.from_row(r) for r in rows]
 
-    def sizes(self) -> list[tuple[str, float, str | None, int, int | None]]:
-        """(id, crashed_at, exe, stored_bytes, uid) of every dump: what retention plans with, without parsing
-        every record."""
-        return self.db.execute(f"SELECT id, crashed_at, exe, stored_bytes, uid FROM dumps WHERE {_LIVE} "
-                               "ORDER BY crashed_at, id").fetchall()
+    def sizes(self) -> list[tuple[str, float, str | None, int, bool, int | None]]:
+        """(id, crashed_at, exe, bytes, coreless, uid) of every dump: what retention plans with, without parsing
+        every record. Its bytes are the stored file's plus its record's and analysis's in the index: a
+        metadata-only dump of a hostile argv is a record of hundreds of KiB."""
+        return [(i, t, exe, size, bool(coreless), uid) for i, t, exe, size, coreless, uid in self.db.execute(
+            "SELECT d.id, d.crashed_at, d.exe, d.stored_bytes + LENGTH(d.record) + COALESCE(LENGTH(a.result), 0), "
+            "d.path IS NULL AND d.status != ?, d.uid FROM dumps d LEFT JOIN analysis a ON a.id = d.id "
+            f"WHERE d.{_LIVE} ORDER BY d.crashed_at, d.id", (COMPRESSING,))]
 
     def totals(self) -> tuple[int, int]:
         """Stored bytes and number of dumps."""

@@ -3,10 +3,15 @@ and a thin applier that deletes what the plan says.
 
 Rules, in the order they apply:
   max_age      dumps older than this go, whatever else holds;
+  dropped_max_age, dropped_max_count
+               the same for dumps whose core was not kept (dropped, or invalid without one), on by
+               default: each is a record of up to hundreds of KiB in the index and its user's view, and a crash
+               storm or a hostile argv makes them by the thousand;
   max_per_exe  per executable and user, only the newest N stay (one user's crashes never push out another's);
   max_count, max_use, keep_free
                then, oldest first, dumps go while any of these is violated: more than max_count dumps,
-               more than max_use bytes stored, less than keep_free bytes free on the store's filesystem.
+               more than max_use bytes stored (a dump's file, its record and its analysis in the index), less than
+               keep_free bytes free on the store's filesystem.
 A dump marked busy (still being ingested or read) is never deleted, though it counts toward the limits.
 A dump still waiting to upload (unsent) is deleted by keep_free only, the disk floor: the other rules pass
 over it until it is in the bucket. When keep_free takes one, the caller counts it as lost to the fleet.
@@ -25,7 +30,8 @@ from corehandler import paths, spool
 
 log = logging.getLogger(__name__)
 
-RULES = ("max_age", "max_per_exe", "max_count", "max_use", "keep_free")
+RULES = ("max_age", "dropped_max_age", "dropped_max_count", "max_per_exe", "max_count", "max_use",
+         "keep_free")
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,7 @@ class Item:
     busy: bool = False
     unsent: bool = False  # waiting in the upload queue
     uid: int | None = None  # who crashed: max_per_exe counts per (uid, exe)
+    coreless: bool = False  # no stored core: a record only
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,8 @@ class Policy:
     max_age: float | None = None    # seconds
     max_count: int | None = None
     max_per_exe: int | None = None
+    dropped_max_age: float | None = None   # seconds, for coreless dumps
+    dropped_max_count: int | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,16 @@ def plan(items: Iterable[Item], policy: Policy, *, free_bytes: int, now: float) 
         for it in ordered:
             if not it.busy and not it.unsent and it.time < now - policy.max_age:
                 rule[it.id] = "max_age"
+
+    coreless = [it for it in ordered if it.coreless and it.id not in rule and not it.busy and not it.unsent]
+    if _limit(policy.dropped_max_age) is not None:
+        for it in coreless:
+            if it.time < now - policy.dropped_max_age:
+                rule[it.id] = "dropped_max_age"
+    if _limit(policy.dropped_max_count) is not None:
+        left = [it for it in coreless if it.id not in rule]
+        for it in left[:max(0, len(left) - policy.dropped_max_count)]:  # oldest first
+            rule[it.id] = "dropped_max_count"
 
     if _limit(policy.max_per_exe) is not None:
         by_exe: dict[tuple[int | None, str | None], list[Item]] = defaultdict(list)
@@ -138,6 +157,7 @@ class Deletion:
     exe: str | None
     rule: str
     freed_bytes: int
+    uid: int | None = None
 
 
 def apply(decisions: Iterable[Decision], delete: Callable[[str, str], int | None], *,
@@ -153,7 +173,7 @@ def apply(decisions: Iterable[Decision], delete: Callable[[str, str], int | None
             continue
         if not dry_run:
             log.info("Retention deleted dump %s (%s, %d bytes): %s", d.item.id, d.item.exe, freed, d.rule)
-        done.append(Deletion(d.item.id, d.item.exe, d.rule, freed))
+        done.append(Deletion(d.item.id, d.item.exe, d.rule, freed, d.item.uid))
     return done
 
 
@@ -167,13 +187,16 @@ def policy_from_config(retention, total_bytes: int) -> Policy:
     """Resolves the config's [retention] section (percentages against the filesystem's size)."""
     return Policy(max_use=retention.max_use.resolve(total_bytes), keep_free=retention.keep_free.resolve(total_bytes),
                   max_age=retention.max_age or None, max_count=retention.max_count or None,
-                  max_per_exe=retention.max_per_exe or None)
+                  max_per_exe=retention.max_per_exe or None,
+                  dropped_max_age=retention.dropped_max_age or None,
+                  dropped_max_count=retention.dropped_max_count or None)
 
 
 def vacuum(store, policy: Policy, *, now: float | None = None, busy: Iterable[str] = (),
            dry_run: bool = False) -> list[Deletion]:
     """Plans against the store's index and filesystem, then deletes (unless dry_run)."""
-    if not any((policy.max_use, policy.keep_free, policy.max_age, policy.max_count, policy.max_per_exe)):
+    if not any((policy.max_use, policy.keep_free, policy.max_age, policy.max_count, policy.max_per_exe,
+                policy.dropped_max_age, policy.dropped_max_count)):
         return []  # no limits: nothing to read
     from corehandler.fleet import upload_queue  # the queue lives in the same index
 
@@ -182,7 +205,8 @@ def vacuum(store, policy: Policy, *, now: float | None = None, busy: Iterable[st
     # A dump still compressing has no stored file yet: the daemon completes its row.
     busy = set(busy) | set(spool.committed_ids(paths.spool_dir(store.state_dir))) | set(store.compressing())
     unsent = upload_queue.waiting_ids(store.db)
-    items = [Item(i, t, exe, size, i in busy, i in unsent, uid) for i, t, exe, size, uid in store.sizes()]
+    items = [Item(i, t, exe, size, i in busy, i in unsent, uid, coreless)
+             for i, t, exe, size, coreless, uid in store.sizes()]
     _, free = filesystem(store.store_dir)
     decisions = plan(items, policy, free_bytes=free, now=time.time() if now is None else now)
     # The store counts each deletion under its rule, for the metrics.

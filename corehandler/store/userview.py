@@ -6,8 +6,7 @@ The index stays root's (0600: it holds every user's cmdlines and environments). 
 vacuum and corruption marks) publishes one view per uid:
   <state>/users/<uid>.json   that uid's visible dumps, as index rows with their records and their analysis
                              (the trace and signature `info` and `list` show, as coredumpctl shows a user's
-                             own trace) (schema 1); mode
-                             0600 root, plus the POSIX ACL entry user:<uid>:r--
+                             own trace); mode 0600 root, plus the POSIX ACL entry user:<uid>:r--
   <state>/store/<id>.zst     each of those dumps' stored file gets the same ACL entry
 The state, store and users directories are 0711 (paths.DIR_MODES): a user can open a name there but list
 nothing, so they reach their own view by their uid and their cores by the ids in it, and nothing else. A dump is
@@ -15,6 +14,12 @@ visible when the record's uid (%u) is that user's, an ordinary user's (not a sys
 dumpable (%d) is 1 (SUID_DUMP_USER), and its exec was clean (real == effective ids in its status, AT_SECURE 0 in
 its core's auxv): systemd-coredump's rule. A setuid program's or a prctl(PR_SET_DUMPABLE, 0) process's dumps
 (%d 0 or 2, or AT_SECURE 1) stay root's, as do orphans (no uid).
+
+A view is a log (schema 2), so publishing costs what changed, not what the user has: a header line, then a
+line per dump ({"dump": row, "analysis": ..., "summary": ...}) or per deletion ({"gone": id}); a reader keeps
+the last line of each id and ignores a last line cut short by a writer. The daemon appends a line per ingest
+and per deletion (update), and writes the view whole (refresh: at start, from `vacuum`, after a corruption
+mark, and once the log has grown past twice its size when last written whole plus COMPACT_SLACK).
 
 The CLI run as a user without read access to the index reads UserView instead of Store: the same query,
 the same matching rule (match.py).
@@ -29,6 +34,8 @@ import json
 import logging
 import os
 import struct
+from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable
 
@@ -43,7 +50,9 @@ from corehandler.store.match import Filter
 
 log = logging.getLogger(__name__)
 
-SCHEMA = 1
+SCHEMA = 2
+COMPACT_SLACK = 1 << 20
+_HEADER_BYTES = 4096
 DUMPABLE_USER = 1  # SUID_DUMP_USER, the kernel's %d for an ordinary process
 # systemd's own ranges (and Debian's SYS_UID_MAX): system users, dynamic users, nobody.
 SYSTEM_UID_MAX = 999
@@ -130,10 +139,9 @@ def _grant(target, uid: int) -> None:
         raise
 
 
-def refresh(store: Store, uids: Iterable[int] | None = None) -> None:
-    """Republishes the views of these uids (None: every uid with a view or a visible dump) from the index,
-    and grants each visible stored file to its user. Root only; a filesystem without ACLs is logged, not
-    fatal (users then see no view)."""
+@contextmanager
+def _users_locked(store: Store):
+    """The users directory, made as install makes it, locked: the daemon and a `vacuum` may publish at once."""
     state = store.state_dir
     users = paths.users_dir(state)
     for directory, kind in ((state, "state"), (store.store_dir, "store"), (users, "users")):
@@ -141,19 +149,99 @@ def refresh(store: Store, uids: Iterable[int] | None = None) -> None:
         os.chmod(directory, DIR_MODES[kind])
     fd = os.open(users, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # the daemon and a `vacuum` may refresh at once; one at a time
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield users
+    finally:
+        os.close(fd)
+
+
+def refresh(store: Store, uids: Iterable[int] | None = None) -> None:
+    """Republishes the views of these uids (None: every uid with a view or a visible dump) whole from the
+    index, and grants each visible stored file to its user. Root only; a filesystem without ACLs is logged,
+    not fatal (users then see no view)."""
+    with _users_locked(store) as users:
         if uids is None:
             published = {int(n[:-5]) for n in os.listdir(users) if n.endswith(".json") and n[:-5].isdigit()}
             uids = published | {r[0] for r in store.db.execute(
                 "SELECT DISTINCT uid FROM dumps WHERE uid > 0 AND deleting = 0")}
         for uid in sorted(set(uids)):
-            try:
-                _publish(store, uid)
-            except _NoAcl as e:
-                log.warning("Cannot give user %d their dumps: %s has no POSIX ACLs (%s)", uid, state, e)
-                view_path(state, uid).unlink(missing_ok=True)
+            _publish_whole(store, uid)
+
+
+def update(store: Store, changed: Iterable[Dump] = (), gone: Iterable[tuple[str, int | None]] = ()) -> None:
+    """Appends to the views the dumps changed (ingested) and gone ((id, uid) of deleted ones): a line each,
+    whatever the view holds already. A view not there yet, or grown past its slack, is written whole."""
+    lines: dict[int, list[bytes]] = defaultdict(list)
+    whole_if_missing: set[int] = set()
+    for d in changed:
+        if visible(d):
+            _grant_stored(store, d)
+            lines[d.uid].append(_line(_entry(store, d)))
+            whole_if_missing.add(d.uid)
+    for dump_id, uid in gone:
+        if isinstance(uid, int) and uid > 0:
+            lines[uid].append(_line({"gone": dump_id}))
+    if not lines:
+        return
+    with _users_locked(store):
+        for uid, new in lines.items():
+            appended = _append(view_path(store.state_dir, uid), b"".join(new))
+            # No view: a user whose dumps were all invisible so far needs none for a deletion.
+            if appended is False or (appended is None and uid in whole_if_missing):
+                _publish_whole(store, uid)
+
+
+def _line(obj: dict) -> bytes:
+    # ensure_ascii: the names' invalid bytes stay lone-surrogate escapes, as in the spool record.
+    return json.dumps(obj, ensure_ascii=True, sort_keys=True).encode() + b"\n"
+
+
+def _entry(store: Store, d: Dump) -> dict:
+    return {"dump": dataclasses.asdict(d), "analysis": analyses.analysis_for(store, d.id),
+            "summary": analyses.summaries(store, [d.id]).get(d.id)}
+
+
+def _grant_stored(store: Store, d: Dump) -> None:
+    stored = store.file_path(d)
+    if stored is not None:
+        try:
+            _grant(stored, d.uid)
+        except FileNotFoundError:  # retention took it since; the view says "missing"
+            pass
+
+
+def _append(path: Path, data: bytes) -> bool | None:
+    """Appends data to the view at path: True; None when there is no view; False when the view must be
+    written whole instead (an older schema, or grown past twice its compacted size plus the slack)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(_HEADER_BYTES)
+        try:
+            header = json.loads(first)
+        except ValueError:
+            return False
+        if not isinstance(header, dict) or header.get("schema") != SCHEMA:
+            return False
+        if os.fstat(fd).st_size + len(data) > 2 * int(header.get("compacted_bytes", 0)) + COMPACT_SLACK:
+            return False
+        view = memoryview(data)
+        while view:  # one write() in practice: O_APPEND keeps concurrent readers to whole or cut-short lines
+            view = view[os.write(fd, view):]
+        return True
     finally:
         os.close(fd)
+
+
+def _publish_whole(store: Store, uid: int) -> None:
+    try:
+        _publish(store, uid)
+    except _NoAcl as e:
+        log.warning("Cannot give user %d their dumps: %s has no POSIX ACLs (%s)", uid, store.state_dir, e)
+        view_path(store.state_dir, uid).unlink(missing_ok=True)
 
 
 def _publish(store: Store, uid: int) -> None:
@@ -163,20 +251,35 @@ def _publish(store: Store, uid: int) -> None:
         path.unlink(missing_ok=True)
         return
     for d in dumps:
-        stored = store.file_path(d)
-        if stored is not None:
-            try:
-                _grant(stored, uid)
-            except FileNotFoundError:  # retention took it after the query; the view says "missing"
-                pass
-    rows = [dataclasses.asdict(d) for d in dumps]
-    ids = [d.id for d in dumps]
-    results = {i: a for i in ids if (a := analyses.analysis_for(store, i)) is not None}
-    # ensure_ascii: the names' invalid bytes stay lone-surrogate escapes, as in the spool record.
-    data = json.dumps({"schema": SCHEMA, "uid": uid, "dumps": rows, "analysis": results,
-                       "analysis_summaries": analyses.summaries(store, ids)},
-                      ensure_ascii=True, sort_keys=True).encode()
-    write_atomic(path, data, 0o600, prepare=lambda fd: _grant(fd, uid))
+        _grant_stored(store, d)
+    body = b"".join(_line(_entry(store, d)) for d in dumps)
+    header = _line({"schema": SCHEMA, "uid": uid, "compacted_bytes": len(body)})
+    write_atomic(path, header + body, 0o600, prepare=lambda fd: _grant(fd, uid))
+
+
+def _replay(raw: bytes) -> tuple[list[dict], dict, dict]:
+    """(rows, analyses by id, summaries by id) of a view: schema 2's log replayed (a line cut short by a
+    writer at the end is skipped), or schema 1's single document."""
+    lines = raw.splitlines()
+    try:
+        first = json.loads(lines[0]) if lines else {}
+    except ValueError:
+        first = {}
+    if isinstance(first, dict) and "dumps" in first:  # schema 1, written whole by an older daemon
+        return first.get("dumps") or [], first.get("analysis") or {}, first.get("analysis_summaries") or {}
+    entries: dict[str, dict] = {}
+    for line in lines[1:]:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if "gone" in entry:
+            entries.pop(entry["gone"], None)
+        elif isinstance(entry.get("dump"), dict):
+            entries[entry["dump"]["id"]] = entry
+    ordered = sorted(entries.values(), key=lambda e: (e["dump"]["crashed_at"], e["dump"]["id"]))
+    return ([e["dump"] for e in ordered], {i: e["analysis"] for i, e in entries.items() if e.get("analysis")},
+            {i: e["summary"] for i, e in entries.items() if e.get("summary")})
 
 
 class UserView:
@@ -190,17 +293,15 @@ class UserView:
         self.uid = uid
         path = view_path(self.state_dir, uid)
         try:
-            data = json.loads(path.read_bytes())
+            rows, self._analysis, self._summaries = _replay(path.read_bytes())
         except FileNotFoundError:
             if not os.access(paths.users_dir(self.state_dir), os.X_OK) and os.path.lexists(self.state_dir):
                 raise _denied(self.state_dir) from None
-            data = {"dumps": []}  # no dump of theirs, or no state dir at all
+            rows, self._analysis, self._summaries = [], {}, {}  # no dump of theirs, or no state dir at all
         except PermissionError:
             raise _denied(self.state_dir) from None
         fields = {f.name for f in dataclasses.fields(Dump)}
-        self.dumps = [Dump(**{k: v for k, v in row.items() if k in fields}) for row in data.get("dumps", [])]
-        self._analysis = data.get("analysis") or {}
-        self._summaries = data.get("analysis_summaries") or {}
+        self.dumps = [Dump(**{k: v for k, v in row.items() if k in fields}) for row in rows]
 
     def analysis_for(self, dump_id: str) -> dict | None:
         return self._analysis.get(dump_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -19,9 +20,9 @@ from corehandler.daemon import Settings
 from corehandler.errors import EXIT_CONFIG, EXIT_NOMATCH, EXIT_SYSTEM, EXIT_USAGE
 from corehandler.observe.metrics import MetricsObserver
 from corehandler.store.index import Store
-from support import cbuild
+from support import cbuild, daemon_harness
 from support.daemon_harness import Running, wait_for
-from support.spoolfeed import feed, write_settings
+from support.spoolfeed import fed_state, feed, write_settings
 
 CLI = [sys.executable, "-P", "-m", "corehandler"]
 
@@ -234,6 +235,9 @@ def test_corrupt_store_files_are_reported_not_crashed_on(capsys, filled, tmp_pat
     assert err.startswith("corehandler: the stored file of 1 of 1 dumps is corrupt")
     code, out, _ = run(capsys, filled, "list", "beta")
     assert code == 0 and out.splitlines()[1].split()[6:8] == ["corrupt", "corrupt"]
+    for verb in ("list", "info"):  # one status in every form
+        code, out, _ = run(capsys, filled, "--json", verb, "beta")
+        assert [(d["status"], d["corefile"]) for d in json.loads(out)] == [("corrupt", "corrupt")]
     code, out, _ = run(capsys, filled, "--json", "status")
     assert json.loads(out)["store"]["corrupt"] == 1
     code, out, _ = run(capsys, filled, "status")
@@ -260,20 +264,10 @@ def test_info_shows_the_cgroup_path_as_coredumpctl_does(text, shown):
 def test_the_daemon_sees_what_the_cli_did_at_the_next_scrape(tmp_path, capsys):
     """A `vacuum` and a corruption found by `info`, both from the CLI: the running daemon's store gauges
     read the index at scrape time, and its errors_total{kind="corrupt"} counts the mark once."""
-    feeder, csplice = cbuild.feeder(), paths.csplice_path()
-    state, etc = tmp_path / "state", tmp_path / "etc"
-    (state / "spool").mkdir(parents=True)
-    etc.mkdir()
-    settings = write_settings(tmp_path / "s.conf", state / "spool")
-    for pid in (3101, 3102, 3103):
-        feed(feeder, csplice, settings, size=(1 << 20) + pid, pid=pid, comm="gauge")
+    state, etc = fed_state(tmp_path, (3101, 3102, 3103), "gauge")
     metrics = MetricsObserver(state_dir=state)
     base = ["--config-dir", str(etc), "--state-dir", str(state)]
-
-    def sample(name, **labels):
-        """The sum over the series of that name whose labels include these."""
-        return sum(s.value for family in text_string_to_metric_families(metrics.exposition().decode())
-                   for s in family.samples if s.name == name and labels.items() <= s.labels.items())
+    sample = functools.partial(daemon_harness.sample, metrics)
 
     with Running(Settings(state, threads=1, sweep_interval=0.1), [metrics]):
         wait_for(lambda: sample("corehandler_store_dumps") == 3, what="three dumps indexed")
@@ -297,7 +291,7 @@ def test_build_info_names_the_csplice_version(tmp_path):
     from corehandler.config import Config
 
     config = Config.model_validate({"metrics": {"enabled": False, "textfile": str(tmp_path / "m.prom")},
-                                    "journal": {"enabled": False}})
+                                    "journal": {"enabled": False}, "scrub": {"enabled": False}})
     [observer], problems = observers_for(config, paths.Paths(state_dir=tmp_path / "state"), lambda: None)
     expected = subprocess.run([str(paths.csplice_path()), "--version"], capture_output=True, text=True,
                               check=True).stdout.strip()

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from corehandler.daemon import PAUSE_ENV, PAUSE_POINTS
+from corehandler.daemon import PAUSE_ENV, PAUSE_POINTS, Settings
 from corehandler.store import compress
 from corehandler.store.index import Store
-from support.spoolfeed import feed, write_settings
+from support.daemon_harness import Recorder, Running, wait_for
+from support.spoolfeed import fed_state, feed, write_settings
 
 RUNDAEMON = Path(__file__).parent.parent / "support" / "rundaemon.py"
 _pending: dict[int, bytes] = {}  # output read past the last line wait_line returned, by fd
@@ -257,3 +258,58 @@ def test_disk_full_keeps_the_raw_dump_and_retries(tmp_path, feeder, csplice):
             proc.kill()
             proc.wait()
         subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_a_record_that_kills_ingest_every_time_is_given_up(tmp_path, feeder, csplice):
+    """Each start dies on the same record (SIGKILL mid-compression, as a parser crash or the OOM killer would
+    end it). The count of attempts outlives the daemon: after twice the limit in deaths the record is stored
+    without analysis, and when that dies too it is indexed as invalid without its core. Never a record retried
+    forever."""
+    state_dir, expected, add = new_spool(tmp_path, feeder, csplice)
+    add(21, 2 << 20)
+    [dump_id] = expected
+    for _ in range(3):  # two normal attempts, then the one given up that still stores the core
+        proc = start(state_dir, "--attempts", "1", pause="compressing")
+        try:
+            wait_line(proc.stderr, "Pausing at compressing")
+        finally:
+            proc.kill()
+            proc.wait()
+    proc = start(state_dir, "--attempts", "1", pause="compressing")
+    try:
+        lines = wait_line(proc.stdout, '"event": "stored"')
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+    assert any('"kind": "ingest"' in line and "given up" in line for line in lines)
+    assert [x for x in os.listdir(state_dir / "spool") if x != ".rate"] == []
+    with Store(state_dir) as s:
+        dump = s.get(dump_id)
+        assert s.db.execute("SELECT COUNT(*) FROM ingest_attempts").fetchone()[0] == 0
+    assert (dump.status, dump.path) == ("invalid", None)
+    assert dump.problem == ("the daemon died 3 times while ingesting it, given up; core not kept: storing it "
+                            "failed as well")
+
+
+def test_a_record_whose_ingest_keeps_failing_is_given_up_not_retried_forever(tmp_path, monkeypatch):
+    """Storing fails every time (an I/O error, not a full disk): two normal attempts, one given up that still
+    tries to store the core, then the record is indexed as invalid without it; the spool is free again."""
+    state, _ = fed_state(tmp_path, (31,), "failing")
+    [dump_id] = [n[:-5] for n in os.listdir(state / "spool") if n.endswith(".json")]
+
+    def broken(*args, **kwargs):
+        raise compress.CompressError("cannot store: [Errno 5] Input/output error")
+
+    monkeypatch.setattr(compress, "store_file", broken)
+    rec = Recorder()
+    with Running(Settings(state, threads=1, sweep_interval=0.05, retry_interval=0.0, ingest_attempts=2), [rec]):
+        wait_for(lambda: rec.of("stored"), what="the record's row final")
+    with Store(state) as s:
+        dump = s.get(dump_id)
+    assert (dump.status, dump.path) == ("invalid", None)
+    assert dump.problem == ("ingest failed 3 times, given up (last: cannot store: [Errno 5] Input/output error); "
+                            "core not kept: storing it failed as well")
+    assert [e[1] for e in rec.of("error")] == ["compress", "compress", "ingest", "compress", "ingest"]
+    assert [x for x in os.listdir(state / "spool") if x != ".rate"] == []

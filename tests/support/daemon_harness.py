@@ -54,3 +54,11 @@ class Running:
         self.daemon.stop()
         self.thread.join(30)
         assert not self.thread.is_alive()
+
+
+def sample(metrics, name: str, **labels) -> float:
+    """The sum over a MetricsObserver's series of that name whose labels include these."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for family in text_string_to_metric_families(metrics.exposition().decode())
+               for s in family.samples if s.name == name and labels.items() <= s.labels.items())

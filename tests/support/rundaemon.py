@@ -2,7 +2,7 @@
 
 Observer events are printed to stdout as JSON lines, so a test can see what the daemon reported.
 usage: rundaemon.py STATE_DIR [--no-compression] [--level N] [--threads N] [--sweep SEC] [--retry SEC]
-                    [--max-count N] [--upload UPLOAD.json]
+                    [--max-count N] [--attempts N] [--upload UPLOAD.json]
 --upload adds the uploader (corehandler.fleet.upload.Uploader) with that [upload] section, given as JSON.
 """
 
@@ -45,11 +45,13 @@ def main() -> int:
     p.add_argument("--sweep", type=float, default=30.0)
     p.add_argument("--retry", type=float, default=60.0)
     p.add_argument("--max-count", type=int, default=None)
+    p.add_argument("--attempts", type=int, default=Settings.ingest_attempts)
     p.add_argument("--upload", type=Path, default=None)
     a = p.parse_args()
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(message)s")
     settings = Settings(a.state_dir, compression=not a.no_compression, level=a.level, threads=a.threads,
-                        policy=Policy(max_count=a.max_count), sweep_interval=a.sweep, retry_interval=a.retry)
+                        policy=Policy(max_count=a.max_count), sweep_interval=a.sweep, retry_interval=a.retry,
+                        ingest_attempts=a.attempts)
     observers = [PrintObserver()]
     if a.upload:
         from corehandler.config import UploadConfig

@@ -63,3 +63,18 @@ def emit_core(feeder: Path, path: Path, size: int, zero_regions: bool = False) -
     args = [str(feeder), "--size", str(size), "--emit", str(path)] + (["--zero-regions"] if zero_regions else [])
     subprocess.run(args, check=True, timeout=120)
     return path
+
+
+def fed_state(tmp_path: Path, pids, comm: str) -> tuple[Path, Path]:
+    """A state dir whose spool holds one fed crash of about 1 MiB per pid, and an empty config dir."""
+    from corehandler import paths
+    from support import cbuild
+
+    feeder, csplice = cbuild.feeder(), paths.csplice_path()
+    state, etc = tmp_path / "state", tmp_path / "etc"
+    (state / "spool").mkdir(parents=True)
+    etc.mkdir()
+    settings = write_settings(tmp_path / "s.conf", state / "spool")
+    for pid in pids:
+        feed(feeder, csplice, settings, size=(1 << 20) + pid, pid=pid, comm=comm)
+    return state, etc

@@ -57,6 +57,29 @@ def test_rules(name, policy, free, expected):
     assert _deleted(decisions) == expected
 
 
+# b and d are records without a stored core (metadata only).
+MIXED = [Item(i, NOW - age * DAY, "/x", size, coreless=coreless)
+         for i, age, size, coreless in [("a", 10, 100, False), ("b", 8, 5, True), ("c", 6, 300, False),
+                                        ("d", 4, 5, True), ("e", 2, 5, True)]]
+METADATA_TABLE = [
+    ("metadata age", Policy(dropped_max_age=5 * DAY), {"b": "dropped_max_age"}),
+    ("metadata count keeps the newest", Policy(dropped_max_count=1),
+     {"b": "dropped_max_count", "d": "dropped_max_count"}),
+    ("metadata age then count", Policy(dropped_max_age=5 * DAY, dropped_max_count=1),
+     {"b": "dropped_max_age", "d": "dropped_max_count"}),
+    ("a dump with a core is not metadata", Policy(dropped_max_age=1), {"b": "dropped_max_age",
+                                                                              "d": "dropped_max_age",
+                                                                              "e": "dropped_max_age"}),
+    ("the global limits still count them", Policy(dropped_max_count=2, max_count=2),
+     {"a": "max_count", "b": "dropped_max_count", "c": "max_count"}),
+]
+
+
+@pytest.mark.parametrize("name,policy,expected", METADATA_TABLE, ids=[t[0] for t in METADATA_TABLE])
+def test_metadata_only_rules(name, policy, expected):
+    assert _deleted(plan(MIXED, policy, free_bytes=10_000, now=NOW)) == expected
+
+
 def test_busy_dumps_are_never_deleted_but_count():
     items = _items([("a", 10, "/x", 100, True), ("b", 8, "/x", 100), ("c", 1, "/x", 100)])
     assert _deleted(plan(items, Policy(max_count=1), free_bytes=0, now=NOW)) == \
