@@ -39,7 +39,7 @@ def setup(tmp_path):
     (state / "spool").mkdir(parents=True, mode=0o700)
     settings = write_settings(tmp_path / "s.conf", state / "spool")
     config = Config.model_validate({"metrics": {"enabled": False, "textfile": str(tmp_path / "corehandler.prom")},
-                                    "journal": {"enabled": False}})
+                                    "journal": {"enabled": False}, "scrub": {"enabled": False}})
     return state, settings, config, Paths(state_dir=state)
 
 
