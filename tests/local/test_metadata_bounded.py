@@ -18,7 +18,7 @@ from support.daemon_harness import Running, wait_for
 
 pytestmark = pytest.mark.root  # the views carry POSIX ACLs
 
-USER = 65534
+USER = 4242  # an ordinary user's uid (no passwd entry needed)
 ARGV = ["/usr/bin/hostile", "\udcff" * (64 << 10)]  # 64 KiB of bytes that are not UTF-8: ~400 KiB of JSON
 
 
@@ -29,7 +29,8 @@ def metadata_only(spool, n: int) -> list[str]:
         record = {"schema": 1, "id": dump_id, "core": None, "pid": 7000 + i, "tid": 7000 + i, "uid": USER,
                   "gid": USER, "signal": 11, "timestamp": int(time.time()), "dumpable": 1, "hostname": "h",
                   "comm": "hostile", "boot_id": "0" * 32,
-                  "proc": {"available": True, "exe": ARGV[0], "comm": "hostile", "cmdline": ARGV},
+                  "proc": {"available": True, "exe": ARGV[0], "comm": "hostile", "cmdline": ARGV,
+                           "status": f"Uid:\t{USER}\t{USER}\t{USER}\t{USER}\nGid:\t{USER}\t{USER}\t{USER}\t{USER}\n"},
                   "capture": {"bytes": 0, "complete": False, "truncated": False, "dropped": True,
                               "dropped_reason": "max_pending"},
                   "errors": []}
