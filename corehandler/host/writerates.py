@@ -257,13 +257,14 @@ def refresh_in_background(paths: Paths, then: Callable[[], None]) -> threading.T
     """refresh() in a thread of its own (the daemon's start must not wait for the disk); then() runs after a
     new measurement was saved, to render it into csplice.conf."""
     def run() -> None:
-        before = load(paths)
-        found, problem = refresh(paths)
+        if is_current(load(paths), paths):
+            return
+        found, problem = refresh(paths, force=True)
         if problem:
             log.warning("%s; csplice keeps %s", problem, choose(found).reason)
-        elif found is not before:
-            log.info("capture: %s", choose(found).reason)
-            then()
+            return
+        log.info("capture: %s", choose(found).reason)
+        then()
 
     thread = threading.Thread(target=run, name="writerates", daemon=True)
     thread.start()

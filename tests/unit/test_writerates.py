@@ -123,3 +123,15 @@ def test_a_failed_measurement_keeps_the_old_one_and_says_why(paths, monkeypatch)
     monkeypatch.setattr(writerates, "measure", fail)
     found, problem = writerates.refresh(paths, force=True)
     assert found == old and "less than 5 GiB free" in problem
+
+
+def test_the_daemon_renders_only_after_a_new_measurement(paths, monkeypatch):
+    """serve's start: measured in a thread of its own, csplice.conf re-rendered (then) only when a measurement
+    was taken."""
+    rendered = []
+    monkeypatch.setattr(writerates, "measure", lambda p: measured(p, 320, 1400))
+    writerates.refresh_in_background(paths, lambda: rendered.append(writerates.load(paths))).join(10)
+    assert rendered == [measured(paths, 320, 1400)]
+    monkeypatch.setattr(writerates, "is_current", lambda m, p: True)
+    writerates.refresh_in_background(paths, lambda: rendered.append("again")).join(10)
+    assert len(rendered) == 1
