@@ -106,7 +106,7 @@ def default_label(tuning: dict) -> str:
 LABELS = {
     DEFAULT: default_label(DEFAULT_TUNING),
     "rw-256K-1M": "csplice rw, 256K chunk, 1M pipe (v0.1's default)",
-    "direct": "csplice direct (O_DIRECT, 8 MiB slots, 2 writes in flight), every size",
+    "direct": "csplice direct (O_DIRECT, 2 MiB slots, 2 writes in flight), every size",
     "rw": "csplice rw, 64K chunk, kernel's 64K pipe",
     "splice": "csplice splice (the 16-page splice loop)",
     "rw2-1M": "csplice rw2 (2 threads, 4x1M ring), 1M pipe",

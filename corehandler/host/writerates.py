@@ -10,7 +10,7 @@ from another machine) measure both rates on the spool's filesystem, off the cras
 `direct_above` is rendered from the result (choose(); config.csplice_settings). `doctor` shows both.
 
 The measurement: ROUNDS rounds of PROBE_BYTES written into new, already unlinked files in the spool, buffered
-(256 KiB write() calls and no fsync: csplice's hold ends when its last write() returns) then O_DIRECT (8 MiB
+(256 KiB write() calls and no fsync: csplice's hold ends when its last write() returns) then O_DIRECT (2 MiB
 aligned blocks, two writes in flight, as csplice's direct). The buffered files stay open until the end, so
 each round gets fresh pages rather than the ones the round before freed. Bounded: ROUNDS * 2 * PROBE_BYTES
 written, well under a second at this machine's rates, and not at all on a filesystem with less than
@@ -41,7 +41,7 @@ MiB = 1 << 20
 PROBE_BYTES = 64 * MiB
 ROUNDS = 3
 BUFFERED_CHUNK = 256 << 10  # csplice's chunk_size
-DIRECT_BLOCK = 8 * MiB  # csplice's direct slots, and as many writes in flight as its writer threads
+DIRECT_BLOCK = 2 * MiB  # csplice's direct slots, and as many writes in flight as its writer threads
 DIRECT_IN_FLIGHT = 2
 SPARE_BYTES = 4 << 30
 MAX_AGE = 30 * 86400.0

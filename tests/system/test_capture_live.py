@@ -51,7 +51,7 @@ def test_a_real_crash_is_captured_word_for_word(host_core_settings, tools, tmp_p
     paths.CSPLICE_SETTINGS.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
     Path("/proc/sys/kernel/core_pipe_limit").write_text("16")
     Path("/proc/sys/kernel/core_pattern").write_text(f"|{paths.csplice_path()} {SPECIFIERS} {PIDFD_SPECIFIER}")
-    mib = 40  # five of direct's 8 MiB slots: both writers busy and slots refilled
+    mib = 40  # twenty of direct's 2 MiB slots: both writers busy and every slot refilled
     argv = [str(crasher), "segv", str(mib)] + (["--untouched-half"] if half else [])
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, preexec_fn=_allow_core)
     out, _ = proc.communicate(timeout=120)
