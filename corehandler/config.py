@@ -27,6 +27,7 @@ from corehandler import units
 from corehandler.atomicfile import write_atomic
 from corehandler.csplice_contract import STRATEGIES, choose_strategy
 from corehandler.errors import ConfigError
+from corehandler.host import writerates
 from corehandler.paths import DEFAULT_STATE_DIR, Paths
 
 
@@ -57,6 +58,12 @@ def Duration(lo: float = 0.0, hi: float = units.MAX_DURATION):  # noqa: N802
                      _Human(units.format_duration)]
 
 
+def _size_or_auto(value):
+    return value if value == "auto" else units.parse_size(value)
+
+
+SizeOrAuto = Annotated[int | Literal["auto"], BeforeValidator(_size_or_auto),
+                       _Human(lambda v: v if v == "auto" else units.format_size(v))]
 SizeOrPercent = Annotated[units.SizeOrPercent, BeforeValidator(units.SizeOrPercent.parse), _Human(str)]
 Count = Annotated[int, Field(ge=0, le=2**31 - 1)]
 
@@ -115,8 +122,9 @@ class CaptureConfig(_Section):
                                                        "keeps the kernel's")
     max_dump_size: Size() = Field(32 << 30, description="larger dumps are truncated here and flagged; 0 = no "
                                                         "limit")
-    direct_above: Size() = Field(2 << 30, description="with strategy auto, a process with this much resident "
-                                 "memory (VmRSS) or more is dumped with O_DIRECT writes (strategy direct); 0 = never")
+    direct_above: SizeOrAuto = Field("auto", description="with strategy auto, a process with this much resident "
+                                     "memory (VmRSS) or more is dumped with O_DIRECT writes (strategy direct); 0 = "
+                                     "never; auto = from the spool's write rates measured on this host")
     min_free: SizeOrPercent = Field(units.SizeOrPercent(percent=15.0), description="stop writing when the spool's"
                                     " filesystem has less free: a size or a percentage of it")
     max_pending: Count = Field(64, description="records waiting in the spool beyond which crashes are kept as "
@@ -406,6 +414,8 @@ def csplice_settings(config: Config, paths: Paths) -> dict[str, str]:
     settings |= {name: _csplice_value(getattr(capture, name)) for name in type(capture).model_fields}
     if capture.strategy == "auto":
         settings["strategy"] = choose_strategy(paths.proc_root)
+        if capture.direct_above == "auto":
+            settings["direct_above"] = str(writerates.choose(writerates.load(paths)).direct_above)
     else:
         # An explicit strategy is used for every dump; only auto also chooses by the process's size.
         settings["direct_above"] = "0"

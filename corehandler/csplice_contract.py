@@ -9,10 +9,10 @@ of kernel matter, because they fill the core pipe differently:
   the process's own pages into the pipe, so a handler that never copies them again (splice) saves the only
   copy left.
 
-The per-kernel choice is for ordinary dumps. `direct` (O_DIRECT writes from a reader/writer ring) is chosen per
-crash by csplice itself, from the process's VmRSS against capture.direct_above (2 GiB by default: at 4 GiB
-bench/results/capture.md measured buffered writes meeting the dirty limits and holding 4x as long as direct,
-at 1 GiB neither won on both a quiet and a busy page cache, below it rw won).
+The per-kernel choice is for ordinary dumps. `direct` (O_DIRECT writes from a ring, two in flight) is chosen per
+crash by csplice itself, from the process's VmRSS against capture.direct_above, which is rendered from this
+host's measured write rates (host/writerates.py): whether O_DIRECT or the page cache is faster is the host's,
+not the kernel's.
 
 STRATEGIES is the Python side's one list of the strategy names; csplice's (strategy_table in
 csplice/settings.c, printed by `csplice --list-strategies`) is compared with it by a test.

@@ -60,6 +60,10 @@ def cache_dir(state_dir: Path) -> Path:
     return Path(state_dir) / "cache"
 
 
+def capture_rates_path(state_dir: Path) -> Path:
+    return Path(state_dir) / "capture-rates.json"
+
+
 @dataclass(frozen=True)
 class Paths:
     state_dir: Path = DEFAULT_STATE_DIR
@@ -85,6 +89,11 @@ class Paths:
     @property
     def index_path(self) -> Path:
         return index_path(self.state_dir)
+
+    @property
+    def capture_rates(self) -> Path:
+        """The spool filesystem's measured write rates (host/writerates.py)."""
+        return capture_rates_path(self.state_dir)
 
     @property
     def config_file(self) -> Path:

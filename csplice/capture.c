@@ -11,10 +11,19 @@
 #include "util.h"
 
 #define BLOCK 4096
-#define RING_SLOTS 4
-#define RING_SLOT_BYTES (1ULL << 20)
-/* direct: the architecture's measurement (8 MiB aligned buffers, a second thread writing them O_DIRECT). */
-#define DIRECT_SLOT_BYTES (8ULL << 20)
+#define RW2_SLOTS 4
+#define RW2_SLOT_BYTES (1ULL << 20)
+/* direct: four 2 MiB aligned buffers, two written at once while the reader fills the others. With one write in
+ * flight the disk idles between writes (issue 21's prototype, one 8 MiB write at a time, held 1 GiB 0.70-1.69 s
+ * against a 0.44 s drain). Small, because every buffer page is a fresh page of this new process, and on a VM
+ * that returns free memory to its host a fresh page is dear: touching 48 MiB took 80-200 ms here, 8 MiB
+ * 12-23 ms, while this disk took O_DIRECT writes of 2 MiB, two in flight, at 1.3-1.9 GiB/s, as fast as of 8 MiB.
+ * corehandler's probe of the spool (host/writerates.py) writes the same way. */
+#define DIRECT_SLOTS 4
+#define DIRECT_SLOT_BYTES (2ULL << 20)
+#define DIRECT_WRITERS 2
+#define RING_MAX_SLOTS 8
+#define RING_MAX_WRITERS 4
 
 volatile sig_atomic_t capture_timed_out;
 
@@ -105,7 +114,7 @@ static ssize_t read_some(int fd, void *buf, size_t len) {
         }
 }
 
-/* The first failure wins. rw2 and splice2 fail from both threads, hence the lock: reason and errno stay a pair. */
+/* The first failure wins. rw2, direct and splice2 fail from several threads, hence the lock: reason and errno stay a pair. */
 static void set_failure(Capture *c, const char *why, int err) {
         static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -206,17 +215,24 @@ static int start_writer(pthread_t *ret, void *(*fn)(void *), void *userdata) {
         return r;
 }
 
-/* ---- read()/write() with a reader and a writer thread: rw2, and direct with O_DIRECT writes ---- */
+/* ---- read()/write() with a reader thread and writer threads: rw2, and direct with O_DIRECT writes ---- */
 
+/* The reader fills slots in file order and hands each over with its offset; writers take them in that order
+ * and write them with pwrite(), so with several writers several writes are in flight (direct: the disk's queue
+ * is only kept full by more than one). A slot is refilled once its write is done, whichever finished first. */
 typedef struct Ring {
         Capture *c;
         pthread_mutex_t lock;
         pthread_cond_t changed;
         size_t slot_bytes;
+        unsigned slots, writers;
         bool direct;    /* out_fd has O_DIRECT: every write a whole number of blocks from an aligned slot */
-        char *slot[RING_SLOTS];
-        size_t len[RING_SLOTS];
-        unsigned head, tail, count;
+        char *slot[RING_MAX_SLOTS];
+        size_t len[RING_MAX_SLOTS];
+        uint64_t off[RING_MAX_SLOTS];
+        bool busy[RING_MAX_SLOTS];  /* handed over and not yet written */
+        uint64_t filled, taken;     /* slots handed over and taken since the start: slot k is k % slots */
+        uint64_t kept_end;          /* the first byte a failed write left out of the file; UINT64_MAX if none */
         bool eof, stop;
 } Ring;
 
@@ -228,95 +244,99 @@ static int set_direct(int fd, bool on) {
         return fcntl(fd, F_SETFL, on ? flags | O_DIRECT : flags & ~O_DIRECT) < 0 ? -errno : 0;
 }
 
+/* Where the filesystem took the flag but refuses the writes, this and every later write goes through the page
+ * cache. Returns whether the caller should write again, buffered. */
+static bool ring_refuse_direct(Ring *ring) {
+        bool again = true;
+
+        (void) pthread_mutex_lock(&ring->lock);
+        if (ring->direct) {
+                __atomic_store_n(&ring->direct, false, __ATOMIC_RELAXED);
+                again = set_direct(ring->c->out_fd, false) == 0;
+                if (again)
+                        log_full(LOG_NOTICE, "O_DIRECT write refused, writing through the page cache");
+        }
+        (void) pthread_mutex_unlock(&ring->lock);
+        return again;
+}
+
 /* Writes one slot; *ret_done as for write_at(). With O_DIRECT a short last slot goes out padded to a whole
- * block (the reader zeroed the padding; capture_run's ftruncate cuts it off again). A filesystem that took the
- * flag but refuses the write gets this and every later write through the page cache.
+ * block (the reader zeroed the padding; capture_run's ftruncate cuts it off again).
  * Slots never go through the page cache because the disk lags: a dump big enough for direct is past the dirty
  * limits there, where writes wait for the disk all the same and pay for fresh pages on top. bench/capture.py,
  * 4 GiB dense, quiet machine, right after its O_DIRECT floor had written 4 GiB: 10.6-12.3 s with that detour,
  * 2.4-3.7 s without. */
 static int ring_write(Ring *ring, unsigned i, size_t *ret_done) {
-        Capture *c = ring->c;
+        const Settings *s = ring->c->settings;
+        int out_fd = ring->c->out_fd;
         int r;
 
-        if (ring->direct) {
-                r = write_at(c->out_fd, ring->slot[i], (ring->len[i] + BLOCK - 1) / BLOCK * BLOCK, c->raw_bytes,
-                             c->settings->sparse, ret_done);
+        if (__atomic_load_n(&ring->direct, __ATOMIC_RELAXED)) {
+                r = write_at(out_fd, ring->slot[i], (ring->len[i] + BLOCK - 1) / BLOCK * BLOCK, ring->off[i],
+                             s->sparse, ret_done);
                 *ret_done = MIN(*ret_done, ring->len[i]);
-                if (r != -EINVAL || *ret_done > 0)
+                if (r != -EINVAL || *ret_done > 0 || !ring_refuse_direct(ring))
                         return r;
-                ring->direct = false;
-                r = set_direct(c->out_fd, false);
-                if (r < 0)
-                        return r;
-                log_full(LOG_NOTICE, "O_DIRECT write refused, writing through the page cache");
         }
-        return write_at(c->out_fd, ring->slot[i], ring->len[i], c->raw_bytes, c->settings->sparse, ret_done);
+        return write_at(out_fd, ring->slot[i], ring->len[i], ring->off[i], s->sparse, ret_done);
 }
 
 static void *ring_writer(void *userdata) {
         Ring *ring = userdata;
-        Capture *c = ring->c;
-        uint64_t next_check = 0;
 
         for (;;) {
                 unsigned i;
-                const char *stop;
                 size_t done = 0;
-                int r;
+                bool skip;
+                int r = 0;
 
                 (void) pthread_mutex_lock(&ring->lock);
-                while (ring->count == 0 && !ring->eof)
+                while (ring->taken == ring->filled && !ring->eof)
                         (void) pthread_cond_wait(&ring->changed, &ring->lock);
-                if (ring->count == 0) {
+                if (ring->taken == ring->filled) {
                         (void) pthread_mutex_unlock(&ring->lock);
                         return NULL;
                 }
-                i = ring->tail;
+                i = (unsigned) (ring->taken++ % ring->slots);
+                /* After a failed write, later slots would be cut off by the ftruncate anyway. */
+                skip = ring->stop;
                 (void) pthread_mutex_unlock(&ring->lock);
 
-                /* A timeout stops the reading; what was read is in memory and is written out. */
-                stop = stop_reason(c, c->raw_bytes, &next_check, ring->len[i]);
-                if (stop && strcmp(stop, "timeout") == 0)
-                        stop = NULL;
-                if (stop) {
-                        set_failure(c, stop, 0);
-                        r = -ENOSPC;
-                } else
+                if (!skip)
                         r = ring_write(ring, i, &done);
-                /* What made it into the file stays in the record, even from a slot that failed half way. */
-                c->raw_bytes += done;
                 if (r < 0)
-                        set_failure(c, "write_error", r);
+                        set_failure(ring->c, "write_error", r);
 
                 (void) pthread_mutex_lock(&ring->lock);
-                ring->tail = (ring->tail + 1) % RING_SLOTS;
-                ring->count--;
-                if (r < 0)
+                ring->busy[i] = false;
+                if (r < 0) {
+                        /* What made it into the file stays in the record, even from a slot that failed half way. */
+                        ring->kept_end = MIN(ring->kept_end, ring->off[i] + done);
                         ring->stop = true;
+                }
                 (void) pthread_cond_broadcast(&ring->changed);
                 (void) pthread_mutex_unlock(&ring->lock);
-                if (r < 0)
-                        return NULL;
         }
 }
 
-/* The reader side, shared by rw2 and direct: fills whole slots from the pipe and hands them to the writer. */
+/* The reader side, shared by rw2 and direct: fills whole slots from the pipe and hands them to the writers. */
 static int ring_capture(Capture *c, Ring *ring) {
         size_t chunk = (size_t) c->settings->chunk_size;
-        uint64_t queued = 0;
-        pthread_t writer;
+        uint64_t queued = 0, next_check = 0;
+        pthread_t writer[RING_MAX_WRITERS];
+        unsigned started = 0;
         int r = 0;
 
-        for (unsigned i = 0; i < RING_SLOTS; i++) {
+        ring->kept_end = UINT64_MAX;
+        for (unsigned i = 0; i < ring->slots; i++) {
                 ring->slot[i] = aligned_alloc(BLOCK, ring->slot_bytes);
                 if (!ring->slot[i])
                         r = -ENOMEM;
         }
-        if (r == 0)
-                r = start_writer(&writer, ring_writer, ring);
-        if (r < 0) {
-                for (unsigned i = 0; i < RING_SLOTS; i++)
+        for (; r == 0 && started < ring->writers; started++)
+                r = start_writer(&writer[started], ring_writer, ring);
+        if (r < 0 && started == 0) {
+                for (unsigned i = 0; i < ring->slots; i++)
                         free(ring->slot[i]);
                 return r;
         }
@@ -326,28 +346,24 @@ static int ring_capture(Capture *c, Ring *ring) {
                 size_t fill = 0;
 
                 (void) pthread_mutex_lock(&ring->lock);
-                while (ring->count == RING_SLOTS && !ring->stop)
+                i = (unsigned) (ring->filled % ring->slots);
+                while (ring->busy[i] && !ring->stop)
                         (void) pthread_cond_wait(&ring->changed, &ring->lock);
-                i = ring->head;
                 done = ring->stop;
                 (void) pthread_mutex_unlock(&ring->lock);
                 if (done)
                         break;
 
-                /* Fill a whole slot before handing it over: fewer wakeups of the writer. */
+                /* Fill a whole slot before handing it over: fewer wakeups of the writers. */
                 while (fill < ring->slot_bytes) {
                         size_t want = next_len(c, queued + fill, MIN(chunk, ring->slot_bytes - fill));
-                        ssize_t n;
-
-                        if (want == 0) {
-                                set_failure(c, "max_dump_size", 0);
-                                done = true;
-                                break;
-                        }
                         /* The alarm may have gone off while we waited for a free slot (the disk being the
                          * slower side), and then no read() of ours was there for it to interrupt. */
-                        if (capture_timed_out) {
-                                set_failure(c, "timeout", 0);
+                        const char *stop = stop_reason(c, queued + fill, &next_check, want);
+                        ssize_t n;
+
+                        if (stop) {
+                                set_failure(c, stop, 0);
                                 done = true;
                                 break;
                         }
@@ -360,7 +376,6 @@ static int ring_capture(Capture *c, Ring *ring) {
                         }
                         fill += (size_t) n;
                 }
-                queued += fill;
                 /* The padding an O_DIRECT write of a short last slot carries: zeros, not a previous slot's bytes. */
                 if (fill % BLOCK)
                         memset(ring->slot[i] + fill, 0, BLOCK - fill % BLOCK);
@@ -368,45 +383,50 @@ static int ring_capture(Capture *c, Ring *ring) {
                 (void) pthread_mutex_lock(&ring->lock);
                 if (fill > 0) {
                         ring->len[i] = fill;
-                        ring->head = (ring->head + 1) % RING_SLOTS;
-                        ring->count++;
+                        ring->off[i] = queued;
+                        ring->busy[i] = true;
+                        ring->filled++;
                 }
                 (void) pthread_cond_broadcast(&ring->changed);
                 (void) pthread_mutex_unlock(&ring->lock);
+                queued += fill;
         }
 
         (void) pthread_mutex_lock(&ring->lock);
         ring->eof = true;
         (void) pthread_cond_broadcast(&ring->changed);
         (void) pthread_mutex_unlock(&ring->lock);
-        (void) pthread_join(writer, NULL);
-        /* Slots the writer refused after a stop were read from the pipe: account for them. */
+        for (unsigned w = 0; w < started; w++)
+                (void) pthread_join(writer[w], NULL);
+        c->raw_bytes = MIN(queued, ring->kept_end);
+        /* Slots read from the pipe but not kept (after a failed write) are accounted as drained. */
         c->drained_bytes += queued - c->raw_bytes;
 
-        for (unsigned i = 0; i < RING_SLOTS; i++)
+        for (unsigned i = 0; i < ring->slots; i++)
                 free(ring->slot[i]);
         return 0;
 }
 
 static int capture_rw2(Capture *c) {
         Ring ring = { .c = c, .lock = PTHREAD_MUTEX_INITIALIZER, .changed = PTHREAD_COND_INITIALIZER,
-                      .slot_bytes = RING_SLOT_BYTES };
+                      .slot_bytes = RW2_SLOT_BYTES, .slots = RW2_SLOTS, .writers = 1 };
 
         /* On the kernel's 64 KiB pipe the idle reader thread wakes for about every page the kernel writes, on
          * the other CPU: bench/capture.py measured a 1 GiB crash held 2.6 s there against 0.8 s on 1 MiB. */
         if (c->settings->pipe_size == 0)
-                (void) fcntl(c->in_fd, F_SETPIPE_SZ, (int) RING_SLOT_BYTES);
+                (void) fcntl(c->in_fd, F_SETPIPE_SZ, (int) RW2_SLOT_BYTES);
         c->strategy = strategy_to_string(STRATEGY_RW2);
         return ring_capture(c, &ring);
 }
 
-/* rw2 with O_DIRECT writes from big slots. A big dump written through the page cache waits for page allocation
- * and reclaim (on a VM that returned its free memory to the host, for the host too) and evicts the server's
- * working set; written O_DIRECT, it costs the disk's write rate and a few reused buffers. Small dumps are
- * faster through the page cache (bench/results/capture.md), hence capture_choose(). */
+/* rw2 with O_DIRECT writes from big slots, DIRECT_WRITERS of them in flight. A big dump written through the
+ * page cache waits for page allocation and reclaim (on a VM that returned its free memory to the host, for the
+ * host too) and evicts the server's working set; written O_DIRECT, it costs the disk's write rate and a few
+ * reused buffers. Which one is faster is the host's: corehandler measures it (capture_choose). */
 static int capture_direct(Capture *c) {
         Ring ring = { .c = c, .lock = PTHREAD_MUTEX_INITIALIZER, .changed = PTHREAD_COND_INITIALIZER,
-                      .slot_bytes = DIRECT_SLOT_BYTES, .direct = true };
+                      .slot_bytes = DIRECT_SLOT_BYTES, .slots = DIRECT_SLOTS, .writers = DIRECT_WRITERS,
+                      .direct = true };
         int r;
 
         /* Filesystems without direct I/O (ramfs, some FUSE) refuse the flag: nothing moved yet, fall back. */
@@ -414,7 +434,7 @@ static int capture_direct(Capture *c) {
         if (r < 0)
                 return r;
         if (c->settings->pipe_size == 0)
-                (void) fcntl(c->in_fd, F_SETPIPE_SZ, (int) RING_SLOT_BYTES);
+                (void) fcntl(c->in_fd, F_SETPIPE_SZ, (int) RW2_SLOT_BYTES);
         c->strategy = strategy_to_string(STRATEGY_DIRECT);
         r = ring_capture(c, &ring);
         /* Later reads and writes of the core (its ELF magic, a fallback to rw) are small and unaligned. */
@@ -434,7 +454,7 @@ typedef struct Relay {
 /* splice() moves page references, not bytes: no buffer to keep in cache, so fewer, larger calls are better
  * (bench/capture.py: 1 MiB calls beat 256 KiB ones on the vmsplice path) whatever chunk_size says for rw. */
 static size_t splice2_chunk(const Capture *c) {
-        return (size_t) MAX(c->settings->chunk_size, RING_SLOT_BYTES);
+        return (size_t) MAX(c->settings->chunk_size, RW2_SLOT_BYTES);
 }
 
 static void *relay_writer(void *userdata) {
@@ -491,7 +511,7 @@ static int capture_splice2(Capture *c) {
                 (void) close(relay.sink);
                 return r;
         }
-        (void) fcntl(p[1], F_SETPIPE_SZ, (int) MAX(c->settings->pipe_size, RING_SLOT_BYTES));
+        (void) fcntl(p[1], F_SETPIPE_SZ, (int) MAX(c->settings->pipe_size, RW2_SLOT_BYTES));
         relay.pipe_rd = p[0];
 
         r = start_writer(&writer, relay_writer, &relay);

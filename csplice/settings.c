@@ -61,9 +61,9 @@ void settings_defaults(Settings *s) {
                 .chunk_size = 256 * 1024,
                 .pipe_size = 1024 * 1024,
                 .max_dump_size = 32ULL << 30,
-                /* As corehandler's default. bench/results/capture.md, quiet and busy page cache: at 4 GiB the
-                 * buffered write meets the dirty limits and held 4x longer than direct (15 s against 3.5 s);
-                 * at 1 GiB neither won both states; below, rw won. */
+                /* Without a file, or before corehandler has measured this host's write rates (the file then
+                 * says what they chose: host/writerates.py). bench/results/capture.md, v0.2: at 4 GiB the
+                 * buffered write met the dirty limits and held 4x longer than direct on any host. */
                 .direct_above = 2ULL << 30,
                 .min_free = { .percent = 15 },
                 .max_pending = 64,

@@ -18,7 +18,7 @@ typedef enum Strategy {
         STRATEGY_SPLICE,  /* the 16-page splice loop: splice() stdin -> file, chunk_size at a time */
         STRATEGY_RW2,     /* read()/write() with a reader and a writer thread over a ring of buffers */
         STRATEGY_SPLICE2, /* splice() stdin -> private pipe, a second thread splices it -> file */
-        STRATEGY_DIRECT,  /* rw2 with 8 MiB slots written O_DIRECT, through the page cache while the disk lags */
+        STRATEGY_DIRECT,  /* a reader and two writer threads, 2 MiB slots written O_DIRECT */
         _STRATEGY_MAX,
 } Strategy;
 

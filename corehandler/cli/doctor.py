@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import time
 
-from corehandler.cli.common import base_paths, emit
-from corehandler.host import kernelprobe
+from corehandler import units
+from corehandler.cli.common import base_paths, emit, load
+from corehandler.errors import ConfigError
+from corehandler.host import kernelprobe, writerates
 
 
 def register(commands) -> None:
@@ -26,9 +29,25 @@ def _cell(value) -> str:
     return str(value)
 
 
+def capture_choice(paths) -> dict:
+    """What csplice.conf's direct_above is rendered from: the spool's write rates as last measured (install and
+    the daemon's start measure them; doctor only reads), and the choice they make."""
+    measured = writerates.load(paths)
+    described = writerates.describe(measured)
+    detail = described.pop("reason")
+    if measured is not None:
+        stale = "" if writerates.is_current(measured, paths) else ", out of date: the daemon's next start measures"
+        detail += f" (measured {time.strftime('%Y-%m-%d %H:%M', time.localtime(measured.measured_at))}{stale})"
+    return {**kernelprobe.finding("capture_direct_above", units.format_size(described["direct_above"]),
+                                  "read" if measured else "not measured", detail), **described}
+
+
 def run_doctor(args: argparse.Namespace) -> int:
-    paths = base_paths(args)
-    found = kernelprobe.survey(probe=args.probe, proc_root=paths.proc_root)
+    try:
+        paths = load(args)[1]  # the state dir the daemon measures in, which the config may move
+    except ConfigError:
+        paths = base_paths(args)  # doctor's kernel findings need no config
+    found = kernelprobe.survey(probe=args.probe, proc_root=paths.proc_root) + [capture_choice(paths)]
     width = max(len(f["name"]) for f in found)
     lines = [f"{f['name']:<{width}}  {_cell(f['value']):<14} {f['how']:<10} {f['detail']}" for f in found]
     emit(args, found, "\n".join(lines))

@@ -77,11 +77,13 @@ def run_install(args: argparse.Namespace) -> int:
     # The package's postinst runs this too and has no listener of its own to start: socket mode needs one now.
     done = install.install(config, paths, csplice=args.csplice, force=args.force or args.package,
                            start_daemon=start, write_sysctl_d=not args.package, mode=args.mode,
-                           start_listener=_start_listener, stop_listener=_stop_listener)
+                           start_listener=_start_listener, stop_listener=_stop_listener, measure_rates=True)
     boot = f", also in {done['sysctl_d']} for the next boot" if done["sysctl_d"] else ""
     lines = [f"corehandler installed in {done['mode']} mode: core_pattern = {done['core_pattern']}",
              f"  core_pipe_limit = {done['core_pipe_limit']}{boot}",
              f"  csplice {done['csplice_version']} settings in {done['settings']}, dumps under {done['state_dir']}"]
+    rates = done["write_rates"]
+    lines.append(f"  capture: {rates['problem'] + '; ' if rates['problem'] else ''}{rates['reason']}")
     if args.mode == "auto" and done["mode"] == "pipe":
         lines.append("  socket mode unavailable (kernel without the handshake, or the listener did not answer)")
     if done["replaced"] is not None:

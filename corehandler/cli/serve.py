@@ -6,6 +6,7 @@ import argparse
 import logging
 import signal
 import sys
+import threading
 
 from corehandler.cli.common import load
 from corehandler.config import write_csplice_settings
@@ -13,7 +14,7 @@ from corehandler.csplice_contract import csplice_version
 from corehandler.daemon import Daemon, Settings, settings_from_config
 from corehandler.errors import CorehandlerError
 from corehandler.fleet.upload import Uploader
-from corehandler.host import overview
+from corehandler.host import overview, writerates
 from corehandler.observe.journal import JournalObserver
 from corehandler.observe.metrics import MetricsObserver
 from corehandler.paths import csplice_path
@@ -72,14 +73,24 @@ def run_serve(args: argparse.Namespace) -> int:
     # never waits on the network.
     uploader = Uploader(config.upload, paths.state_dir)
 
+    # csplice.conf follows the config (reload) and the spool's measured write rates (writerates, measured in a
+    # thread of its own): both render the one current config, one at a time.
+    current, rendering = [config, paths], threading.Lock()
+
+    def write_settings() -> None:
+        with rendering:
+            write_csplice_settings(*current)
+
     def reload() -> Settings:
         new, new_paths = load(args)
         settings = settings_from_config(new, new_paths, sweep_interval=args.sweep_interval)
         uploader.reconfigure(new.upload)
-        write_csplice_settings(new, new_paths)
+        current[:] = [new, new_paths]
+        write_settings()
         return settings
 
-    write_csplice_settings(config, paths)
+    write_settings()
+    writerates.refresh_in_background(paths, write_settings)
     daemon = Daemon(settings_from_config(config, paths, sweep_interval=args.sweep_interval), (), reload,
                     handle_signals=True)
     observers, problems = observers_for(config, paths, lambda: daemon.settings.policy.max_use)

@@ -36,7 +36,7 @@ from corehandler.atomicfile import write_atomic
 from corehandler.config import Config, write_csplice_settings
 from corehandler.csplice_contract import PIDFD_SINCE, PIDFD_SPECIFIER, SPECIFIERS, csplice_version
 from corehandler.errors import HandlerConflictError, NotRootError, SystemFailure, UnsafePathError
-from corehandler.host import listener, sysctl
+from corehandler.host import listener, sysctl, writerates
 from corehandler.paths import Paths
 
 # The kernel's CORENAME_MAX_SIZE is 128 with the terminating NUL; longer patterns are cut short silently.
@@ -171,11 +171,13 @@ def _live(paths: Paths) -> dict[str, str]:
 def install(config: Config, paths: Paths, *, csplice: Path | None = None, force: bool = False,
             start_daemon: Callable[[Paths], object] | None = None, write_sysctl_d: bool = True,
             mode: str | None = None, start_listener: Callable[[Paths, list[str]], object] | None = None,
-            stop_listener: Callable[[Paths], object] | None = None) -> dict:
+            stop_listener: Callable[[Paths], object] | None = None, measure_rates: bool = False) -> dict:
     """Makes csplice the live and persistent core handler (see the module docstring); returns what it did.
 
     start_listener(paths, command) runs the socket listener (the CLI passes the supervisor); without it socket
-    mode expects something else (systemd's corehandler-capture.socket) to listen on capture.socket_path."""
+    mode expects something else (systemd's corehandler-capture.socket) to listen on capture.socket_path.
+    measure_rates measures the spool filesystem's write rates first (unless a current measurement is saved),
+    from which csplice.conf's direct_above is rendered (host/writerates.py)."""
     require_root("install")
     program = check_handler_path(csplice or paths_mod.csplice_path())
     version = csplice_version(program)
@@ -208,6 +210,7 @@ def install(config: Config, paths: Paths, *, csplice: Path | None = None, force:
         except OSError as e:
             raise SystemFailure(f"cannot save the current kernel settings in {_previous_path(paths)}: "
                                 f"{e.strerror}") from None
+    rates = writerates.refresh(paths) if measure_rates else (writerates.load(paths), None)
     write_csplice_settings(config, paths)
     listening = None
     if mode != "pipe":
@@ -235,7 +238,8 @@ def install(config: Config, paths: Paths, *, csplice: Path | None = None, force:
             "core_pipe_limit": pipe_limit, "csplice": str(program), "csplice_version": version,
             "replaced": None if already_ours else current, "previous_saved": not already_ours,
             "sysctl_d": None if sysctl_d is None else str(sysctl_d), "settings": str(paths.csplice_settings),
-            "state_dir": str(paths.state_dir), "daemon_started": start_daemon is not None}
+            "state_dir": str(paths.state_dir), "daemon_started": start_daemon is not None,
+            "write_rates": {**writerates.describe(rates[0]), "problem": rates[1]}}
 
 
 def _socket_mode(config: Config, paths: Paths, program: Path, mode: str,

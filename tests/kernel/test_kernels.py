@@ -19,7 +19,7 @@ pytestmark = pytest.mark.qemu
 MIB = 1 << 20
 # Every strategy once, dense and half-untouched, one thread and five. The guest's spool is its initramfs, which
 # has no O_DIRECT: `direct` there is its fallback to rw, byte-correct (tests/local/test_csplice_direct.py runs
-# direct itself on the live kernel's disk).
+# direct itself on the live kernel's disk, tests/system/test_capture_live.py on real crashes).
 FALLBACK = {"direct": "rw"}
 CASES = [
     Case("segv-dense-16-rw", kind="segv", mib=16, strategy="rw"),

@@ -39,7 +39,9 @@ def test_settings_are_the_capture_section_with_the_same_defaults(csplice, tmp_pa
     """Every key csplice reads is one corehandler writes, under the same name, and csplice's built-in defaults
     (what it uses without a file) are the config's defaults as rendered on a stock kernel."""
     in_c = dict(line.split("=", 1) for line in listed(csplice, "--list-settings"))
-    in_python = config.csplice_settings(config.Config(), Paths(proc_root=tmp_path))  # no kallsyms: stock
+    # No kallsyms: stock; no measured write rates in this state dir: direct_above unmeasured.
+    in_python = config.csplice_settings(config.Config(), Paths(proc_root=tmp_path, state_dir=tmp_path))
+    in_python["spool_dir"] = str(Paths().spool_dir)  # the state dir's only other trace
     assert list(in_c) == list(in_python)
     assert in_c == in_python
     assert list(in_python)[1:] == list(config.CaptureConfig.model_fields)

@@ -57,7 +57,7 @@ def test_unknown_resident_size_keeps_the_configured_strategy(tmp_path):
 
 
 def paced_capture(handler: Handler, slots: int, pause: float) -> dict:
-    """csplice reads a dump of `slots` 8 MiB slots that arrive `pause` seconds apart (a dump the disk keeps up
+    """csplice reads a dump of `slots` 8 MiB pieces that arrive `pause` seconds apart (a dump the disk keeps up
     with); returns the record."""
     r, w = os.pipe()
     proc = subprocess.Popen([str(handler.csplice), *core_args(os.getpid())], stdin=r, env=handler.environment(),

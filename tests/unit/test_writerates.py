@@ -1,0 +1,137 @@
+"""host/writerates.py: the choice of csplice's direct_above from the spool's measured write rates, its
+rendering into csplice.conf, and when a saved measurement no longer speaks for the machine."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from corehandler import config
+from corehandler.host import writerates
+from corehandler.host.writerates import DIRECT_MIN, Measurement, MiB
+from corehandler.paths import Paths
+
+
+@pytest.fixture
+def paths(tmp_path) -> Paths:
+    proc = tmp_path / "proc"
+    (proc / "sys" / "vm").mkdir(parents=True)
+    (proc / "meminfo").write_text("MemTotal:       25000000 kB\nMemAvailable:   20000000 kB\n")
+    (proc / "sys" / "vm" / "dirty_bytes").write_text("0\n")
+    (proc / "sys" / "vm" / "dirty_ratio").write_text("20\n")
+    p = Paths(state_dir=tmp_path / "state", proc_root=proc)
+    p.spool_dir.mkdir(parents=True)
+    return p
+
+
+def measured(paths: Paths, buffered: float, direct: float | None, **kw) -> Measurement:
+    return Measurement(buffered_bps=buffered * MiB, direct_bps=direct and direct * MiB,
+                       dirty_limit_bytes=writerates.dirty_limit(paths.proc_root), host=writerates.host_signature(paths),
+                       measured_at=kw.pop("measured_at", 1e9), rounds=3, probe_bytes=64 * MiB, **kw)
+
+
+def rendered_direct_above(paths: Paths, capture: dict | None = None) -> int:
+    cfg = config.Config.model_validate({"capture": capture or {}})
+    return int(config.csplice_settings(cfg, paths)["direct_above"])
+
+
+def test_direct_from_a_few_mib_where_o_direct_is_faster(paths):
+    """These VMs: O_DIRECT several times the rate of fresh page cache."""
+    choice = writerates.choose(measured(paths, 320, 1400))
+    assert choice.direct_above == DIRECT_MIN
+    assert "O_DIRECT 1400 MiB/s, page cache 320 MiB/s" in choice.reason
+
+
+def test_a_near_tie_goes_to_direct(paths):
+    assert writerates.choose(measured(paths, 1000, 950)).direct_above == DIRECT_MIN
+
+
+def test_page_cache_faster_means_direct_only_past_the_dirty_limit(paths):
+    """Bare metal with a slow disk: buffered writes win until they wait for writeback."""
+    choice = writerates.choose(measured(paths, 3000, 200))
+    # 20% of MemAvailable (20000000 kB), rounded down to whole MiB.
+    assert choice.direct_above == 20000000 * 1024 * 20 // 100 // MiB * MiB
+    assert "dirty limit" in choice.reason
+
+
+def test_dirty_bytes_wins_over_dirty_ratio(paths):
+    (paths.proc_root / "sys" / "vm" / "dirty_bytes").write_text(str(600 * MiB + 5))
+    assert writerates.dirty_limit(paths.proc_root) == 600 * MiB + 5
+    assert writerates.choose(measured(paths, 3000, 200)).direct_above == 600 * MiB
+
+
+def test_no_o_direct_means_never_direct(paths):
+    choice = writerates.choose(measured(paths, 300, None, note="the filesystem refuses O_DIRECT"))
+    assert choice.direct_above == 0 and "refuses O_DIRECT" in choice.reason
+
+
+def test_unmeasured_keeps_the_built_in_default_of_csplice(paths):
+    choice = writerates.choose(None)
+    assert choice.direct_above == writerates.UNMEASURED_DIRECT_ABOVE == 2 << 30
+    assert "not measured" in choice.reason
+
+
+def test_the_saved_measurement_is_rendered_into_csplice_conf(paths):
+    assert rendered_direct_above(paths) == 2 << 30  # nothing saved yet
+    writerates.save(paths, measured(paths, 320, 1400))
+    assert writerates.load(paths) == measured(paths, 320, 1400)
+    assert rendered_direct_above(paths) == DIRECT_MIN
+    # An explicit size is the operator's; an explicit strategy is used for every dump.
+    assert rendered_direct_above(paths, {"direct_above": "1G"}) == 1 << 30
+    assert rendered_direct_above(paths, {"strategy": "rw"}) == 0
+
+
+def test_an_unreadable_measurement_is_none(paths):
+    paths.capture_rates.write_text("{not json")
+    assert writerates.load(paths) is None
+    paths.capture_rates.write_text('{"buffered_bps": 1}')
+    assert writerates.load(paths) is None
+    assert rendered_direct_above(paths) == 2 << 30
+
+
+def test_a_measurement_is_current_on_the_same_machine_for_max_age(paths):
+    m = measured(paths, 320, 1400, measured_at=1e9)
+    assert writerates.is_current(m, paths, now=1e9 + writerates.MAX_AGE - 1)
+    assert not writerates.is_current(m, paths, now=1e9 + writerates.MAX_AGE + 1)
+    assert not writerates.is_current(m, paths, now=1e9 - 60)  # the clock went back: measure again
+    assert not writerates.is_current(None, paths)
+    for key, value in (("kernel", "0.0.0"), ("mem_total", 1), ("spool_dev", -1)):
+        moved = dataclasses.replace(m, host={**m.host, key: value})
+        assert not writerates.is_current(moved, paths, now=1e9), key
+
+
+def test_refresh_measures_only_when_the_saved_one_is_not_current(paths, monkeypatch):
+    calls = []
+    monkeypatch.setattr(writerates, "measure", lambda p: calls.append(p) or measured(p, 320, 1400))
+    monkeypatch.setattr(writerates, "is_current", lambda m, p: m is not None)
+    first, problem = writerates.refresh(paths)
+    assert problem is None and calls == [paths] and writerates.load(paths) == first
+    again, _ = writerates.refresh(paths)
+    assert again == first and len(calls) == 1
+    writerates.refresh(paths, force=True)
+    assert len(calls) == 2
+
+
+def test_a_failed_measurement_keeps_the_old_one_and_says_why(paths, monkeypatch):
+    old = measured(paths, 320, 1400)
+    writerates.save(paths, old)
+
+    def fail(p):
+        raise OSError("less than 5 GiB free")
+
+    monkeypatch.setattr(writerates, "measure", fail)
+    found, problem = writerates.refresh(paths, force=True)
+    assert found == old and "less than 5 GiB free" in problem
+
+
+def test_the_daemon_renders_only_after_a_new_measurement(paths, monkeypatch):
+    """serve's start: measured in a thread of its own, csplice.conf re-rendered (then) only when a measurement
+    was taken."""
+    rendered = []
+    monkeypatch.setattr(writerates, "measure", lambda p: measured(p, 320, 1400))
+    writerates.refresh_in_background(paths, lambda: rendered.append(writerates.load(paths))).join(10)
+    assert rendered == [measured(paths, 320, 1400)]
+    monkeypatch.setattr(writerates, "is_current", lambda m, p: True)
+    writerates.refresh_in_background(paths, lambda: rendered.append("again")).join(10)
+    assert len(rendered) == 1
