@@ -6,17 +6,22 @@ redo (see ingest):
 
   no row --visible--> row `compressing` --stored--> row final, spool files left --cleanup--> done
 
-visible   validate the raw core, analyse it, insert the index row: status `compressing` when there is a core
-          to store, else its final status; announce it (on_ingested) and publish the users' views. From here
-          `list`, `info`, the journal and the metrics show the dump, its trace and signature.
+visible   validate the raw core, analyse it, announce the dump (on_ingested), then insert its index row: status
+          `compressing` when there is a core to store, else its final status; then publish the users' views.
+          From here `list`, `info`, the journal and the metrics show the dump, its trace and signature.
 stored    store the raw core (compress to a temp file verified as it streams, fsync, rename); a stored file a
-          kill left in place is verified and kept instead. The row takes its final status and the stored
-          file's figures; announce that (on_stored).
+          kill left in place is verified and kept instead. Announce the final status and the stored file's
+          figures (on_stored), then commit them to the row.
 cleanup   delete the raw core, then the record.
-Each announcement follows the commit it reports at once, and a restarted daemon does not repeat it.
+Each announcement is made at least once: it is built from the row about to be committed (and the analysis
+already stored) and made just BEFORE that commit, so a kill at any point loses none. A kill between an
+announcement and its commit makes the restarted daemon redo the stage and announce it again: that instant
+is the only one that repeats an announcement; a kill anywhere else (during compression, the long window,
+included) repeats none. Observers therefore may hear of a row a moment before the index shows it.
 
 COREHANDLER_TEST_PAUSE_AT=<point> (test-only) makes ingest stop forever at a named point so tests can kill
-the daemon there: visible, compressing, compressed, stored, indexed, core_removed.
+the daemon there: ingested_announced, visible, compressing, compressed, stored, stored_announced, indexed,
+core_removed.
 """
 
 from __future__ import annotations
@@ -45,7 +50,8 @@ from corehandler.store.index import Store
 log = logging.getLogger("corehandler.daemon")
 
 PAUSE_ENV = "COREHANDLER_TEST_PAUSE_AT"
-PAUSE_POINTS = ("visible", "compressing", "compressed", "stored", "indexed", "core_removed")
+PAUSE_POINTS = ("ingested_announced", "visible", "compressing", "compressed", "stored", "stored_announced", "indexed",
+                "core_removed")
 
 
 @dataclass(frozen=True)
@@ -272,12 +278,14 @@ class Daemon:
         raw, info, status, problems = self._validate(dump_id, record, given_up)
         self._start_analysis(dump_id, record, raw, status)
         self._finish_analysis(dump_id, record, status)
-        self.store.insert(row_from_record(record, status=COMPRESSING if info is not None else status,
-                                          problem="; ".join(problems) or None, path=None,
-                                          raw_bytes=raw.stat().st_size if info is not None else 0, stored_bytes=0,
-                                          sha256=None, ingest_seconds=time.monotonic() - start))
+        row = row_from_record(record, status=COMPRESSING if info is not None else status,
+                              problem="; ".join(problems) or None, path=None,
+                              raw_bytes=raw.stat().st_size if info is not None else 0, stored_bytes=0,
+                              sha256=None, ingest_seconds=time.monotonic() - start)
+        self._announce("on_ingested", Dump.of_row(row))
+        _checkpoint_pause("ingested_announced")
+        self.store.insert(row)
         dump = self.store.get(dump_id)
-        self._announce("on_ingested", dump)
         self._update_views(changed=[dump])
         self._checkpoint("visible")
         return dump
@@ -303,14 +311,15 @@ class Daemon:
                 self.report_error("compress", f"{e}; the raw dump stays in the spool", dump.id)
                 raise _Retry() from e
         self._checkpoint("stored")
-        self.store.complete(dump.id, status=status, problem="; ".join(problems) or None,
-                            path=stored.path.name if stored else None, raw_bytes=stored.raw_bytes if stored else 0,
-                            stored_bytes=stored.stored_bytes if stored else 0,
-                            sha256=stored.sha256 if stored else None,
-                            compress_seconds=stored.seconds if stored else 0.0,
-                            ingest_seconds=(dump.ingest_seconds or 0.0) + time.monotonic() - start)
+        final = dict(status=status, problem="; ".join(problems) or None,
+                     path=stored.path.name if stored else None, raw_bytes=stored.raw_bytes if stored else 0,
+                     stored_bytes=stored.stored_bytes if stored else 0, sha256=stored.sha256 if stored else None,
+                     compress_seconds=stored.seconds if stored else 0.0,
+                     ingest_seconds=(dump.ingest_seconds or 0.0) + time.monotonic() - start)
+        self._announce("on_stored", replace(dump, **final))
+        _checkpoint_pause("stored_announced")
+        self.store.complete(dump.id, **final)
         dump = self.store.get(dump.id)
-        self._announce("on_stored", dump)
         _checkpoint_pause("indexed")  # from here on, stopping would only delay the cleanup
         self._update_views(changed=[dump])
         return dump
@@ -335,7 +344,8 @@ class Daemon:
         return stored
 
     def _announce(self, event: str, dump: Dump) -> None:
-        """Tells the observers about the row just committed, with its figures (observe/observer.py)."""
+        """Tells the observers about the row about to be committed, with its figures (observe/observer.py);
+        its analysis is already stored."""
         stored = Stored.of(dump, self.store.file_path(dump), analyses.analysis_for(self.store, dump.id))
         self._notify(event, lambda obs: getattr(obs, event)(dump.record, stored))
 

@@ -33,7 +33,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from corehandler import paths
+from corehandler import paths, spool
 from corehandler.errors import CorehandlerError
 from corehandler.fleet import bucket
 from corehandler.fleet.bucket import BucketError, Target
@@ -61,6 +61,8 @@ from corehandler.store.index import Store
 
 log = logging.getLogger("corehandler.fleet.upload")
 
+# How soon a dump queued before its row was committed is looked at again (see _not_committed).
+NOT_COMMITTED_RETRY = 0.5
 PAUSE_ENV = "COREHANDLER_TEST_UPLOAD_PAUSE_AT"  # test-only: "core_sent" stops forever before the sidecar
 
 
@@ -237,10 +239,15 @@ class Uploader(Quiet):
 
     def upload_one(self, store: Store, dump_id: str, attempts: int = 0, budget: str | None = None) -> bool:
         start = time.monotonic()
+        dump = store.get(dump_id)
+        if self._not_committed(dump_id, dump):
+            with store.db:  # not an attempt: the daemon commits the row just after announcing it
+                store.db.execute("UPDATE uploads SET next_attempt = ? WHERE id = ?",
+                                 (self._clock() + NOT_COMMITTED_RETRY, dump_id))
+            return False
         with store.db:
             store.db.execute("UPDATE uploads SET state = 'uploading', attempts = attempts + 1 WHERE id = ?",
                              (dump_id,))
-        dump = store.get(dump_id)
         if dump is None or dump.deleting:
             mark_lost(store.db, dump_id, "deleted from the store before it was uploaded")
             log.error("Dump %s was deleted before it was uploaded: lost to the fleet", dump_id)
@@ -268,6 +275,14 @@ class Uploader(Quiet):
                  self._key(dump, bucket.SIDECAR_SUFFIX), sent,
                  ", core kept back by the fleet budget" if budget == KEPT_BACK else "")
         return True
+
+    def _not_committed(self, dump_id: str, dump) -> bool:
+        """Queued by an announcement whose commit has not happened yet (daemon.py announces first): the row
+        still `compressing`, or no row while the spool still holds the dump's record (a deleted dump has
+        neither)."""
+        if dump is not None:
+            return dump.status == COMPRESSING
+        return spool.record_path(paths.spool_dir(self.state_dir), dump_id).exists()
 
     def _key(self, dump, suffix: str) -> str:
         return self.target.dump_key(dump.crashed_at, dump.id, suffix)

@@ -2,7 +2,8 @@
 
 Find them with `journalctl MESSAGE_ID=<id>`:
   7a7dd158d6224178bebec48e1516b612  a dump (one per dump the daemon ingests, as soon as it is listed, with
-                                    its trace; COREHANDLER_ID is the id `corehandler list` shows). While its
+                                    its trace; COREHANDLER_ID is the id `corehandler list` shows; a kill
+                                    just before the row's commit repeats it, daemon.py). While its
                                     core is being stored (COREHANDLER_STATUS=compressing) the entry has no
                                     COREDUMP_FILENAME nor COREHANDLER_STORED_BYTES: the next entry has them
   5c7f5a6f0cd84f8b9e3a9a31e1b8d2c4  a dump's core stored and verified (one per dump announced compressing):

@@ -59,8 +59,9 @@ class Observer(Protocol):
     raises. Observers inherit Quiet for the events they do not care about."""
 
     def on_start(self) -> None: ...
-    # The dump is listed (index row, analysis). stored.status `compressing`: its core is being stored, and
-    # on_stored follows; any other status is final, and nothing follows.
+    # The dump is being listed: its analysis is stored, its index row is committed right after the event (each
+    # event comes at least once, twice after a kill in between: daemon.py). stored.status `compressing`: its
+    # core is being stored, and on_stored follows; any other status is final, and nothing follows.
     def on_ingested(self, record: Mapping[str, Any], stored: Stored) -> None: ...
     # A dump announced `compressing` is stored and verified: stored has its final status and figures.
     def on_stored(self, record: Mapping[str, Any], stored: Stored) -> None: ...

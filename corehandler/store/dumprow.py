@@ -60,6 +60,11 @@ class Dump:
         values["deleting"] = bool(values["deleting"])
         return cls(**exact_names(values))
 
+    @classmethod
+    def of_row(cls, row: dict) -> "Dump":
+        """The Dump a row of row_from_record reads back as once inserted (daemon.py announces it before)."""
+        return cls.from_row(tuple(row.get(c) for c in _COLUMNS))
+
     def summary(self) -> dict:
         """Every column, as JSON-ready values (the record separately, under "record")."""
         return {k: getattr(self, k) for k in _COLUMNS}

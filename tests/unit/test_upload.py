@@ -16,6 +16,7 @@ import pytest
 import zstandard
 from botocore.exceptions import ClientError, EndpointConnectionError
 
+from corehandler import paths, spool
 from corehandler.config import Config, UploadConfig
 from corehandler.errors import ConfigError
 from corehandler.fleet import bucket, payload, upload, upload_queue
@@ -294,6 +295,49 @@ def test_retention_deleting_a_waiting_dump_counts_it_lost(tmp_path):
         assert [d.id for d in deleted] == [dump_id]
         st = upload_queue.stats(store.db)
     assert st["states"]["failed"] == 1 and st["failures"] == {"lost": 1}
+
+
+def test_a_dump_queued_before_its_row_is_committed_waits_for_the_commit(tmp_path, s3mock):
+    """daemon.py announces a row just before committing it: on_stored queues a dump whose row is still
+    `compressing`, on_ingested (a final status) one not inserted yet, its record still in the spool. Neither
+    is an attempt nor lost: the uploader looks again and sends both once committed. A queued dump with
+    neither row nor record was deleted: lost."""
+    clock = Clock()
+    compressing, uninserted, deleted = (f"{int(clock.now * 1e6) + n}-0123456789abcdef-7" for n in range(3))
+    data = b"core " * 1000
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / f"{compressing}.zst").write_bytes(zstandard.ZstdCompressor().compress(data))
+    spool_dir = paths.spool_dir(tmp_path)
+    spool_dir.mkdir()
+    records = {i: {"id": i, "signal": 6, "timestamp": clock.now, "proc": {"exe": "/usr/bin/x"}, "capture": {}}
+               for i in (compressing, uninserted, deleted)}
+    spool.record_path(spool_dir, uninserted).write_text(json.dumps(records[uninserted]))
+    with Store(tmp_path) as store:
+        store.insert(row_from_record(records[compressing], status="compressing", problem=None, path=None,
+                                     raw_bytes=len(data), stored_bytes=0, sha256=None))
+    cfg = UploadConfig.model_validate({"url": "s3://fleet-test/p", "host": "h1"})
+    uploader = upload.Uploader(cfg, tmp_path, client_factory=lambda: s3mock, clock=clock)
+    try:
+        for dump_id, record in records.items():
+            uploader.on_stored(record, {"id": dump_id, "status": "ok"})
+        with Store(tmp_path) as store:
+            for _ in range(5):
+                clock.now += uploader.step(store) + 0.001
+            st = upload_queue.stats(store.db, clock.now)
+            assert (st["states"]["pending"], st["states"]["failed"], st["failures"]) == (2, 1, {"lost": 1})
+            assert {r[0] for r in store.db.execute("SELECT attempts FROM uploads WHERE state = 'pending'")} == {0}
+            # The daemon's commits, late as a kill and a restart can make them.
+            store.complete(compressing, status="ok", path=f"{compressing}.zst", raw_bytes=len(data),
+                           sha256=hashlib.sha256(data).hexdigest())
+            store.insert(row_from_record(records[uninserted], status="dropped", problem=None, path=None,
+                                         raw_bytes=0, stored_bytes=0, sha256=None))
+            for _ in range(10):
+                clock.now += uploader.step(store) + 0.001
+            st = upload_queue.stats(store.db, clock.now)
+        assert (st["states"]["done"], st["states"]["pending"]) == (2, 0)
+        assert sorted(k.rsplit(".", 1)[1] for k in _objects(s3mock, "p/")) == ["json", "json", "zst"]
+    finally:
+        uploader.close()
 
 
 def _objects(client, prefix: str) -> list[str]:
