@@ -1,13 +1,19 @@
 """journald entries for dumps, retention deletions and errors: a daemon observer (docs/design.md).
 
 Find them with `journalctl MESSAGE_ID=<id>`:
-  7a7dd158d6224178bebec48e1516b612  a dump (one per dump the daemon ingests, as soon as it is listed, with
-                                    its trace; COREHANDLER_ID is the id `corehandler list` shows; a kill
-                                    just before the row's commit repeats it, daemon.py). While its
-                                    core is being stored (COREHANDLER_STATUS=compressing) the entry has no
-                                    COREDUMP_FILENAME nor COREHANDLER_STORED_BYTES: the next entry has them
-  5c7f5a6f0cd84f8b9e3a9a31e1b8d2c4  a dump's core stored and verified (one per dump announced compressing):
-                                    COREDUMP_FILENAME, its final COREHANDLER_STATUS and the stored figures
+  fc2e22bc6ee647b6b90729ab34a250b1  a dump in its final state, one per dump: systemd-coredump's own id
+                                    (SD_MESSAGE_COREDUMP) with the COREDUMP_* fields it writes, so that
+                                    coredumpctl (list, info, dump, debug: it reads the stored .zst through
+                                    COREDUMP_FILENAME), journal shippers and anything keyed on systemd's
+                                    coredump entries see corehandler's dumps as they saw systemd-coredump's;
+                                    SYSLOG_IDENTIFIER=corehandler tells the two apart. For a dump whose core
+                                    is stored after it is listed, this is the second entry, once the core is
+                                    stored and verified (PRIORITY 6: the first one was the crash's alarm)
+  7a7dd158d6224178bebec48e1516b612  a dump listed while its core is being stored (COREHANDLER_STATUS=
+                                    compressing), as soon as it is indexed, with its trace: the same fields but
+                                    COREDUMP_FILENAME and COREHANDLER_STORED_BYTES, which the entry above has
+                                    (COREHANDLER_ID is the id `corehandler list` shows; a kill just before
+                                    the row's commit repeats an entry, daemon.py)
   240de2af0a3e441c8602d0269540ea6c  retention removed a dump
   a219c89f8f754bd9b672a00dd7c65b78  a daemon error
 
@@ -47,8 +53,9 @@ log = logging.getLogger(__name__)
 
 # Where sd_journal_sendv always sends; not a parameter because libsystemd offers none.
 SOCKET = "/run/systemd/journal/socket"
-MESSAGE_ID_DUMP = "7a7dd158d6224178bebec48e1516b612"
-MESSAGE_ID_STORED = "5c7f5a6f0cd84f8b9e3a9a31e1b8d2c4"
+# systemd's SD_MESSAGE_COREDUMP (sd-messages.h): coredumpctl lists the entries that carry it.
+MESSAGE_ID_COREDUMP = "fc2e22bc6ee647b6b90729ab34a250b1"
+MESSAGE_ID_LISTED = "7a7dd158d6224178bebec48e1516b612"
 MESSAGE_ID_DELETED = "240de2af0a3e441c8602d0269540ea6c"
 MESSAGE_ID_ERROR = "a219c89f8f754bd9b672a00dd7c65b78"
 SYSLOG_IDENTIFIER = "corehandler"
@@ -193,8 +200,9 @@ def dump_entry(record: Mapping[str, Any], stored: Mapping[str, Any]) -> Fields:
     throughput = fields.number(cap, "throughput_bytes_per_second")
     timestamp = fields.number(record, "timestamp")
 
-    f: Fields = {"MESSAGE_ID": MESSAGE_ID_DUMP, "PRIORITY": str(PRIORITY_CRIT),
-                 "SYSLOG_IDENTIFIER": SYSLOG_IDENTIFIER}
+    final = stored.get("status") != COMPRESSING
+    f: Fields = {"MESSAGE_ID": MESSAGE_ID_COREDUMP if final else MESSAGE_ID_LISTED,
+                 "PRIORITY": str(PRIORITY_CRIT), "SYSLOG_IDENTIFIER": SYSLOG_IDENTIFIER}
     # What the record does not say is "unknown" (an orphan's record knows only its pid), never "None";
     # the process's name is escaped (printable.py): a comm may hold a newline or a terminal escape.
     pid, uid = record.get("pid"), record.get("uid")
@@ -263,21 +271,10 @@ def _stored_fields(f: Fields, stored: Mapping[str, Any]) -> None:
 
 
 def stored_entry(record: Mapping[str, Any], stored: Mapping[str, Any]) -> Fields:
-    """The second entry of a dump listed while compressing: where its core went, and what it took."""
-    dump_id = stored.get("id") or record.get("id")
-    raw, packed = fields.number(stored, "raw_bytes"), fields.number(stored, "stored_bytes")
-    what = f"Stored dump {dump_id}"
-    if stored.get("path"):
-        what += f" as {stored['path']} ({_mib(packed)} of {_mib(raw)})"
-    else:
-        what += f": no core kept ({stored.get('problem') or stored.get('status')})"
-    f: Fields = {"MESSAGE_ID": MESSAGE_ID_STORED, "PRIORITY": str(PRIORITY_INFO),
-                 "SYSLOG_IDENTIFIER": SYSLOG_IDENTIFIER, "MESSAGE": what}
-    _put(f, "COREHANDLER_ID", dump_id)
-    _put(f, "COREDUMP_FILENAME", stored.get("path"))
-    _put(f, "COREHANDLER_STATUS", stored.get("status"))
-    _put(f, "COREHANDLER_PROBLEM", stored.get("problem"))
-    _stored_fields(f, stored)
+    """The second entry of a dump listed while compressing: the dump in its final state, as coredumpctl reads
+    it (COREDUMP_FILENAME, the stored figures), at PRIORITY 6 since the listed entry raised the alarm."""
+    f = dump_entry(record, stored)
+    f["PRIORITY"] = str(PRIORITY_INFO)
     _put(f, "COREHANDLER_INGEST_SECONDS", _seconds(fields.number(stored, "ingest_seconds")))
     return f
 

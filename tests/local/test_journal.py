@@ -17,7 +17,7 @@ def test_dump_entry_from_a_real_record(feeder, csplice, tmp_path):
     stored = maker.store_dump(record)
     got = journal.dump_entry(record, stored)
     cap = record["capture"]
-    assert got["MESSAGE_ID"] == journal.MESSAGE_ID_DUMP
+    assert got["MESSAGE_ID"] == journal.MESSAGE_ID_COREDUMP == "fc2e22bc6ee647b6b90729ab34a250b1"
     assert got["PRIORITY"] == "2"
     assert got["COREDUMP_PID"] == str(os.getpid())
     assert got["COREDUMP_SIGNAL"] == "6" and got["COREDUMP_SIGNAL_NAME"] == "SIGABRT"
@@ -42,23 +42,27 @@ def test_dump_entry_from_a_real_record(feeder, csplice, tmp_path):
 
 def test_a_dump_listed_while_compressing_then_stored(feeder, csplice, tmp_path):
     """The dump's entry comes when it is listed: its core still being compressed, it says so and names no file
-    and no compressed size; the stored entry that follows has them, under its own MESSAGE_ID."""
+    and no compressed size, under corehandler's own MESSAGE_ID; the stored entry that follows is the dump in its
+    final state, under systemd's coredump MESSAGE_ID that coredumpctl lists: one such entry per dump."""
     maker = RecordMaker(feeder, csplice, tmp_path / "spool-root")
     record = maker.make(1 << 20)
     final = maker.store_dump(record)
     listed = dataclasses.replace(final, path=None, stored_bytes=None, compress_seconds=None,
                                  status="compressing")
     got = journal.dump_entry(record, listed)
-    assert got["MESSAGE_ID"] == journal.MESSAGE_ID_DUMP and got["COREHANDLER_STATUS"] == "compressing"
+    assert got["MESSAGE_ID"] == journal.MESSAGE_ID_LISTED and got["COREHANDLER_STATUS"] == "compressing"
     assert "being compressed into the store" in got["MESSAGE"]
     assert not got.keys() & {"COREDUMP_FILENAME", "COREHANDLER_STORED_BYTES", "COREHANDLER_COMPRESS_SECONDS"}
     assert got["COREHANDLER_RAW_BYTES"] == str(1 << 20)
     done = journal.stored_entry(record, final)
-    assert done["MESSAGE_ID"] == journal.MESSAGE_ID_STORED and done["PRIORITY"] == "6"
+    assert done["MESSAGE_ID"] == journal.MESSAGE_ID_COREDUMP and done["PRIORITY"] == "6"
     assert done["COREHANDLER_ID"] == record["id"] and done["COREHANDLER_STATUS"] == "ok"
     assert done["COREDUMP_FILENAME"] == final["path"]
     assert done["COREHANDLER_STORED_BYTES"] == str(final["stored_bytes"])
-    assert done["MESSAGE"].startswith(f"Stored dump {record['id']} as {final['path']} (")
+    # Everything coredumpctl shows, as in the listed entry.
+    assert {k: v for k, v in done.items() if k.startswith("COREDUMP_") and k != "COREDUMP_FILENAME"} == \
+        {k: v for k, v in got.items() if k.startswith("COREDUMP_")}
+    assert done["MESSAGE"].endswith(f"stored as {final['path']}")
 
 
 def test_deletion_and_error_entries():

@@ -15,7 +15,7 @@ from support.records import RecordMaker
 pytestmark = [pytest.mark.root, pytest.mark.journald]
 
 MIB = 1 << 20
-DUMP = f"MESSAGE_ID={journal.MESSAGE_ID_DUMP}"
+DUMP = f"MESSAGE_ID={journal.MESSAGE_ID_COREDUMP}"
 ERROR = f"MESSAGE_ID={journal.MESSAGE_ID_ERROR}"
 
 
@@ -50,7 +50,7 @@ def test_every_dump_outcome_reaches_the_journal_with_its_fields(feeder, csplice,
         entry = by_id[record["id"]]
         assert mismatches(entry, expected_dump_fields(record, s)) == {}
         assert entry["_TRANSPORT"] == "journal"
-        assert entry["MESSAGE_ID"] == journal.MESSAGE_ID_DUMP
+        assert entry["MESSAGE_ID"] == journal.MESSAGE_ID_COREDUMP
     bad = by_id[dumps[1]["id"]]
     assert field_bytes(bad, "COREDUMP_COMM") == b"bad\xfe\xffname"
     # journal.send takes MESSAGE as text only: there the bytes are escaped, readable in plain journalctl.

@@ -104,7 +104,7 @@ def test_real_crashes_reach_prometheus_and_the_journal(csplice, tmp_path, host_c
         assert prometheus.scalar("corehandler_dump_size_bytes_sum") == sum(sizes)
         assert prometheus.scalar('corehandler_store_dumps{status="ok"}') == CRASHES
 
-        entries = journald.wait_for(f"MESSAGE_ID={journal.MESSAGE_ID_DUMP}", count=CRASHES)
+        entries = journald.wait_for(f"MESSAGE_ID={journal.MESSAGE_ID_COREDUMP}", count=CRASHES)
         by_id = {field_bytes(e, "COREHANDLER_ID").decode(): e for e in entries}
         assert sorted(by_id) == sorted(r["id"] for r in records)
         for record, stored in dumps:
