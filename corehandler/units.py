@@ -27,7 +27,13 @@ _FORMAT_UNITS = [(1024**i, "KMGTPE"[i - 1]) for i in range(6, 0, -1)]
 
 # Largest first: a duration's parts must come in this order, each at most once ("1h30m", not "30m1h").
 _DURATION_UNITS = [("w", 7 * 86400), ("d", 86400), ("h", 3600), ("m", 60), ("s", 1), ("ms", Fraction(1, 1000))]
-_DURATION_ALIASES = {"min": "m", "sec": "s"}
+# systemd.time(7)'s longer units (a year of 365.25 days, a month of 30.44), parsed but never written.
+_LONG_UNITS = [("y", 31557600), ("month", 2629800)]
+_DURATION_ALIASES = {"min": "m", "sec": "s",
+                     # systemd.time(7)'s spellings
+                     "years": "y", "year": "y", "months": "month", "weeks": "w", "week": "w", "days": "d",
+                     "day": "d", "hours": "h", "hour": "h", "hr": "h", "minutes": "m", "minute": "m",
+                     "seconds": "s", "second": "s", "msec": "ms"}
 
 _NUMBER = r"(\d+(?:\.\d+)?)"
 _SIZE_RE = re.compile(rf"{_NUMBER}\s*([a-zA-Z]*)")
@@ -117,17 +123,18 @@ def parse_duration(value: str | int | float) -> float:
 
 
 def _parse_duration_parts(value: str, text: str) -> Fraction:
-    order = [unit for unit, _ in _DURATION_UNITS]
-    factors = dict(_DURATION_UNITS)
+    order = [unit for unit, _ in _LONG_UNITS + _DURATION_UNITS]
+    factors = dict(_LONG_UNITS + _DURATION_UNITS)
     total, pos, last = Fraction(0), 0, -1
     while pos < len(text):
         m = _DURATION_PART_RE.match(text, pos)
         if not m:
             raise UnitError(f"{value!r} is not a duration: expected seconds or parts like \"2w\", \"1h30m\", "
-                            f"\"90s\" (units w, d, h, m, s, ms)")
+                            f"\"90s\", \"7days\" (units y, month, w, d, h, m, s, ms)")
         unit = _DURATION_ALIASES.get(m.group(2), m.group(2))
         if unit not in factors:
-            raise UnitError(f"{value!r} has an unknown duration unit {m.group(2)!r} (units: w, d, h, m, s, ms)")
+            raise UnitError(f"{value!r} has an unknown duration unit {m.group(2)!r} (units: y, month, w, d, h, "
+                            "m, s, ms, or their systemd.time(7) names)")
         index = order.index(unit)
         if index <= last:
             raise UnitError(f"{value!r}: duration parts must go from largest to smallest unit, each once")

@@ -14,7 +14,8 @@ cli/common.py, which they import (never this package, which imports them). The r
 `commands.add` returns the verb's ArgumentParser, already given the global options (so they work before
 or after the verb). A handler reports failure by raising a CorehandlerError (corehandler.errors): main()
 prints `corehandler: <message>` on stderr, one line, and exits with the error's code. argparse's own usage
-errors exit 2. `common.emit` prints a result as JSON under --json, else as the human text. With no verb, the verb
+errors exit 2. `common.emit` prints a result as JSON under --json (coredumpctl's --json=short|pretty|off too),
+else as the human text, through a pager on a terminal (cli/pager.py). With no verb, the verb
 named DEFAULT_COMMAND runs if a module registered it (as coredumpctl lists by default).
 """
 
@@ -26,7 +27,7 @@ import sys
 
 from corehandler import __version__
 from corehandler.cli import config, doctor, dumps, fleet, install, serve
-from corehandler.cli.common import Commands, global_options
+from corehandler.cli.common import Commands, coredumpctl_argv, global_options
 from corehandler.errors import EXIT_PERMISSION, EXIT_SYSTEM, EXIT_USAGE, CorehandlerError
 
 COMMAND_MODULES = (install, config, dumps, serve, doctor, fleet)
@@ -50,7 +51,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser, names = build_parser()
-    argv = sys.argv[1:] if argv is None else list(argv)
+    argv = coredumpctl_argv(sys.argv[1:] if argv is None else list(argv))
     args = parser.parse_args(argv)
     if args.command is None:
         if DEFAULT_COMMAND not in names:
@@ -58,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
             print("corehandler: a verb is required", file=sys.stderr)
             return EXIT_USAGE
         args = parser.parse_args(argv + [DEFAULT_COMMAND])
+    if args.json == "off":
+        args.json = None
     try:
         return args.handler(args) or 0
     except CorehandlerError as e:

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable
 
+from corehandler.cli import pager
 from corehandler.config import Config, load_config
 from corehandler.errors import SystemFailure, UsageError
 from corehandler.paths import DEFAULT_STATE_DIR, Paths
@@ -45,7 +46,46 @@ def global_options(parser: argparse.ArgumentParser) -> None:
                         help="state directory, overriding state_dir in the config (default /var/lib/corehandler); "
                              "another than the default is another installation, with the supervised daemon's pid "
                              "files and log in DIR/run and DIR/log, so it never stops or answers for the host's")
-    parser.add_argument("--json", action="store_true", help="print results as JSON")
+    # --json alone is --json=pretty; cli.main rewrites --json=MODE (coredumpctl's spelling) into --json-mode
+    # (coredumpctl_argv).
+    parser.add_argument("--json", action="store_const", const="pretty",
+                        help="print results as JSON (--json=short: one line, --json=pretty: indented, "
+                             "--json=off: the human text)")
+    parser.add_argument("--json-mode", dest="json", choices=JSON_MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--no-pager", action="store_true", help="never pipe the output into a pager")
+    parser.add_argument("--no-legend", action="store_true", help="print tables without their header line")
+    parser.add_argument("-q", "--quiet", action="store_true", help="say nothing on stderr but errors")
+
+
+JSON_MODES = ("short", "pretty", "off")
+
+
+# Options whose value may start with '-' (`-S -7days`), which argparse would take for an option.
+DASH_VALUES = ("-S", "--since", "-U", "--until")
+
+
+def coredumpctl_argv(argv: list[str]) -> list[str]:
+    """argv as coredumpctl users write it, spelled as the parser takes it: `--json=MODE` (an optional value
+    would swallow the verb after it) and `-S -7days`."""
+    out: list[str] = []
+    args = iter(argv)
+    for a in args:
+        if a == "--":
+            out += [a, *args]
+        elif a.startswith("--json="):
+            out.append(f"--json-mode={a.split('=', 1)[1]}")
+        elif a in DASH_VALUES:
+            value = next(args, None)
+            out.append(a if value is None else f"{a}={value}" if a.startswith("--") else a + value)
+        else:
+            out.append(a)
+    return out
+
+
+def note(args: argparse.Namespace, text: str) -> None:
+    """An informational line on stderr (not an error): what -q silences."""
+    if not getattr(args, "quiet", False):
+        print(text, file=sys.stderr)
 
 
 def base_paths(args: argparse.Namespace) -> Paths:
@@ -68,16 +108,24 @@ def load(args: argparse.Namespace) -> tuple[Config, Paths]:
 
 
 def emit(args: argparse.Namespace, data, human: str) -> None:
-    if args.json:
-        print(json.dumps(data, indent=2, default=str))
-    elif human:
-        print(human)
+    """The result as JSON under --json (one line with --json=short), else the human text; on a terminal
+    through the pager."""
+    if args.json in ("pretty", "short"):
+        text = json.dumps(data, indent=2 if args.json == "pretty" else None, default=str,
+                          separators=None if args.json == "pretty" else (",", ":"))
+    else:
+        text = human
+    if text:
+        pager.show(text, args.no_pager)
 
 
-def table(rows: list[tuple[str, ...]]) -> str:
-    """Rows as aligned columns, the first row the header; the last column is not padded."""
+def table(rows: list[tuple[str, ...]], legend: bool = True) -> str:
+    """Rows as aligned columns, the first row the header (dropped when not legend: --no-legend, though it
+    still sets the widths); the last column is not padded."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1]
+                     for r in (rows if legend else rows[1:]))
+
 
 
 def write_output(output: Path | None, write: Callable[[BinaryIO], None], *, source: str | None = None) -> None:

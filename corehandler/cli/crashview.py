@@ -8,6 +8,7 @@ import argparse
 import datetime as dt
 
 from corehandler.analysis import findings
+from corehandler.cli import common
 from corehandler.printable import display
 from corehandler.store.dumprow import Dump
 from corehandler.store.dumps import Dumps
@@ -121,15 +122,14 @@ def _time(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts).astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
-def group_table(gs: list[dict]) -> str:
+def group_table(gs: list[dict], legend: bool = True) -> str:
     table = [("COUNT", "FIRST", "LAST", "HOSTS", "UNITS", "SIGNATURE ID", "SIGNATURE")]
     for g in gs:
         # Host names, units and signatures are the crashed processes' words: escaped (printable.py).
         table.append((str(g["count"]), _time(g["first_seen"]), _time(g["last_seen"]),
                       display(",".join(g["hosts"])) or "-", display(",".join(g["units"])) or "-",
                       display(g["signature_id"] or g["key"]), display(g["signature"]) or "-"))
-    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]) - 1)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in table)
+    return common.table(table, legend)
 
 
 # -- info ---------------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from corehandler import fields
 from corehandler.cli import crashview
-from corehandler.cli.common import emit, load, write_output
+from corehandler.cli.common import emit, load, note, write_output
 from corehandler.cli.common import table as format_table
 from corehandler.cli.progress import Progress
 from corehandler.cli.selection import add_match_options, open_dumps, select
@@ -38,11 +38,13 @@ from corehandler.units import human_size
 def register(commands) -> None:
     p = commands.add("list", run_list, help="list stored dumps (the default verb)")
     add_match_options(p)
+    _add_reverse(p)
     crashview.add_list_options(p)
 
-    p = commands.add("info", run_info, help="everything known about matching dumps; exits 6 if a stored "
-                     "file is corrupt")
+    p = commands.add("info", run_info, help="everything known about matching dumps (without MATCH: the newest "
+                     "dump); exits 6 if a stored file is corrupt")
     add_match_options(p)
+    _add_reverse(p)
     p.add_argument("--no-verify", action="store_true", help="skip decompressing the stored file to check it")
     crashview.add_info_options(p)
 
@@ -52,15 +54,20 @@ def register(commands) -> None:
     p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write here (default: stdout, if not a "
                    "terminal)")
 
-    p = commands.add("debug", run_debug, help="open a debugger on the newest matching core and its executable")
+    p = commands.add("debug", run_debug, help="open a debugger on the newest matching core and its executable",
+                     aliases=["gdb"])
     add_match_options(p)
     p.add_argument("--debugger", default=None, metavar="PROGRAM",
-                   help="the debugger (default $COREHANDLER_DEBUGGER or gdb)")
+                   help="the debugger (default $COREHANDLER_DEBUGGER, $SYSTEMD_DEBUGGER or gdb)")
     p.add_argument("-A", "--debugger-arguments", default="", metavar="ARGS",
                    help="extra arguments for the debugger, one shell-quoted string")
 
     p = commands.add("vacuum", run_vacuum, help="apply the retention policy now (root)")
     p.add_argument("--dry-run", action="store_true", help="say what would be deleted, delete nothing")
+
+
+def _add_reverse(p) -> None:
+    p.add_argument("-r", "--reverse", action="store_true", help="newest first")
 
 
 def signal_name(number: int | None) -> str:
@@ -133,33 +140,40 @@ def _time(ts: float) -> str:
 
 def _json(d: Dump, state: str, problem: str | None, **extra) -> dict:
     """A dump as --json prints it: every index column, names as the process's bytes (invalid UTF-8 as lone
-    surrogates, which json.dumps writes as \\udcXX escapes: the spool record's convention), and the status the
-    text shows (corrupt once a check of the stored file failed)."""
-    return dict(d.summary(), status=_status(d, state), corefile=state, corefile_problem=problem, **extra)
+    surrogates, which json.dumps writes as \udcXX escapes: the spool record's convention), the status the
+    text shows (corrupt once a check of the stored file failed), and the keys of `coredumpctl --json list` (time
+    in µs, sig, size: the stored file's bytes) for scripts written for it."""
+    return dict(d.summary(), status=_status(d, state), corefile=state, corefile_problem=problem,
+                time=round(d.crashed_at * 1_000_000), sig=d.signal, size=d.stored_bytes if d.path else None, **extra)
 
 
 def run_list(args: argparse.Namespace) -> int:
     with open_dumps(args) as dumps:
-        found = select(args, dumps)
+        found = _ordered(args, select(args, dumps))
         rows = [(d, *file_state(dumps, d, verify=False)) for d in found]
         signatures = crashview.signatures(dumps, found)
     if args.group:
         groups = crashview.groups(found, signatures)
-        emit(args, groups, crashview.group_table(groups))
+        emit(args, groups, crashview.group_table(groups, not args.no_legend))
         return 0
     if args.json:
         emit(args, [_json(d, state, problem, record=None, **crashview.list_json(signatures.get(d.id)))
                     for d, state, problem in rows], "")
         return 0
-    table = [("TIME", "PID", "UID", "SIG", "STATUS", "COREFILE", "SIZE", "ID", "SIGNATURE", "EXE")]
+    table = [("TIME", "PID", "UID", "GID", "SIG", "STATUS", "COREFILE", "SIZE", "ID", "SIGNATURE", "EXE")]
     for d, state, _ in rows:
         size = human_size(d.raw_bytes) if d.path or d.status == COMPRESSING else "-"
-        table.append((_time(d.crashed_at), str(d.pid if d.pid is not None else "-"),
-                      str(d.uid if d.uid is not None else "-"), signal_name(d.signal), _status(d, state), state,
+        table.append((_time(d.crashed_at), *(str(n if n is not None else "-") for n in (d.pid, d.uid, d.gid)),
+                      signal_name(d.signal), _status(d, state), state,
                       size, d.id, crashview.signature_cell(signatures.get(d.id)),
                       display(d.exe) if d.exe else f"({display(d.comm)})" if d.comm else "-"))
-    print(format_table(table))
+    emit(args, None, format_table(table, not args.no_legend))
     return 0
+
+
+def _ordered(args: argparse.Namespace, found: list[Dump]) -> list[Dump]:
+    """Oldest first, as coredumpctl lists; -r newest first."""
+    return list(reversed(found)) if args.reverse else found
 
 
 # -- info ------------------------------------------------------------------------------------------------------
@@ -205,9 +219,12 @@ def _info_lines(dumps: Dumps, d: Dump, state: str, problem: str | None, all_thre
 
 
 def run_info(args: argparse.Namespace) -> int:
+    if args.last is None and not (args.match or args.since or args.until or args.signal
+                                  or crashview.filtering(args)):
+        args.last = 1  # as coredumpctl: info alone is about the newest dump, not every dump
     with open_dumps(args) as dumps:
         out = []
-        for d in select(args, dumps):
+        for d in _ordered(args, select(args, dumps)):
             state, problem = file_state(dumps, d, verify=not args.no_verify)
             out.append((d, state, problem, _info_lines(dumps, d, state, problem, args.all_threads),
                         crashview.info_json(dumps, d)))
@@ -265,7 +282,7 @@ def run_dump(args: argparse.Namespace) -> int:
         with Progress(d.raw_bytes, d.id) as progress:
             # A file that vanished under a retention run is the store's problem, not the output's.
             write_output(args.output, lambda out: _write_verified(dumps, d, path, out, progress), source=str(path))
-    print(f"wrote {d.id} ({human_size(d.raw_bytes)}) to {args.output or 'stdout'}", file=sys.stderr)
+    note(args, f"wrote {d.id} ({human_size(d.raw_bytes)}) to {args.output or 'stdout'}")
     return 0
 
 
@@ -278,7 +295,8 @@ def debugger_command(debugger: str, extra: list[str], exe: str | None, core: Pat
 
 
 def run_debug(args: argparse.Namespace) -> int:
-    debugger = args.debugger or os.environ.get("COREHANDLER_DEBUGGER") or "gdb"
+    debugger = (args.debugger or os.environ.get("COREHANDLER_DEBUGGER") or os.environ.get("SYSTEMD_DEBUGGER")
+                or "gdb")
     if not shutil.which(debugger):
         raise CorehandlerError(f"debugger {debugger!r} not found")
     try:
@@ -289,7 +307,7 @@ def run_debug(args: argparse.Namespace) -> int:
         d, path = _newest_with_core(dumps, args)
         exe = d.exe
         if exe is not None and not os.path.exists(exe):
-            print(f"corehandler: {display(exe)} is gone; debugging the core alone", file=sys.stderr)
+            note(args, f"corehandler: {display(exe)} is gone; debugging the core alone")
             exe = None
         # The core holds the crashed process's secrets: a private directory, removed afterwards.
         with tempfile.TemporaryDirectory(prefix="corehandler-debug-") as tmp:

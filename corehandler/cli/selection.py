@@ -25,13 +25,20 @@ from corehandler.store.userview import UserView
 from corehandler.units import UnitError, parse_duration
 
 MATCH_HELP = ("PID, id (or a unique id prefix, as list prints it), /path/to/exe, or comm; pid=, id=, exe=, "
-              "comm= say which. Words of one kind are alternatives, different kinds must all hold")
+              "comm= say which, as do the journal's FIELD=value (COREDUMP_PID, COREDUMP_COMM, COREDUMP_EXE, "
+              "COREDUMP_UID, COREDUMP_SIGNAL, COREDUMP_SIGNAL_NAME, COREDUMP_UNIT, COREDUMP_USER_UNIT, "
+              "COREHANDLER_ID, COREHANDLER_SIGNATURE_ID, COREHANDLER_CONTAINER_ID, COREHANDLER_POD_NAME). "
+              "Words of one kind are alternatives, different kinds must all hold")
+# Journal fields of the analysis, matched by the filter options of the same meaning (crashview.py).
+ANALYSIS_FIELDS = {"COREDUMP_UNIT": "unit", "COREDUMP_USER_UNIT": "unit", "COREHANDLER_SIGNATURE_ID": "signature",
+                   "COREHANDLER_CONTAINER_ID": "container", "COREHANDLER_POD_NAME": "pod"}
+TIME_HELP = ("@EPOCH, YYYY-MM-DD[ HH:MM[:SS]], now, today, yesterday, or a systemd.time(7) span before now "
+             "(-2h, -7days, \"2 weeks ago\") or after it (+1h)")
 
 
 def add_match_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("match", nargs="*", metavar="MATCH", help=MATCH_HELP)
-    p.add_argument("-S", "--since", metavar="TIME", help="dumps at or after TIME (@EPOCH, ISO date/time, "
-                   "or -DURATION ago, e.g. -2h)")
+    p.add_argument("-S", "--since", metavar="TIME", help=f"dumps at or after TIME: {TIME_HELP}")
     p.add_argument("-U", "--until", metavar="TIME", help="dumps at or before TIME")
     p.add_argument("--signal", metavar="SIG", help="only dumps caused by this signal (number or name)")
     p.add_argument("-1", dest="last", action="store_const", const=1, help="only the newest matching dump")
@@ -54,12 +61,16 @@ def parse_time(text: str, now: float | None = None) -> float:
             return float(text[1:])
         if text.startswith("-"):
             return now - parse_duration(text[1:])
+        if text.endswith(" ago"):
+            return now - parse_duration(text.removesuffix(" ago"))
+        if text.startswith("+"):
+            return now + parse_duration(text[1:])
         if text in ("today", "yesterday"):
             midnight = dt.datetime.combine(dt.date.today(), dt.time())
             return (midnight - dt.timedelta(days=text == "yesterday")).timestamp()
         return dt.datetime.fromisoformat(text).timestamp()  # naive means local time, as in coredumpctl
     except (ValueError, UnitError) as e:
-        raise UsageError(f"cannot parse time {text!r}: use @EPOCH, YYYY-MM-DD[ HH:MM[:SS]] or -DURATION") from e
+        raise UsageError(f"cannot parse time {text!r}: use {TIME_HELP}") from e
 
 
 def parse_signal(text: str) -> int:
@@ -75,8 +86,24 @@ def parse_signal(text: str) -> int:
         raise UsageError(f"unknown signal {text!r}") from None
 
 
+def _analysis_fields(args: argparse.Namespace) -> list[str]:
+    """The MATCH words without the analysis's journal fields, which set the filter options instead."""
+    words = []
+    for word in args.match:
+        key, sep, value = word.partition("=")
+        option = ANALYSIS_FIELDS.get(key) if sep else None
+        if option is None:
+            words.append(word)
+        elif getattr(args, option, None) not in (None, value):
+            raise UsageError(f"{key}={value} and --{option} {getattr(args, option)} cannot both hold")
+        else:
+            setattr(args, option, value)
+    return words
+
+
 def build_filter(args: argparse.Namespace) -> Filter:
-    return match.build(args.match,
+    words = _analysis_fields(args)  # before crashview.filtering reads the options they set
+    return match.build(words,
                        since=parse_time(args.since) if args.since else None,
                        until=parse_time(args.until) if args.until else None,
                        signal=parse_signal(args.signal) if args.signal else None,

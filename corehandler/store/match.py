@@ -9,8 +9,13 @@ A MATCH word, as coredumpctl reads one:
                                       path ./a/b or the comm a/b; `exe=` or `comm=` say which)
   anything else                       a comm
   `pid=`, `comm=`, `exe=`, `id=`      say the kind explicitly
+  `FIELD=value`, FIELD a journal      as coredumpctl takes them: COREDUMP_PID, COREDUMP_COMM, COREDUMP_EXE,
+  field name                          COREHANDLER_ID, COREDUMP_UID, COREDUMP_SIGNAL, COREDUMP_SIGNAL_NAME here;
+                                      the analysis's fields (COREDUMP_UNIT ...) in cli/selection.py; any other
+                                      upper-case FIELD= is refused, never taken for a comm
 Several words of one kind are alternatives; words of different kinds, and --since/--until/--signal, must all
-hold. An id prefix that names more than one dump is refused (as git refuses an ambiguous hash).
+hold (one uid and one signal at most). An id prefix that names more than one dump is refused (as git refuses
+an ambiguous hash).
 
 Names are compared as the process's bytes: strings here are what Python makes of them with surrogateescape
 (argv, and the spool record's lone-surrogate convention), so a name that is not UTF-8 matches itself and
@@ -20,6 +25,8 @@ nothing else. A comm matches the /proc comm or the kernel's %e form (which shows
 from __future__ import annotations
 
 import os
+import re
+import signal as signals
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
@@ -32,6 +39,10 @@ if TYPE_CHECKING:
 # pid_t and the kernel's signal numbers are C ints; a larger number is no PID.
 MAX_C_INT = 2**31 - 1
 KINDS = ("id", "pid", "comm", "exe")  # the explicit `KIND=` forms
+# The journal's names (the fields of a dump's entry, observe/journal.py) of what a Filter compares.
+JOURNAL_FIELDS = {"COREDUMP_PID": "pid", "COREDUMP_COMM": "comm", "COREDUMP_EXE": "exe", "COREHANDLER_ID": "id",
+                  "COREDUMP_UID": "uid", "COREDUMP_SIGNAL": "signal", "COREDUMP_SIGNAL_NAME": "signal_name"}
+FIELD_RE = re.compile(r"[A-Z][A-Z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -92,10 +103,15 @@ def select(dumps: Iterable[Dump], f: Filter) -> list[Dump]:
 
 
 def parse(word: str) -> tuple[str, object]:
-    """(kind, value) of one MATCH word; UsageError for a PID that is not one."""
+    """(kind, value) of one MATCH word; UsageError for a PID that is not one, or a field we cannot match."""
     key, sep, value = word.partition("=")
     if sep and key in KINDS:
         kind = key
+    elif sep and key in JOURNAL_FIELDS:
+        kind = JOURNAL_FIELDS[key]
+    elif sep and FIELD_RE.fullmatch(key):
+        raise UsageError(f"cannot match on the journal field {key}: corehandler matches "
+                         + ", ".join(sorted(JOURNAL_FIELDS)) + " (and the analysis's: see --help)")
     elif word.isdigit() and int(word) <= MAX_C_INT:
         kind, value = "pid", word
     elif spool.ID_PREFIX_RE.fullmatch(word):
@@ -104,18 +120,30 @@ def parse(word: str) -> tuple[str, object]:
         kind, value = "path", word
     else:
         kind, value = "comm", word
-    if kind == "pid":
+    if kind in ("pid", "uid", "signal"):
         if not value.isdigit() or int(value) > MAX_C_INT:
-            raise UsageError(f"not a PID: {value!r}")
+            raise UsageError(f"not a {kind.upper() if kind != 'signal' else 'signal number'}: {value!r}")
         return kind, int(value)
+    if kind == "signal_name":
+        try:
+            return "signal", int(signals.Signals[value.upper() if value.upper().startswith("SIG")
+                                                 else "SIG" + value.upper()])
+        except KeyError:
+            raise UsageError(f"unknown signal {value!r}") from None
     return kind, value
 
 
 def build(words: Iterable[str], **rest) -> Filter:
     """The Filter of MATCH words, with the other criteria (since, until, signal, last) as given."""
-    kinds: dict[str, list] = {k: [] for k in (*KINDS, "path")}
+    kinds: dict[str, list] = {k: [] for k in (*KINDS, "path", "uid", "signal")}
     for word in words:
         kind, value = parse(word)
         kinds[kind].append(value)
+    for kind in ("uid", "signal"):
+        values = set(kinds[kind]) | ({rest[kind]} if rest.get(kind) is not None else set())
+        if len(values) > 1:
+            raise UsageError(f"several {kind}s to match ({', '.join(map(str, sorted(values)))}): a dump has one")
+        if values:
+            rest[kind] = values.pop()
     return Filter(ids=tuple(kinds["id"]), pids=tuple(kinds["pid"]), comms=tuple(kinds["comm"]),
                   exes=tuple(kinds["exe"]), paths=tuple(kinds["path"]), **rest)

@@ -62,7 +62,7 @@ def pids(out: str) -> list[int]:
 def test_list_is_the_default_verb(capsys, filled):
     code, out, _ = run(capsys, filled)
     assert code == 0
-    assert out.splitlines()[0].split() == ["TIME", "PID", "UID", "SIG", "STATUS", "COREFILE", "SIZE", "ID",
+    assert out.splitlines()[0].split() == ["TIME", "PID", "UID", "GID", "SIG", "STATUS", "COREFILE", "SIZE", "ID",
                                           "SIGNATURE", "EXE"]
     assert pids(out) == [3001, 3002, 3003, 3004]
     assert "dropped  none" in out.splitlines()[4]
@@ -234,7 +234,7 @@ def test_corrupt_store_files_are_reported_not_crashed_on(capsys, filled, tmp_pat
     assert code == EXIT_SYSTEM and fields["Status"] == "corrupt" and fields["Core File"].startswith("corrupt: ")
     assert err.startswith("corehandler: the stored file of 1 of 1 dumps is corrupt")
     code, out, _ = run(capsys, filled, "list", "beta")
-    assert code == 0 and out.splitlines()[1].split()[6:8] == ["corrupt", "corrupt"]
+    assert code == 0 and out.splitlines()[1].split()[7:9] == ["corrupt", "corrupt"]
     for verb in ("list", "info"):  # one status in every form
         code, out, _ = run(capsys, filled, "--json", verb, "beta")
         assert [(d["status"], d["corefile"]) for d in json.loads(out)] == [("corrupt", "corrupt")]
