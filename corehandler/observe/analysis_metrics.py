@@ -5,7 +5,9 @@
 - corehandler_analysis_duration_seconds: how long each took (the unwinder's wall time, beside compression);
 - corehandler_signature_dumps{signature_id, signature}: dumps in the store per signature, read from the index
   at scrape time for the TOP_SIGNATURES most frequent ones only, so labels stay bounded however many distinct
-  crashes a host has; corehandler_signatures is how many distinct signatures there are in all.
+  crashes a host has; corehandler_signatures is how many distinct signatures there are in all;
+- corehandler_newest_signature_first_seen_timestamp_seconds{signature_id, signature}: when the signature whose
+  first dump in the store is the newest crashed first (one series: the CorehandlerNewSignature alert's).
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class _SignatureCollector:
                 (distinct,) = db.execute("SELECT COUNT(DISTINCT signature_id) FROM analysis a JOIN dumps d "
                                          "ON d.id = a.id WHERE d.deleting = 0") .fetchone() \
                     if top else (0,)
+                newest = analyses.newest_signature(db) if top else None
             finally:
                 db.close()
         except sqlite3.Error as err:
@@ -81,3 +84,9 @@ class _SignatureCollector:
             family.add_metric([sig_id, (text or "")[:MAX_LABEL]], count)
         yield family
         yield GaugeMetricFamily("corehandler_signatures", "Distinct crash signatures in the store", value=distinct)
+        first = GaugeMetricFamily("corehandler_newest_signature_first_seen_timestamp_seconds",
+                                  "First crash (Unix time) of the signature first seen most recently in the store",
+                                  labels=["signature_id", "signature"])
+        if newest is not None:
+            first.add_metric([newest[0], (newest[1] or "")[:MAX_LABEL]], newest[2])
+        yield first

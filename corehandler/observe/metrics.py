@@ -98,6 +98,9 @@ class MetricsObserver(Quiet):
                                          "Time the daemon spent ingesting each dump (validate, analyse, index, "
                                          "compress)",
                                          DURATION_BUCKETS)
+        # Rules need it: a counter's series that reappears at 1 after a restart shows no increase.
+        Gauge("corehandler_start_time_seconds", "When this daemon started (Unix time); its counters count from "
+              "here", registry=r).set_to_current_time()
         self.backlog = Gauge("corehandler_ingest_backlog", "Committed spool records waiting to be ingested",
                              registry=r)
         self.errors = Counter("corehandler_errors", "Daemon errors since the daemon started, by kind",

@@ -122,3 +122,14 @@ def top_signatures(store_or_db, limit: int) -> list[tuple[str, str, int]]:
     return db.execute("SELECT a.signature_id, a.signature, COUNT(*) AS n FROM analysis a JOIN dumps d "
                       "ON d.id = a.id WHERE d.deleting = 0 AND a.signature_id IS NOT NULL "
                       "GROUP BY a.signature_id ORDER BY n DESC, a.signature_id LIMIT ?", (limit,)).fetchall()
+
+
+def newest_signature(store_or_db) -> tuple[str, str, float] | None:
+    """(signature_id, signature, first crash) of the signature whose first dump in the store is the newest:
+    what a "new kind of crash" alert watches."""
+    db = _db(store_or_db)
+    if not _exists(db):
+        return None
+    return db.execute("SELECT a.signature_id, a.signature, MIN(d.crashed_at) AS first FROM analysis a JOIN dumps d "
+                      "ON d.id = a.id WHERE d.deleting = 0 AND a.signature_id IS NOT NULL "
+                      "GROUP BY a.signature_id ORDER BY first DESC, a.signature_id LIMIT 1").fetchone()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 import urllib.error
 import urllib.request
 
@@ -13,6 +14,7 @@ from prometheus_client.utils import floatToGoString
 
 from corehandler.observe import metrics
 from corehandler.observe.metrics import MetricsObserver
+from corehandler.store import analyses
 from corehandler.store.dumprow import row_from_record
 from corehandler.store.index import Store
 from support.records import RecordMaker
@@ -170,6 +172,26 @@ def test_store_series_are_read_from_the_index_at_each_scrape(tmp_path):
         assert value(got, "corehandler_store_bytes") == 30
         assert "# TYPE corehandler_retention_deletions_total counter" in text
         assert "# TYPE corehandler_store_dumps gauge" in text
+
+
+def test_start_time_and_the_newest_signature_for_the_alert_rules(tmp_path):
+    """The crash rules need the daemon's start (a series back at 1 after a restart shows no increase);
+    CorehandlerNewSignature needs when the newest signature first crashed."""
+    before = time.time()
+    observer = MetricsObserver(state_dir=tmp_path)
+    got = samples(observer.exposition())
+    assert before <= value(got, "corehandler_start_time_seconds") <= time.time()
+    assert not [k for k in got if k[0] == "corehandler_newest_signature_first_seen_timestamp_seconds"]
+    with Store(tmp_path) as store:
+        for n, sig in ((1, "s1-aaaa"), (2, "s1-bbbb"), (3, "s1-aaaa")):
+            dump_id = f"17960000000{n:05d}-0123456789abcdef-{n}"
+            store.insert(row_from_record({"schema": 1, "id": dump_id, "timestamp": 1_700_000_000 + n}, status="ok",
+                                         problem=None, path=None, raw_bytes=1, stored_bytes=1, sha256=None))
+            analyses.put(store, dump_id, {"state": "ok", "signature_id": sig, "signature": f"app: {sig}"})
+    got = samples(observer.exposition())
+    # s1-bbbb first crashed at +2; s1-aaaa's newest dump is later (+3), but it was first seen at +1.
+    assert value(got, "corehandler_newest_signature_first_seen_timestamp_seconds", signature_id="s1-bbbb",
+                 signature="app: s1-bbbb") == 1_700_000_002
 
 
 def test_counters_start_at_zero(tmp_path):
