@@ -456,16 +456,30 @@ def toml_value(value: Any) -> str:
     return text.replace("\x7f", "\\u007f")
 
 
-def _field_lines(model: BaseModel, commented: bool) -> list[str]:
-    lines = []
+def _fields(model: BaseModel) -> list[tuple[str, str, str]]:
+    """(key, value as TOML in human units, description) of a section's options."""
+    out = []
     for name, info in type(model).model_fields.items():
         if isinstance(getattr(model, name), BaseModel):
             continue
         value = getattr(model, name)
         human = next((m for m in info.metadata if isinstance(m, _Human)), None)
-        text = toml_value(human.format(value) if human else value)
+        out.append((name, toml_value(human.format(value) if human else value), info.description or ""))
+    return out
+
+
+def documented(config: Config) -> list[tuple[str | None, list[tuple[str, str, str]]]]:
+    """Every option as the shipped file and corehandler.toml(5) show it: (section, its (key, value,
+    description)), the top level (section None) first."""
+    sections = [(name, getattr(config, name)) for name in type(config).model_fields]
+    return [(None, _fields(config))] + [(name, _fields(s)) for name, s in sections if isinstance(s, BaseModel)]
+
+
+def _field_lines(fields: list[tuple[str, str, str]], commented: bool) -> list[str]:
+    lines = []
+    for name, text, description in fields:
         if commented:
-            lines += [f"# {info.description}", f"#{name} = {text}"]
+            lines += [f"# {description}", f"#{name} = {text}"]
         else:
             lines.append(f"{name} = {text}")
     return lines
@@ -481,11 +495,8 @@ DEFAULTS_HEADER = """\
 def render_toml(config: Config, *, commented_defaults: bool = False) -> str:
     """The config as TOML in human units. commented_defaults renders the shipped file's form."""
     out = [DEFAULTS_HEADER] if commented_defaults else []
-    out.append("\n".join(_field_lines(config, commented_defaults)))
-    for name in type(config).model_fields:
-        section = getattr(config, name)
-        if isinstance(section, BaseModel):
-            out.append("\n".join([f"[{name}]"] + _field_lines(section, commented_defaults)))
+    for section, fields in documented(config):
+        out.append("\n".join(([f"[{section}]"] if section else []) + _field_lines(fields, commented_defaults)))
     return "\n\n".join(out) + "\n"
 
 
