@@ -218,8 +218,13 @@ def install(config: Config, paths: Paths, *, csplice: Path | None = None, force:
                               or (pattern, None))
     pipe_limit = str(max(PIPE_LIMIT, _int_or_zero(live[sysctl.CORE_PIPE_LIMIT])))
     values = {sysctl.CORE_PATTERN: pattern, sysctl.CORE_PIPE_LIMIT: pipe_limit}
-    # A package ships its own sysctl.d file (/usr/lib/sysctl.d); a second one in /etc would outlive its removal.
-    sysctl_d = sysctl.write_sysctl_d(values, paths.sysctl_d) if write_sysctl_d else None
+    # A package ships its own sysctl.d file (/usr/lib/sysctl.d), with the pipe pattern: in pipe mode it is the
+    # whole truth (and a file of ours in /etc, left by an earlier socket-mode install, goes). Socket mode needs
+    # ours, whose name in /etc overrides the package's, or the next boot gives pipe mode back.
+    persist = write_sysctl_d or mode_of(pattern) == "socket"
+    sysctl_d = sysctl.write_sysctl_d(values, paths.sysctl_d) if persist else None
+    if not persist:
+        sysctl.remove_sysctl_d(paths.sysctl_d)
     try:
         sysctl.write(sysctl.CORE_PIPE_LIMIT, pipe_limit, root)
         sysctl.write(sysctl.CORE_PATTERN, pattern, root)
@@ -227,7 +232,7 @@ def install(config: Config, paths: Paths, *, csplice: Path | None = None, force:
         # Half installed is the worst state: the next boot would apply what the kernel refused now.
         if not already_ours:
             _restore_quietly(live, root)
-            if write_sysctl_d:
+            if persist:
                 sysctl.remove_sysctl_d(paths.sysctl_d)
         raise
     if start_daemon is not None:

@@ -101,6 +101,20 @@ def test_install_socket_mode_starts_the_listener_first_then_uninstall(host):
     assert done["was_installed"] and host.get("core_pattern") == "core" and fake.stopped == 1
 
 
+def test_packaged_socket_mode_survives_a_reboot_and_pipe_mode_gives_the_package_its_file_back(host):
+    """The package ships the pipe pattern in /usr/lib/sysctl.d (install --package writes no sysctl.d file of
+    its own): socket mode writes ours, whose name in /etc overrides the package's at boot, and a later pipe-mode
+    install removes it again."""
+    fake = FakeListener(host)
+    ours = host.paths.sysctl_d / "50-corehandler.conf"
+    install.install(Config(), host.paths, csplice=host.csplice, mode="socket", start_listener=fake.start,
+                    stop_listener=fake.stop, write_sysctl_d=False)
+    assert f"kernel.core_pattern = @@{SOCKET}\n" in ours.read_text()
+    install.install(Config(), host.paths, csplice=host.csplice, mode="pipe", stop_listener=fake.stop,
+                    write_sysctl_d=False)
+    assert host.get("core_pattern").startswith(f"|{host.csplice} ") and not ours.exists()
+
+
 def test_socket_mode_fails_and_leaves_the_pattern_when_nothing_listens(host, monkeypatch):
     monkeypatch.setattr(install, "LISTEN_TIMEOUT", 0.2)
     fake = FakeListener(host, answers=False)
