@@ -464,6 +464,7 @@ class Daemon:
                 count += 1
                 self.retain()
         self.check_corrupt()
+        self._state()  # every sweep: the gauges stay fresh and systemd's watchdog hears from us (sdnotify.py)
         return count
 
     # -- recovery and retention -------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""serve: the daemon, in the foreground (systemd's Type=simple service runs this)."""
+"""serve: the daemon, in the foreground (systemd's Type=notify service runs this: observe/sdnotify.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from corehandler.fleet.upload import Uploader
 from corehandler.host import overview, writerates
 from corehandler.observe.journal import JournalObserver
 from corehandler.observe.metrics import MetricsObserver
+from corehandler.observe.sdnotify import SystemdNotifier
 from corehandler.paths import csplice_path
 from corehandler.store import scrub
 
@@ -33,7 +34,7 @@ def register(commands) -> None:
 def observers_for(config, paths, store_limit) -> tuple[list, list[str]]:
     """The journald and Prometheus observers the config asks for, and the problems met setting them up that
     must not stop ingest (a metrics port taken). store_limit() is the current max_use in bytes."""
-    observers, problems = [], []
+    observers, problems = [SystemdNotifier()], []
     if config.journal.enabled:
         observers.append(JournalObserver())
     if config.metrics.enabled or config.metrics.textfile:

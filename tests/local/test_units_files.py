@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from corehandler import paths
+from corehandler.cli import manpage
 from corehandler.config import KernelConfig
 from corehandler.csplice_contract import SPECIFIERS
 from corehandler.paths import DIR_MODES
@@ -39,6 +40,9 @@ MAX_EXPOSURE = 3.0
 # capture strategy may need, and stays far below systemd-coredump@'s 4.5.
 CAPTURE_UNIT = ROOT / "packaging" / "systemd" / "corehandler-capture@.service"
 CAPTURE_MAX_EXPOSURE = 2.5
+# verify runs `man` on Documentation=: the pages are generated at install time, checked below and by the
+# package test instead.
+MAN_NO = "--man=no"
 
 
 def systemd_analyze() -> str:
@@ -71,7 +75,7 @@ def runnable_unit(tmp_path: Path) -> Path:
 
 
 def test_systemd_analyze_verify_is_clean(tmp_path):
-    result = subprocess.run([systemd_analyze(), "verify", str(runnable_unit(tmp_path))], capture_output=True,
+    result = subprocess.run([systemd_analyze(), "verify", MAN_NO, str(runnable_unit(tmp_path))], capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0 and result.stdout == "" and result.stderr == "", result
 
@@ -122,13 +126,26 @@ def test_the_unit_runs_the_daemon_as_the_design_says():
     # It must read /proc/sys (kernel settings for `status`-like checks): no ProcSubset=pid.
     assert "ProcSubset" not in d
     assert "PrivateNetwork" not in d  # metrics are on by default; the drop-in turns the network off
+    # systemd knows when it is ready and restarts it when it hangs (observe/sdnotify.py).
+    assert d["Type"] == ["notify"] and d["WatchdogSec"] == ["10min"]
+    # What Documentation= names resolves: the generated man pages (a .md in /usr/share/doc is gzipped).
+    assert d["Documentation"] == ["man:corehandler(1) man:corehandler.toml(5) man:csplice(8)"]
+    assert UNIT.read_text() == (ROOT / "debian" / "corehandler.service").read_text()
+
+
+def test_every_unit_documents_itself_with_a_man_page_we_generate():
+    generated = {name.rsplit(".", 1)[0] + f"({name.rsplit('.', 1)[1]})" for name in manpage.pages()}
+    for unit in (ROOT / "packaging" / "systemd").glob("corehandler*.[a-z]*"):
+        if unit.suffix in (".service", ".socket"):
+            docs = [w for d in unit_directives(unit.read_text())["Documentation"] for w in d.split()]
+            assert docs and {w.removeprefix("man:") for w in docs} <= generated, unit.name
 
 
 def test_the_example_dropins_are_valid_units(tmp_path):
     for dropin in DROPINS:
         merged = tmp_path / "corehandler.service"
         merged.write_text(runnable_unit(tmp_path).read_text() + dropin.read_text())
-        result = subprocess.run([systemd_analyze(), "verify", str(merged)], capture_output=True, text=True,
+        result = subprocess.run([systemd_analyze(), "verify", MAN_NO, str(merged)], capture_output=True, text=True,
                                 timeout=60)
         assert result.returncode == 0 and result.stderr == "", (dropin.name, result)
 
@@ -203,6 +220,6 @@ def test_socket_mode_units_verify_and_match_the_config(tmp_path):
     shutil.copy(socket_unit, tmp_path / socket_unit.name)
     (tmp_path / service.name).write_text(service.read_text().replace(INSTALLED_CSPLICE, str(paths.csplice_path())))
     # An instance, as Accept=yes starts one per connection: verify checks the template only through it.
-    result = subprocess.run([systemd_analyze(), "verify", socket_unit.name, "corehandler-capture@0.service"],
+    result = subprocess.run([systemd_analyze(), "verify", MAN_NO, socket_unit.name, "corehandler-capture@0.service"],
                             capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert result.returncode == 0 and result.stderr == "", result
