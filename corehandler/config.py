@@ -236,9 +236,15 @@ class UploadConfig(_Section):
         "", description="the S3 API's URL for servers other than AWS (MinIO, Ceph RGW, SeaweedFS); \"\" = AWS")
     region: str = Field("", description="the bucket's region; \"\" = the AWS configuration's, else us-east-1")
     credentials_file: Annotated[str, BeforeValidator(_optional_absolute_path)] = Field(
-        "", description="AWS shared-credentials file (owned by root, mode 0600); \"\" = the AWS credential "
-                        "chain (environment, instance role)")
-    profile: str = Field("default", description="the profile to use in credentials_file")
+        "", description="AWS shared credentials file (owned by root, mode 0600); \"\" = "
+                        "$AWS_SHARED_CREDENTIALS_FILE or ~/.aws/credentials. Credentials come from botocore's "
+                        "chain: environment, role_arn, web identity, SSO, these files, credential_process, "
+                        "container and instance roles (docs/aws.md)")
+    config_file: Annotated[str, BeforeValidator(_optional_absolute_path)] = Field(
+        "", description="AWS shared config file (owned by root, mode 0600): profiles with role_arn and "
+                        "source_profile, credential_process, sso_*, web_identity_token_file; \"\" = "
+                        "$AWS_CONFIG_FILE or ~/.aws/config")
+    profile: str = Field("", description="the profile in those files; \"\" = $AWS_PROFILE, else default")
     ca_bundle: Annotated[str, BeforeValidator(_optional_absolute_path)] = Field(
         "", description="PEM file of the CAs that sign the endpoint's certificate; \"\" = the system's")
     allow_http: bool = Field(False, description="allow a plain http:// endpoint that is not on loopback "

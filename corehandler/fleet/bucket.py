@@ -9,16 +9,13 @@ The date is the crash's (UTC), so a dump retried across midnight keeps its key a
 
 from __future__ import annotations
 
-import configparser
 import datetime
-import os
 import re
 import socket
-import stat
 from dataclasses import dataclass
-from pathlib import Path
 
-from corehandler.errors import EXIT_CONFIG, EXIT_PERMISSION, CorehandlerError
+from corehandler.errors import EXIT_CONFIG, CorehandlerError
+from corehandler.fleet import credentials
 
 LAYOUT = "v1"
 SIDECAR_SUFFIX = ".json"
@@ -37,10 +34,6 @@ class UploadConfigError(CorehandlerError):
     exit_code = EXIT_CONFIG
 
 
-class CredentialsFileError(CorehandlerError):
-    exit_code = EXIT_PERMISSION
-
-
 # Why a request failed. The first four are the bucket's configuration, not this dump: they hold the whole
 # queue (one line in status, no retry storm) until a retry succeeds.
 REASONS = ("credentials", "bucket", "clock_skew", "tls", "connection", "throttled", "server", "local")
@@ -54,7 +47,8 @@ _CODES = {
     "SlowDown": "throttled", "Throttling": "throttled", "503": "throttled", "ServiceUnavailable": "throttled",
 }
 _ADVICE = {
-    "credentials": "check upload.credentials_file and the key's permissions on the bucket",
+    "credentials": "check upload's credentials (credentials_file, config_file, profile, or the environment) "
+                   "and the key's permissions on the bucket",
     "bucket": "create the bucket or fix upload.url",
     "clock_skew": "this host's clock is off; fix NTP",
     "tls": "check upload.ca_bundle and the endpoint's certificate",
@@ -137,55 +131,12 @@ def target(config) -> Target:
     return Target(config.bucket, config.prefix, host_name(config))
 
 
-def _parse_problem(e: Exception) -> str:
-    """What is wrong with a credentials file, by line number only: configparser's own message quotes the
-    offending line, which may be the secret itself, and this message goes to the log and to `status`."""
-    if isinstance(e, UnicodeDecodeError):
-        return f"not UTF-8 (byte {e.start})"
-    lines = [n for n, _ in getattr(e, "errors", [])] or [getattr(e, "lineno", None)]
-    where = ", ".join(str(n) for n in lines if n is not None)
-    kind = {"MissingSectionHeaderError": "a line before any [profile]", "ParsingError": "a line that is not "
-            "key = value", "DuplicateSectionError": "a duplicate [profile]", "DuplicateOptionError": "a duplicate "
-            "key"}.get(type(e).__name__, "malformed")
-    return f"{kind}" + (f" (line {where})" if where else "")
-
-
-def read_credentials(path: Path, profile: str) -> dict:
-    """Access key, secret and session token from an AWS shared-credentials file, refused when anyone but
-    root (or the user running us) could read it: the key opens every host's dumps."""
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        raise CredentialsFileError(f"upload.credentials_file {path}: {e.strerror}") from None
-    if st.st_uid not in (0, os.geteuid()) or st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise CredentialsFileError(f"upload.credentials_file {path} is readable by others (mode "
-                                   f"{stat.S_IMODE(st.st_mode):04o}, owner uid {st.st_uid}); "
-                                   f"chown root and chmod 0600 it")
-    parser = configparser.ConfigParser(interpolation=None)
-    try:
-        with open(path, encoding="utf-8") as f:
-            parser.read_file(f)
-    except OSError as e:
-        raise CredentialsFileError(f"upload.credentials_file {path}: cannot read: {e.strerror}") from None
-    except (UnicodeDecodeError, configparser.Error) as e:
-        raise CredentialsFileError(f"upload.credentials_file {path}: cannot read: {_parse_problem(e)}") from None
-    if not parser.has_section(profile):
-        raise CredentialsFileError(f"upload.credentials_file {path} has no [{profile}] profile")
-    section = parser[profile]
-    if not section.get("aws_access_key_id") or not section.get("aws_secret_access_key"):
-        raise CredentialsFileError(f"upload.credentials_file {path}: [{profile}] needs aws_access_key_id and "
-                                   "aws_secret_access_key")
-    return {"aws_access_key_id": section["aws_access_key_id"].strip(),
-            "aws_secret_access_key": section["aws_secret_access_key"].strip(),
-            "aws_session_token": (section.get("aws_session_token") or "").strip() or None}
-
-
 def client(config, *, pool: int = 16):
-    """A boto3 S3 client for [upload]: standard retries, timeouts, TLS verified (ca_bundle if set)."""
+    """A boto3 S3 client for [upload]: botocore's credential chain (credentials.py), standard retries, timeouts,
+    TLS verified (ca_bundle if set)."""
     import boto3
     from botocore.config import Config as BotoConfig
 
-    kwargs = read_credentials(Path(config.credentials_file), config.profile) if config.credentials_file else {}
     boto = BotoConfig(
         retries={"mode": "standard", "max_attempts": 3},
         connect_timeout=config.timeout, read_timeout=config.timeout, max_pool_connections=pool,
@@ -193,6 +144,6 @@ def client(config, *, pool: int = 16):
         # Other servers than AWS rarely have virtual-host DNS names for their buckets.
         s3={"addressing_style": "path" if config.endpoint else "auto"},
         user_agent_extra="corehandler")
-    session = boto3.session.Session()
+    session = boto3.session.Session(botocore_session=credentials.botocore_session(config))
     return session.client("s3", endpoint_url=config.endpoint or None, region_name=config.region or None,
-                          verify=config.ca_bundle or True, config=boto, **kwargs)
+                          verify=config.ca_bundle or True, config=boto)

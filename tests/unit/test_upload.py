@@ -19,7 +19,7 @@ from botocore.exceptions import ClientError, EndpointConnectionError
 from corehandler import paths, spool
 from corehandler.config import Config, UploadConfig
 from corehandler.errors import ConfigError
-from corehandler.fleet import bucket, payload, upload, upload_queue
+from corehandler.fleet import bucket, credentials, payload, upload, upload_queue
 from corehandler.store.dumprow import row_from_record
 from corehandler.store.index import Store
 
@@ -98,19 +98,22 @@ def test_defaults_upload_nothing_and_keep_no_budget():
     assert not c.upload.send_environ and not c.upload.send_maps and not c.upload.allow_http
 
 
-def test_a_credentials_file_others_can_read_is_refused(tmp_path):
+def test_a_credentials_or_config_file_others_can_read_is_refused(tmp_path):
     path = tmp_path / "credentials"
     path.write_text("[default]\naws_access_key_id = AK\naws_secret_access_key = SK\n")
-    path.chmod(0o644)
-    with pytest.raises(bucket.CredentialsFileError, match="readable by others.*0644"):
-        bucket.read_credentials(path, "default")
-    path.chmod(0o600)
-    assert bucket.read_credentials(path, "default") == {"aws_access_key_id": "AK", "aws_secret_access_key": "SK",
-                                                        "aws_session_token": None}
-    with pytest.raises(bucket.CredentialsFileError, match=r"no \[other\] profile"):
-        bucket.read_credentials(path, "other")
-    with pytest.raises(bucket.CredentialsFileError, match="No such file"):
-        bucket.read_credentials(tmp_path / "missing", "default")
+    for key in ("credentials_file", "config_file"):
+        path.chmod(0o644)
+        cfg = UploadConfig.model_validate({"url": "s3://fleet", key: str(path)})
+        with pytest.raises(credentials.CredentialsFileError, match=f"upload.{key} .* readable by others.*0644"):
+            credentials.botocore_session(cfg)
+        path.chmod(0o600)
+        credentials.botocore_session(cfg)
+    with pytest.raises(credentials.CredentialsFileError, match="No such file"):
+        credentials.botocore_session(UploadConfig.model_validate({"url": "s3://fleet",
+                                                                  "credentials_file": str(tmp_path / "missing")}))
+    cfg = UploadConfig.model_validate({"url": "s3://fleet", "credentials_file": str(path), "profile": "other"})
+    with pytest.raises(credentials.CredentialsFileError, match="other"):
+        credentials.botocore_session(cfg)
 
 
 @pytest.mark.parametrize("text", [
@@ -122,8 +125,9 @@ def test_a_malformed_credentials_file_is_named_by_line_never_echoed(tmp_path, ca
     creds = tmp_path / "credentials"
     creds.write_text(text)
     creds.chmod(0o600)
-    with pytest.raises(bucket.CredentialsFileError) as e:
-        bucket.read_credentials(creds, "default")
+    with pytest.raises(credentials.CredentialsFileError) as e:
+        credentials.botocore_session(UploadConfig.model_validate({"url": "s3://fleet-x",
+                                                                  "credentials_file": str(creds)}))
     assert "SECRET" not in e.value.message and "line" in e.value.message, e.value.message
     # ...and so neither in the uploader's log line nor in the queue problem `status` shows
     dump_id = f"{int(time.time() * 1e6)}-0123456789abcdef-7"

@@ -1,0 +1,73 @@
+"""[upload]'s credentials through botocore's chain against a real S3 server (SeaweedFS on loopback): the
+environment, a named profile (in the file or from $AWS_PROFILE), and credential_process, each used by the same
+client the uploader and `fleet` use. The STS parts (role_arn, web identity) are in tests/unit/test_credentials.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from corehandler.config import UploadConfig
+from corehandler.fleet import bucket
+from support.s3server import ACCESS_KEY, SECRET_KEY
+
+pytestmark = pytest.mark.s3
+
+PROCESS = """#!/bin/sh
+echo '{json}'
+"""
+
+
+@pytest.fixture
+def aws_home(tmp_path, monkeypatch):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ROLE_ARN",
+                 "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    return tmp_path
+
+
+def private(path, text: str) -> str:
+    path.write_text(text)
+    path.chmod(0o600)
+    return str(path)
+
+
+def round_trip(s3, name: str | None = None, **upload) -> None:
+    name = name or s3.new_bucket()
+    cfg = UploadConfig.model_validate({"url": f"s3://{name}/fleet", "endpoint": s3.endpoint, "region": "us-east-1",
+                                       **upload})
+    client = bucket.client(cfg)
+    client.put_object(Bucket=name, Key="fleet/k", Body=b"core bytes")
+    assert client.get_object(Bucket=name, Key="fleet/k")["Body"].read() == b"core bytes"
+
+
+def test_credentials_from_the_environment(s3, aws_home, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    round_trip(s3)
+
+
+def test_a_named_profile_from_the_config_or_aws_profile(s3, aws_home, monkeypatch):
+    creds = private(aws_home / "credentials", f"[default]\naws_access_key_id = {ACCESS_KEY}\n"
+                    "aws_secret_access_key = wrong\n"
+                    f"[fleet]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n")
+    round_trip(s3, credentials_file=creds, profile="fleet")
+    name = s3.new_bucket()  # the test server's own client is boto3's default session: before AWS_PROFILE
+    monkeypatch.setenv("AWS_PROFILE", "fleet")
+    round_trip(s3, name, credentials_file=creds)
+    monkeypatch.delenv("AWS_PROFILE")
+    with pytest.raises(Exception) as refused:  # the default profile's secret is wrong: S3 says so
+        round_trip(s3, credentials_file=creds)
+    assert bucket.classify(refused.value).reason == "credentials"
+
+
+def test_credential_process_in_the_config_file(s3, aws_home):
+    process = aws_home / "fetch-credentials"
+    process.write_text(PROCESS.format(json=json.dumps({"Version": 1, "AccessKeyId": ACCESS_KEY,
+                                                       "SecretAccessKey": SECRET_KEY})))
+    process.chmod(0o700)
+    config = private(aws_home / "config", f"[profile fleet]\ncredential_process = {process}\n")
+    round_trip(s3, config_file=config, profile="fleet")
