@@ -10,6 +10,7 @@ import pytest
 
 from corehandler.config import UploadConfig
 from corehandler.fleet import bucket
+from support import awsenv
 from support.s3server import ACCESS_KEY, SECRET_KEY
 
 pytestmark = pytest.mark.s3
@@ -21,18 +22,8 @@ echo '{json}'
 
 @pytest.fixture
 def aws_home(tmp_path, monkeypatch):
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ROLE_ARN",
-                 "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    return tmp_path
+    return awsenv.isolate(monkeypatch, tmp_path)
 
-
-def private(path, text: str) -> str:
-    path.write_text(text)
-    path.chmod(0o600)
-    return str(path)
 
 
 def round_trip(s3, name: str | None = None, **upload) -> None:
@@ -51,7 +42,7 @@ def test_credentials_from_the_environment(s3, aws_home, monkeypatch):
 
 
 def test_a_named_profile_from_the_config_or_aws_profile(s3, aws_home, monkeypatch):
-    creds = private(aws_home / "credentials", f"[default]\naws_access_key_id = {ACCESS_KEY}\n"
+    creds = awsenv.private(aws_home / "credentials", f"[default]\naws_access_key_id = {ACCESS_KEY}\n"
                     "aws_secret_access_key = wrong\n"
                     f"[fleet]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n")
     round_trip(s3, credentials_file=creds, profile="fleet")
@@ -69,5 +60,5 @@ def test_credential_process_in_the_config_file(s3, aws_home):
     process.write_text(PROCESS.format(json=json.dumps({"Version": 1, "AccessKeyId": ACCESS_KEY,
                                                        "SecretAccessKey": SECRET_KEY})))
     process.chmod(0o700)
-    config = private(aws_home / "config", f"[profile fleet]\ncredential_process = {process}\n")
+    config = awsenv.private(aws_home / "config", f"[profile fleet]\ncredential_process = {process}\n")
     round_trip(s3, config_file=config, profile="fleet")

@@ -11,6 +11,7 @@ import pytest
 
 from corehandler.config import UploadConfig
 from corehandler.fleet import bucket
+from support import awsenv
 
 moto = pytest.importorskip("moto", reason="moto is a test dependency (scripts/pip/test.txt)")
 
@@ -19,20 +20,8 @@ ROLE = "arn:aws:iam::123456789012:role/corehandler-upload"
 
 @pytest.fixture
 def aws_home(tmp_path, monkeypatch):
-    """No AWS setting of the host's or the shell's reaches the chain."""
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ROLE_ARN",
-                 "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE",
-                 "AWS_DEFAULT_REGION"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    return tmp_path
+    return awsenv.isolate(monkeypatch, tmp_path)
 
-
-def private(path, text: str):
-    path.write_text(text)
-    path.chmod(0o600)
-    return str(path)
 
 
 def used_key(client) -> str:
@@ -41,9 +30,10 @@ def used_key(client) -> str:
 
 
 def test_a_profile_with_role_arn_and_source_profile_assumes_the_role(aws_home):
-    creds = private(aws_home / "credentials", "[base]\naws_access_key_id = AKIABASE\naws_secret_access_key = s\n")
-    config = private(aws_home / "config", f"[profile upload]\nrole_arn = {ROLE}\nsource_profile = base\n"
-                                          "region = us-east-1\n")
+    creds = awsenv.private(aws_home / "credentials",
+                           "[base]\naws_access_key_id = AKIABASE\naws_secret_access_key = s\n")
+    config = awsenv.private(aws_home / "config",
+                            f"[profile upload]\nrole_arn = {ROLE}\nsource_profile = base\nregion = us-east-1\n")
     cfg = UploadConfig.model_validate({"url": "s3://fleet-role", "credentials_file": creds, "config_file": config,
                                        "profile": "upload"})
     with moto.mock_aws():
