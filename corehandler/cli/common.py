@@ -108,15 +108,15 @@ def load(args: argparse.Namespace) -> tuple[Config, Paths]:
 
 
 def emit(args: argparse.Namespace, data, human: str) -> None:
-    """The result as JSON under --json (one line with --json=short), else the human text; on a terminal
-    through the pager."""
+    """The result as JSON under --json (one line with --json=short), else the human text; through the pager on
+    a terminal for the verbs that show dumps (their parser's `pager` default: list, info)."""
     if args.json in ("pretty", "short"):
         text = json.dumps(data, indent=2 if args.json == "pretty" else None, default=str,
                           separators=None if args.json == "pretty" else (",", ":"))
     else:
         text = human
     if text:
-        pager.show(text, args.no_pager)
+        pager.show(text, args.no_pager or not getattr(args, "pager", False))
 
 
 def table(rows: list[tuple[str, ...]], legend: bool = True) -> str:

@@ -40,11 +40,13 @@ def register(commands) -> None:
     add_match_options(p)
     _add_reverse(p)
     crashview.add_list_options(p)
+    p.set_defaults(pager=True)
 
     p = commands.add("info", run_info, help="everything known about matching dumps (without MATCH: the newest "
                      "dump); exits 6 if a stored file is corrupt")
     add_match_options(p)
     _add_reverse(p)
+    p.set_defaults(pager=True)
     p.add_argument("--no-verify", action="store_true", help="skip decompressing the stored file to check it")
     crashview.add_info_options(p)
 

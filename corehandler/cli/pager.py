@@ -1,7 +1,10 @@
 """A pager for what the CLI prints on a terminal, chosen as systemd's tools choose one (coredumpctl,
 journalctl; systemd's src/shared/pager.c): $SYSTEMD_PAGER, else $PAGER, else less, else more; "" or "cat"
 means none. less gets $SYSTEMD_LESS as its LESS (default FRSXMK: quit if one screen, raw colours, chop long
-lines, no init, long prompt, quit on Ctrl-C). Never when --no-pager is given or stdout is not a terminal.
+lines, no init, long prompt, quit on Ctrl-C). Never when --no-pager is given, stdout is not a terminal, or the
+terminal is dumb ($TERM unset or "dumb", as systemd checks): a maintainer script under apt has a terminal of
+sorts, and a pager there would wait for a key nobody presses. Only the verbs that show dumps page
+(cli/common.emit's `pager` default, set by list and info).
 """
 
 from __future__ import annotations
@@ -30,9 +33,13 @@ def command(environ: os._Environ | dict = os.environ) -> list[str] | None:
     return None
 
 
+def _dumb_terminal() -> bool:
+    return os.environ.get("TERM", "dumb") in ("", "dumb")
+
+
 def show(text: str, no_pager: bool = False) -> None:
     """Prints text (a newline added), through the pager when stdout is a terminal."""
-    argv = None if no_pager or not sys.stdout.isatty() else command()
+    argv = None if no_pager or not sys.stdout.isatty() or _dumb_terminal() else command()
     if argv is None:
         print(text)
         return

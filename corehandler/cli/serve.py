@@ -34,7 +34,7 @@ def register(commands) -> None:
 def observers_for(config, paths, store_limit) -> tuple[list, list[str]]:
     """The journald and Prometheus observers the config asks for, and the problems met setting them up that
     must not stop ingest (a metrics port taken). store_limit() is the current max_use in bytes."""
-    observers, problems = [SystemdNotifier()], []
+    observers, problems = [], []
     if config.journal.enabled:
         observers.append(JournalObserver())
     if config.metrics.enabled or config.metrics.textfile:
@@ -95,6 +95,7 @@ def run_serve(args: argparse.Namespace) -> int:
     daemon = Daemon(settings_from_config(config, paths, sweep_interval=args.sweep_interval), (), reload,
                     handle_signals=True)
     observers, problems = observers_for(config, paths, lambda: daemon.settings.policy.max_use)
+    daemon.observers.append(SystemdNotifier())  # READY once run() holds the state dir; the watchdog after
     daemon.observers.extend(observers)
     daemon.observers.append(uploader)
     for problem in problems:

@@ -185,6 +185,7 @@ def test_pager_on_a_terminal_as_systemd_chooses_it(filled, tmp_path):
     pager.write_text(PAGER.format(out=out))
     pager.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in ("PAGER", "SYSTEMD_PAGER", "SYSTEMD_LESS", "LESS")}
+    env["TERM"] = "xterm"
     on_terminal(filled, ["list"], dict(env, PAGER=str(pager)))
     first, *table = out.read_text().splitlines()
     assert first == "LESS=FRSXMK" and pids("\n".join(table)) == [6001, 6002, 6003]
@@ -199,6 +200,13 @@ def test_pager_on_a_terminal_as_systemd_chooses_it(filled, tmp_path):
                         (["list"], {"PAGER": ""})):
         shown = on_terminal(filled, argv, dict(env, **extra))
         assert "alpha" in shown and not out.exists(), (argv, extra)
+    # A dumb terminal (apt runs maintainer scripts on one), or a verb that does not show dumps: no pager either,
+    # so `corehandler install` in a postinst never waits for a key.
+    for argv, extra in ((["list"], {"TERM": "dumb"}), (["config", "show"], {})):
+        shown = on_terminal(filled, argv, dict(env, PAGER=str(pager), **extra))
+        assert shown and not out.exists(), (argv, extra)
+    env_without_term = {k: v for k, v in env.items() if k != "TERM"}
+    assert "alpha" in on_terminal(filled, ["list"], dict(env_without_term, PAGER=str(pager))) and not out.exists()
     # Not a terminal: never a pager.
     assert pids(cli(filled, "list", env=dict(env, PAGER=str(pager))).stdout) == [6001, 6002, 6003]
     assert not out.exists()

@@ -47,3 +47,38 @@ def test_without_systemd_it_says_nothing(tmp_path, monkeypatch):
     notifier.on_state(0, 0, 0)
     notifier.close()
     assert "NOTIFY_SOCKET" not in os.environ
+
+
+def test_serve_tells_systemd(tmp_path):
+    """`corehandler serve`, as corehandler.service runs it (Type=notify), says READY and then STOPPING on TERM."""
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "notify"
+    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    receiver.bind(str(path))
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "corehandler.toml").write_text("[metrics]\nenabled = false\n[journal]\nenabled = false\n")
+    env = dict(os.environ, NOTIFY_SOCKET=str(path))
+    daemon = subprocess.Popen([sys.executable, "-P", "-m", "corehandler", "--config-dir", str(tmp_path / "etc"),
+                               "--state-dir", str(tmp_path / "state"), "serve"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        receiver.settimeout(60)
+        assert receiver.recv(4096) == b"READY=1\nSTATUS=Watching the spool"
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(timeout=60) == 0, daemon.stderr.read()
+        receiver.setblocking(False)
+        last = []
+        while True:
+            try:
+                last.append(receiver.recv(4096))
+            except BlockingIOError:
+                break
+        assert last[-1] == b"STOPPING=1"
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+        daemon.stderr.close()
+        receiver.close()
