@@ -34,6 +34,9 @@ class SystemdNotifier(Quiet):
     def on_ingested(self, record: Mapping[str, Any], stored: Stored) -> None:
         notify("WATCHDOG=1")
 
+    def on_stored(self, record: Mapping[str, Any], stored: Stored) -> None:
+        notify("WATCHDOG=1")
+
     def on_deleted(self, dump_id: str, exe: str | None, rule: str, freed_bytes: int) -> None:
         notify("WATCHDOG=1")
 

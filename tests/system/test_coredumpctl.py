@@ -17,6 +17,7 @@ import pytest
 
 from corehandler import paths
 from corehandler.daemon import Settings
+from corehandler.observe import journal
 from corehandler.observe.observer import Quiet
 from support import cbuild
 from support.daemon_harness import Running
@@ -45,6 +46,10 @@ class ToJournald(Quiet):
 
     def on_ingested(self, record, stored):
         self.client.call("on_ingested", record, stored)
+        self.sent += stored["status"] != "compressing"  # else on_stored brings the final entry
+
+    def on_stored(self, record, stored):
+        self.client.call("on_stored", record, stored)
         self.sent += 1
 
 
@@ -75,7 +80,7 @@ def ingested():
         with Running(Settings(state, threads=1, sweep_interval=3600), [forward]):
             wait_for(lambda: forward.sent == 3, timeout=60, what="three dumps ingested")
         assert forward.client.close() == 0 and forward.client.stderr() == ""
-        journald.wait_for("SYSLOG_IDENTIFIER=corehandler", count=3)
+        journald.wait_for(f"MESSAGE_ID={journal.MESSAGE_ID_COREDUMP}", count=3)
         yield base, journald, raw
     finally:
         journald.close()
