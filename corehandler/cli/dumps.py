@@ -142,7 +142,7 @@ def _time(ts: float) -> str:
 
 def _json(d: Dump, state: str, problem: str | None, **extra) -> dict:
     """A dump as --json prints it: every index column, names as the process's bytes (invalid UTF-8 as lone
-    surrogates, which json.dumps writes as \udcXX escapes: the spool record's convention), the status the
+    surrogates, which json.dumps writes as \\udcXX escapes: the spool record's convention), the status the
     text shows (corrupt once a check of the stored file failed), and the keys of `coredumpctl --json list` (time
     in µs, sig, size: the stored file's bytes) for scripts written for it."""
     return dict(d.summary(), status=_status(d, state), corefile=state, corefile_problem=problem,
