@@ -204,7 +204,11 @@ def test_install_crash_remove_purge(deb, clean_host, tmp_path_factory):
         assert "SUCCESS" in run("promtool", "check", "rules",
                                 "/usr/share/corehandler/prometheus/corehandler-alerts.yml").stdout
     security = run("systemd-analyze", "security", "--offline=yes", "--threshold=20", unit, timeout=60)
-    assert "Overall exposure level for corehandler.service: 1." in security.stdout
+    exposure = re.search(r"Overall exposure level for corehandler.service: ([0-9.]+)", security.stdout)
+    # 1.9 before the analyser's jail; the daemon now keeps what building it takes (CAP_SYS_ADMIN for its mount
+    # namespace, CAP_SETUID/SETGID/SYS_CHROOT to enter it as corehandler-analysis, @mount), so the unwinder of
+    # hostile cores runs as nobody of ours. Still below systemd-coredump@.service's 4.5.
+    assert exposure and float(exposure.group(1)) <= 3.0, security.stdout
 
     # -- the daemon, started by the non-systemd path --------------------------------------------------------
     assert not Path("/run/systemd/system").exists(), "this test is for hosts where systemd is not PID 1"
