@@ -216,6 +216,15 @@ def _host_name(value) -> str:
     return value
 
 
+def _age_recipients(value) -> list:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError("must be a list of age public keys (age1...)")
+    from corehandler.fleet import seal  # pyrage loads only for a config that names keys
+
+    seal.recipients(value)
+    return [v.strip() for v in value]
+
+
 def loopback_url(url: str) -> bool:
     """Whether an http(s) URL names a loopback address (127.0.0.0/8, ::1, localhost)."""
     host = re.sub(r"^[a-z]+://", "", url).split("/", 1)[0].rsplit("@", 1)[-1]
@@ -253,6 +262,9 @@ class UploadConfig(_Section):
                                                "metadata = the sidecar only")
     send_environ: bool = Field(False, description="include the environment capture.collect_environ kept")
     send_maps: bool = Field(False, description="include the maps capture.collect_maps kept")
+    recipients: Annotated[list[str], BeforeValidator(_age_recipients)] = Field(
+        [], description="age X25519 public keys (age1...) the core and the sidecar's command line, environment, "
+                        "maps and annotations are encrypted to before they leave the host; [] = sent in clear")
     host: Annotated[str, BeforeValidator(_host_name)] = Field(
         "", description="this host's name in object keys; \"\" = the machine's host name")
     bandwidth_limit: Size() = Field(0, description="most bytes per second an upload may send; 0 = no limit")

@@ -12,7 +12,7 @@ from pathlib import Path
 from corehandler.cli.common import emit, load, table, write_output
 from corehandler.cli.progress import Progress
 from corehandler.errors import NoMatchError, UsageError
-from corehandler.fleet import bucket, reader
+from corehandler.fleet import bucket, reader, seal
 from corehandler.printable import display
 from corehandler.units import human_size
 
@@ -37,6 +37,8 @@ def register(commands) -> None:
     info.set_defaults(handler=run_info)
     info.add_argument("id", metavar="ID")
     info.add_argument("--host", default=None, metavar="HOST", help="the host, when the id is on several")
+    info.add_argument("--identity", type=Path, metavar="FILE", help="age identity file: show the sealed "
+                      "fields (command line, environment, maps) of an encrypted sidecar")
 
     get = sub.add_parser("get", parents=[common], help="download a dump's core, verified, decompressed")
     get.set_defaults(handler=run_get)
@@ -44,6 +46,8 @@ def register(commands) -> None:
     get.add_argument("--host", default=None, metavar="HOST", help="the host, when the id is on several")
     get.add_argument("-o", "--output", type=Path, metavar="FILE", help="write here (default: stdout, if not "
                      "a terminal)")
+    get.add_argument("--identity", type=Path, metavar="FILE", help="age identity file (age-keygen's) that "
+                     "opens an encrypted core: one of [upload] recipients when it went up")
 
 
 def _usage(args: argparse.Namespace) -> int:
@@ -108,8 +112,11 @@ def _cache(target, endpoint: str, state_dir: Path) -> "reader.SidecarCache | Non
 
 
 def run_info(args: argparse.Namespace) -> int:
+    identities = seal.load_identities(args.identity) if args.identity else None
     client, target, _ = _open(args)
     sc = reader.find(client, target, args.id, args.host)
+    if identities:
+        sc = seal.unseal(sc, identities)
     if args.json:
         emit(args, sc, "")
         return 0
@@ -124,6 +131,10 @@ def run_info(args: argparse.Namespace) -> int:
                                f"{human_size(core['raw_bytes'] or 0)} decompressed)" if core else
                                f"none (budget: {display(sc.get('budget'))})"),
              f"Sidecar:   s3://{target.bucket}/{display(sc['_key'])}"]
+    if sc.get("recipients"):
+        sealed = (sc.get("sealed") or {}).get("fields")
+        lines.append(f"Encrypted: age, to {len(sc['recipients'])} recipient(s)" +
+                     (f"; sealed: {', '.join(sealed)} (--identity FILE shows them)" if sealed else ""))
     threads = (sc.get("analysis") or {}).get("threads") or []
     crashing = next((t for t in threads if t.get("crashing")), threads[0] if threads else None)
     if crashing:
@@ -136,6 +147,8 @@ def run_info(args: argparse.Namespace) -> int:
 
 
 def run_get(args: argparse.Namespace) -> int:
+    # Before anything is written: a missing or unreadable identity leaves no file behind.
+    identities = seal.load_identities(args.identity) if args.identity else None
     client, target, _ = _open(args)
     sc = reader.find(client, target, args.id, args.host)
     core = sc.get("core") or {}
@@ -144,7 +157,8 @@ def run_get(args: argparse.Namespace) -> int:
     def write(out) -> None:
         # One bar over both steps: the download, then the decompression.
         with Progress((core.get("bytes") or 0) + (core.get("raw_bytes") or 0), sc["id"]) as progress:
-            reader.fetch_core(client, target, sc, output=out, progress=progress, workdir=workdir)
+            reader.fetch_core(client, target, sc, output=out, progress=progress, workdir=workdir,
+                              identities=identities)
 
     write_output(args.output, write)
     print(f"wrote {display(sc['id'])} from {display(sc['host'])} ({human_size(core.get('raw_bytes') or 0)}) to "

@@ -64,28 +64,63 @@ class Digests:
 
 
 
+class Digester:
+    """The SHA-256 of a stream and of each part_size part of it, as S3 checksums a (multipart) upload, fed
+    in order by update()."""
+
+    def __init__(self, part_size: int):
+        self.part_size = part_size
+        self._full, self._part = hashlib.sha256(), hashlib.sha256()
+        self._parts: list[bytes] = []
+        self._in_part = 0
+        self.size = 0
+
+    def update(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            take = min(len(view), self.part_size - self._in_part)
+            self._part.update(view[:take])
+            self._in_part += take
+            view = view[take:]
+            if self._in_part == self.part_size:
+                self._parts.append(self._part.digest())
+                self._part, self._in_part = hashlib.sha256(), 0
+        self._full.update(data)
+        self.size += len(data)
+
+    def result(self) -> Digests:
+        parts = self._parts + ([self._part.digest()] if self._in_part else [])
+        composite = base64.b64encode(hashlib.sha256(b"".join(parts)).digest()).decode() + f"-{len(parts)}"
+        return Digests(self.size, self._full.hexdigest(), base64.b64encode(self._full.digest()).decode(),
+                       composite)
+
+
+class DigestingReader:
+    """A readable stream that digests what is read through it (the object as it goes up)."""
+
+    def __init__(self, raw, part_size: int):
+        self._raw = raw
+        self.digester = Digester(part_size)
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._raw.read(n)
+        self.digester.update(data)
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+
 def digests(path: Path, part_size: int) -> Digests:
     """One read of the file: its SHA-256 and the checksum S3 reports for it sent in parts of part_size."""
-    full, parts, size = hashlib.sha256(), [], 0
+    digester = Digester(part_size)
     with open(path, "rb") as f:
-        while True:
-            part = hashlib.sha256()
-            left = part_size
-            while left:
-                chunk = f.read(min(CHUNK, left))
-                if not chunk:
-                    break
-                part.update(chunk)
-                full.update(chunk)
-                left -= len(chunk)
-                size += len(chunk)
-            if left == part_size:
-                break
-            parts.append(part.digest())
-            if left:
-                break
-    composite = base64.b64encode(hashlib.sha256(b"".join(parts)).digest()).decode() + f"-{len(parts)}"
-    return Digests(size, full.hexdigest(), base64.b64encode(full.digest()).decode(), composite)
+        while chunk := f.read(CHUNK):
+            digester.update(chunk)
+    return digester.result()
 
 
 

@@ -21,7 +21,7 @@ from typing import BinaryIO, Callable, Iterable
 
 from corehandler import paths
 from corehandler.errors import CorehandlerError, NoMatchError
-from corehandler.fleet import bucket
+from corehandler.fleet import bucket, seal
 from corehandler.fleet.bucket import BucketError, Target
 from corehandler.store import compress
 
@@ -203,19 +203,26 @@ def find(client, target: Target, dump_id: str, host: str | None = None) -> dict:
 
 
 def fetch_core(client, target: Target, sc: dict, *, output: BinaryIO, progress: Callable[[int], None] | None = None,
-               workdir: Path | None = None) -> int:
-    """Downloads the dump's core into a private temp file, checks its SHA-256 against the sidecar's, then
-    writes it decompressed to output and checks the original bytes' size and SHA-256. Returns the size.
-    progress(n) hears of the bytes downloaded, then of those decompressed."""
+               workdir: Path | None = None, identities: list | None = None) -> int:
+    """Downloads the dump's core into a private temp file and checks its SHA-256 against the sidecar's; an
+    encrypted core is then decrypted with `identities` into a second one; last it is written decompressed to
+    output, checking the original bytes' size and SHA-256. Returns the size. progress(n) hears of the bytes
+    downloaded, then of those decompressed."""
     core = sc.get("core")
     if not core:
         raise NoMatchError(f"{sc.get('id')} has no core in the bucket (budget: {sc.get('budget')}, "
                            f"upload.send: metadata?); its sidecar is all there is")
+    where = f"s3://{target.bucket}/{core['key']}"
+    encrypted = core.get("encryption") == "age"
+    if encrypted and not identities:
+        raise seal.IdentityError(f"{where} is encrypted (age, to {', '.join(sc.get('recipients') or ['?'])}): "
+                                 "pass --identity FILE")
     suffix = ".zst" if core.get("compression") == "zstd" else ".core"
-    fd, tmp = tempfile.mkstemp(prefix=".corehandler-fleet-", suffix=suffix, dir=workdir)
+    temps = []
     try:
+        temps.append(_temp(workdir, suffix))
         digest = hashlib.sha256()
-        with os.fdopen(fd, "wb") as f:
+        with open(temps[-1], "wb") as f:
             resp = _call(client.get_object, Bucket=target.bucket, Key=core["key"])
             for chunk in resp["Body"].iter_chunks(CHUNK):
                 digest.update(chunk)
@@ -223,15 +230,26 @@ def fetch_core(client, target: Target, sc: dict, *, output: BinaryIO, progress: 
                 if progress:
                     progress(len(chunk))
         if digest.hexdigest() != core.get("object_sha256"):
-            raise FleetCorruptError(f"s3://{target.bucket}/{core['key']} has sha256 {digest.hexdigest()}, its "
+            raise FleetCorruptError(f"{where} has sha256 {digest.hexdigest()}, its "
                                     f"sidecar says {core.get('object_sha256')}: the object is corrupt")
+        if encrypted:
+            temps.append(_temp(workdir, suffix))
+            with open(temps[-1], "wb") as f:
+                seal.decrypt_file(temps[0], f, identities, what=where)
         try:
-            size, raw = compress.decompress_to(Path(tmp), output, progress)
+            size, raw = compress.decompress_to(temps[-1], output, progress)
         except compress.VerifyError as e:
-            raise FleetCorruptError(f"s3://{target.bucket}/{core['key']}: {e}") from None
+            raise FleetCorruptError(f"{where}: {e}") from None
         if size != core.get("raw_bytes") or (core.get("raw_sha256") and raw != core["raw_sha256"]):
-            raise FleetCorruptError(f"s3://{target.bucket}/{core['key']} decompresses to {size} bytes with sha256 "
+            raise FleetCorruptError(f"{where} decompresses to {size} bytes with sha256 "
                                     f"{raw}, its sidecar says {core.get('raw_bytes')} with {core.get('raw_sha256')}")
         return size
     finally:
-        os.unlink(tmp)
+        for tmp in temps:
+            os.unlink(tmp)
+
+
+def _temp(workdir: Path | None, suffix: str) -> Path:
+    fd, tmp = tempfile.mkstemp(prefix=".corehandler-fleet-", suffix=suffix, dir=workdir)
+    os.close(fd)
+    return Path(tmp)

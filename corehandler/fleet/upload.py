@@ -35,9 +35,10 @@ from pathlib import Path
 
 from corehandler import paths, spool
 from corehandler.errors import CorehandlerError
-from corehandler.fleet import bucket
+from corehandler.fleet import bucket, seal
 from corehandler.fleet.bucket import BucketError, Target
 from corehandler.fleet.payload import (
+    DigestingReader,
     check_object,
     digests,
     fallback_signature,
@@ -88,6 +89,7 @@ class Uploader(Quiet):
         self.config = config          # the [upload] section
         self.state_dir = Path(state_dir)
         self.target: Target | None = bucket.target(config) if config.url else None  # None: uploads are off
+        self._recipients = seal.recipients(config.recipients)
         self._client_factory = client_factory or (lambda: bucket.client(self.config,
                                                                         pool=max(16, self.config.concurrency)))
         self._reconfigured = None   # a reloaded [upload] section, for the thread to take between two uploads
@@ -144,6 +146,7 @@ class Uploader(Quiet):
                 return False
             self.config = config
         self.target = bucket.target(config) if config.url else None
+        self._recipients = seal.recipients(config.recipients)
         self._client = None
         self._conditional_ok = None
         self._aborted_stale = False
@@ -305,9 +308,12 @@ class Uploader(Quiet):
             core = self._send_core(dump, path)
             sent += core["bytes"] if core.pop("sent") else 0
             _pause("core_sent")
-        body = json.dumps(sidecar(dump, host=self.target.host, core=core, budget=budget, analysis=analysis,
-                                  signature=signature, environ=cfg.send_environ, maps=cfg.send_maps),
-                          ensure_ascii=True, sort_keys=True, default=str).encode()
+        doc = sidecar(dump, host=self.target.host, core=core, budget=budget, analysis=analysis,
+                      signature=signature, environ=cfg.send_environ, maps=cfg.send_maps)
+        if self._recipients:
+            doc = seal.seal(doc, self._recipients)
+            doc["recipients"] = list(cfg.recipients)
+        body = json.dumps(doc, ensure_ascii=True, sort_keys=True, default=str).encode()
         self._client.put_object(Bucket=self.target.bucket, Key=self._key(dump, bucket.SIDECAR_SUFFIX), Body=body,
                                 ContentType="application/json", ChecksumAlgorithm="SHA256", **self._sse())
         return sent + len(body), core["key"] if core else None, budget
@@ -321,6 +327,8 @@ class Uploader(Quiet):
         return extra
 
     def _send_core(self, dump, path: Path) -> dict:
+        if self._recipients:
+            return self._send_sealed_core(dump, path)
         suffix = ".zst" if path.name.endswith(".zst") else ".core"
         key = self._key(dump, suffix)
         size = path.stat().st_size
@@ -331,15 +339,33 @@ class Uploader(Quiet):
             head = self._head(key)  # an attempt a kill interrupted after the core went up: not sent twice
             sent = head is None or check_object(head, digesting.result(), multipart=multipart) is not None
             if sent:
-                self._transfer(path, key)
+                self._transfer(str(path), key)
                 head = self._head(key)
             expect = digesting.result()
+        return self._verified(dump, key, head, expect, multipart=multipart, sent=sent)
+
+    def _send_sealed_core(self, dump, path: Path) -> dict:
+        """The core encrypted on its way out (age, to every recipient), digested as it goes: what is checked
+        against the bucket is the ciphertext, which only this attempt knows (age is randomised), so an attempt
+        a kill interrupted sends it again."""
+        key = self._key(dump, (".zst" if path.name.endswith(".zst") else ".core") + seal.SUFFIX)
+        part = transfer_part_size(self.config.part_size, seal.encrypted_size_bound(path.stat().st_size))
+        with seal.EncryptingReader(path, self._recipients) as encrypted:
+            stream = DigestingReader(encrypted, part)
+            self._transfer(stream, key, part)
+        expect = stream.digester.result()
+        return self._verified(dump, key, self._head(key), expect, multipart=expect.size > part, sent=True,
+                              encryption="age")
+
+    def _verified(self, dump, key: str, head: dict | None, expect, *, multipart: bool, sent: bool,
+                  encryption: str | None = None) -> dict:
         problem = check_object(head or {}, expect, multipart=multipart)
         if problem:
             raise BucketError(f"the core of {dump.id} in the bucket does not match the store's: {problem}", "server")
-        return {"key": key, "bytes": size, "object_sha256": expect.sha256, "raw_bytes": dump.raw_bytes,
-                "raw_sha256": dump.sha256, "compression": "zstd" if suffix == ".zst" else None,
-                "verified": "sha256" if head.get("ChecksumSHA256") else "size", "sent": sent}
+        return {"key": key, "bytes": expect.size, "object_sha256": expect.sha256, "raw_bytes": dump.raw_bytes,
+                "raw_sha256": dump.sha256, "compression": "zstd" if ".zst" in key.rsplit("/", 1)[-1] else None,
+                "encryption": encryption, "verified": "sha256" if head.get("ChecksumSHA256") else "size",
+                "sent": sent}
 
     def _head(self, key: str) -> dict | None:
         from botocore.exceptions import ClientError
@@ -351,16 +377,21 @@ class Uploader(Quiet):
                 return None
             raise
 
-    def _transfer(self, path: Path, key: str) -> None:
+    def _transfer(self, source, key: str, part_size: int | None = None) -> None:
+        """Sends a file (by name) or a stream (a readable object, in parts of part_size as it is read: at most
+        `concurrency` parts in memory)."""
         from s3transfer.manager import TransferConfig, TransferManager
 
         cfg = self.config
-        tc = TransferConfig(multipart_threshold=cfg.part_size + 1, multipart_chunksize=cfg.part_size,
-                            max_request_concurrency=cfg.concurrency, max_bandwidth=cfg.bandwidth_limit or None)
-        extra = {"ChecksumAlgorithm": "SHA256", "ContentType": "application/zstd", **self._sse()}
+        part_size = part_size or cfg.part_size
+        tc = TransferConfig(multipart_threshold=part_size + 1, multipart_chunksize=part_size,
+                            max_request_concurrency=cfg.concurrency, max_bandwidth=cfg.bandwidth_limit or None,
+                            max_in_memory_upload_chunks=cfg.concurrency)
+        content_type = "application/zstd" if isinstance(source, str) else "application/octet-stream"
+        extra = {"ChecksumAlgorithm": "SHA256", "ContentType": content_type, **self._sse()}
         manager = TransferManager(self._client, tc)
         try:
-            future = manager.upload(str(path), self.target.bucket, key, extra_args=extra)
+            future = manager.upload(source, self.target.bucket, key, extra_args=extra)
             while not future.done():
                 if self._stop.wait(0.2):
                     future.cancel()  # s3transfer aborts the multipart upload it started

@@ -1,0 +1,179 @@
+"""age encryption of what leaves the host: the core as a stream, the sidecar's sensitive fields as one blob.
+
+Hosts hold public keys only (`[upload] recipients`, age X25519); whoever reads the bucket without an identity
+sees what the fleet view groups by (host, time, exe, signal, signature, sizes, analysis) and nothing of the
+process's memory, command line, environment or maps. Objects are plain age files: `age -d -i KEY` opens them.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import threading
+from pathlib import Path
+from typing import BinaryIO
+
+from corehandler.errors import EXIT_PERMISSION, CorehandlerError
+
+SUFFIX = ".age"
+# The sidecar's fields that hold what the process chose or kept in memory (docs/design.md, "Fleet").
+SENSITIVE = (("index", "cmdline"), ("record", "proc", "cmdline"), ("record", "proc", "environ"),
+             ("record", "proc", "maps"), ("record", "container", "annotations"))
+# age's payload: 64 KiB plaintext chunks, each with a 16-byte tag; the header grows with the recipients.
+_CHUNK, _TAG, _HEADER_MAX = 64 << 10, 16, 128 + 256
+
+
+class IdentityError(CorehandlerError):
+    """No identity given opens this object, or the identity file is unusable."""
+
+    exit_code = EXIT_PERMISSION
+
+
+def recipients(texts) -> list:
+    """The pyrage recipients of age X25519 public keys ("age1..."); ValueError names a bad one."""
+    from pyrage import x25519
+
+    out = []
+    for text in texts:
+        if text.strip().upper().startswith("AGE-SECRET-KEY-"):
+            # Not echoed: the message goes to logs.
+            raise ValueError("holds a private key (AGE-SECRET-KEY-...): hosts hold only public keys (age1...)")
+        try:
+            out.append(x25519.Recipient.from_str(text.strip()))
+        except Exception:
+            raise ValueError(f"{text!r} is not an age X25519 public key (age1...)") from None
+    return out
+
+
+def load_identities(path: Path) -> list:
+    """The identities of an age identity file (`age-keygen` output: AGE-SECRET-KEY-1... lines, # comments)."""
+    from pyrage import x25519
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise IdentityError(f"identity file {path}: {getattr(e, 'strerror', None) or e}") from None
+    found = []
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            found.append(x25519.Identity.from_str(line))
+        except Exception:
+            raise IdentityError(f"identity file {path}, line {n}: not an age X25519 identity "
+                                "(AGE-SECRET-KEY-1...)") from None
+    if not found:
+        raise IdentityError(f"identity file {path} holds no age identity")
+    return found
+
+
+def encrypted_size_bound(size: int) -> int:
+    """At most how many bytes the age file of `size` plaintext bytes takes (for choosing a part size)."""
+    return size + _TAG * (size // _CHUNK + 1) + _HEADER_MAX * 8
+
+
+class EncryptingReader:
+    """A readable stream of the age encryption of a file, made by a thread as it is read (never the whole
+    core in memory: a pipe's worth). It fails loudly rather than end early: a read error of the source or
+    of the encryption is raised by the read that would otherwise have seen a short stream."""
+
+    def __init__(self, path: Path, recipients: list):
+        import pyrage
+
+        self._src = open(path, "rb")
+        r, w = os.pipe()
+        self._out = os.fdopen(r, "rb", buffering=1 << 20)
+        self._sink = os.fdopen(w, "wb", buffering=0)
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                pyrage.encrypt_io(self._src, self._sink, recipients)
+            except BaseException as e:  # noqa: BLE001 (handed to the reading side)
+                self._error = e
+            finally:
+                try:
+                    self._sink.close()
+                except OSError:
+                    pass
+
+        self._thread = threading.Thread(target=run, name="age-encrypt", daemon=True)
+        self._thread.start()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._out.read(n)
+        if n is None or n < 0 or len(data) < n:
+            self._thread.join()
+            if self._error is not None:
+                raise OSError(f"encrypting the core failed: {self._error}") from self._error
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self._out.close()  # a writer still at work gets EPIPE and ends
+        self._thread.join()
+        self._src.close()
+
+    def __enter__(self) -> "EncryptingReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def decrypt_file(src: Path, out: BinaryIO, identities: list, *, what: str) -> None:
+    """Writes the plaintext of the age file src to out; IdentityError when no identity opens it."""
+    import pyrage
+
+    with open(src, "rb") as f:
+        try:
+            pyrage.decrypt_io(f, out, identities)
+        except pyrage.DecryptError as e:
+            raise IdentityError(f"{what}: cannot decrypt with the identities given ({e}); it was encrypted to "
+                                "other recipients ([upload] recipients when it went up)") from None
+
+
+def seal(sidecar: dict, recipients: list) -> dict:
+    """The sidecar with SENSITIVE fields moved into one age blob, `sealed: {fields, age}` (base64)."""
+    import pyrage
+
+    out = json.loads(json.dumps(sidecar, default=str))  # a deep copy the caller's dict does not share
+    taken = {}
+    for path in SENSITIVE:
+        parent = out
+        for part in path[:-1]:
+            parent = parent.get(part) if isinstance(parent, dict) else None
+        if isinstance(parent, dict) and path[-1] in parent:
+            taken[".".join(path)] = parent.pop(path[-1])
+    blob = pyrage.encrypt(json.dumps(taken, sort_keys=True).encode(), recipients)
+    out["sealed"] = {"fields": sorted(taken), "age": base64.b64encode(blob).decode()}
+    return out
+
+
+def unseal(sidecar: dict, identities: list) -> dict:
+    """The sidecar with its sealed fields back in place (a sidecar without any is returned as is)."""
+    import pyrage
+
+    sealed = sidecar.get("sealed")
+    if not sealed:
+        return sidecar
+    try:
+        taken = json.loads(pyrage.decrypt(base64.b64decode(sealed["age"]), identities))
+    except pyrage.DecryptError as e:
+        raise IdentityError(f"the sealed fields of {sidecar.get('id')}: cannot decrypt with the identities "
+                            f"given ({e})") from None
+    out = {k: v for k, v in sidecar.items() if k != "sealed"}
+    for dotted, value in taken.items():
+        parent = out
+        *head, last = dotted.split(".")
+        for part in head:
+            parent = parent.setdefault(part, {})
+        parent[last] = value
+    return out
