@@ -131,10 +131,10 @@ def run_info(args: argparse.Namespace) -> int:
                                f"{human_size(core['raw_bytes'] or 0)} decompressed)" if core else
                                f"none (budget: {display(sc.get('budget'))})"),
              f"Sidecar:   s3://{target.bucket}/{display(sc['_key'])}"]
-    if sc.get("recipients"):
-        sealed = (sc.get("sealed") or {}).get("fields")
-        lines.append(f"Encrypted: age, to {len(sc['recipients'])} recipient(s)" +
-                     (f"; sealed: {', '.join(sealed)} (--identity FILE shows them)" if sealed else ""))
+    if sc.get("sealed"):
+        sealed = sc["sealed"]
+        lines.append(f"Encrypted: age, to {len(sealed.get('recipients') or [])} recipient(s); sealed: "
+                     f"{', '.join(sealed.get('fields') or []) or 'nothing'} (--identity FILE shows them)")
     threads = (sc.get("analysis") or {}).get("threads") or []
     crashing = next((t for t in threads if t.get("crashing")), threads[0] if threads else None)
     if crashing:

@@ -215,7 +215,7 @@ def fetch_core(client, target: Target, sc: dict, *, output: BinaryIO, progress: 
     where = f"s3://{target.bucket}/{core['key']}"
     encrypted = core.get("encryption") == "age"
     if encrypted and not identities:
-        raise seal.IdentityError(f"{where} is encrypted (age, to {', '.join(sc.get('recipients') or ['?'])}): "
+        raise seal.IdentityError(f"{where} is encrypted (age, to {', '.join(core.get('recipients') or ['?'])}): "
                                  "pass --identity FILE")
     suffix = ".zst" if core.get("compression") == "zstd" else ".core"
     temps = []

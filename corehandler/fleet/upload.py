@@ -305,14 +305,20 @@ class Uploader(Quiet):
             send_core = budget != KEPT_BACK
         core, sent = None, 0
         if send_core:
-            core = self._send_core(dump, path)
-            sent += core["bytes"] if core.pop("sent") else 0
+            core = self._kept_core(store, dump.id)
+            if core is None:
+                core, head = self._send_core(dump, path)
+                sent += core["bytes"] if core.pop("sent") else 0
+                with store.db:  # kept: a retry finds it in the bucket and does not send it again
+                    store.db.execute("UPDATE uploads SET core = ? WHERE id = ?", (json.dumps(
+                        {"core": core, "size": head.get("ContentLength"), "checksum": head.get("ChecksumSHA256")}),
+                        dump.id))
             _pause("core_sent")
         doc = sidecar(dump, host=self.target.host, core=core, budget=budget, analysis=analysis,
                       signature=signature, environ=cfg.send_environ, maps=cfg.send_maps)
         if self._recipients:
             doc = seal.seal(doc, self._recipients)
-            doc["recipients"] = list(cfg.recipients)
+            doc["sealed"]["recipients"] = list(cfg.recipients)
         body = json.dumps(doc, ensure_ascii=True, sort_keys=True, default=str).encode()
         self._client.put_object(Bucket=self.target.bucket, Key=self._key(dump, bucket.SIDECAR_SUFFIX), Body=body,
                                 ContentType="application/json", ChecksumAlgorithm="SHA256", **self._sse())
@@ -326,7 +332,19 @@ class Uploader(Quiet):
             extra["SSEKMSKeyId"] = self.config.sse_kms_key_id
         return extra
 
-    def _send_core(self, dump, path: Path) -> dict:
+    def _kept_core(self, store: Store, dump_id: str) -> dict | None:
+        """The core an earlier attempt sent and verified, when the bucket still holds it unchanged."""
+        kept = store.db.execute("SELECT core FROM uploads WHERE id = ?", (dump_id,)).fetchone()
+        if not kept or not kept[0]:
+            return None
+        kept = json.loads(kept[0])
+        head = self._head(kept["core"]["key"])
+        if head is None or head.get("ContentLength") != kept["size"] or head.get("ChecksumSHA256") != kept["checksum"]:
+            return None
+        return kept["core"]
+
+    def _send_core(self, dump, path: Path) -> tuple[dict, dict]:
+        """The core in the bucket, verified: (its sidecar entry with "sent", the object's HEAD)."""
         if self._recipients:
             return self._send_sealed_core(dump, path)
         suffix = ".zst" if path.name.endswith(".zst") else ".core"
@@ -344,10 +362,10 @@ class Uploader(Quiet):
             expect = digesting.result()
         return self._verified(dump, key, head, expect, multipart=multipart, sent=sent)
 
-    def _send_sealed_core(self, dump, path: Path) -> dict:
+    def _send_sealed_core(self, dump, path: Path) -> tuple[dict, dict]:
         """The core encrypted on its way out (age, to every recipient), digested as it goes: what is checked
-        against the bucket is the ciphertext, which only this attempt knows (age is randomised), so an attempt
-        a kill interrupted sends it again."""
+        against the bucket is the ciphertext. age is randomised, so only the queue row's note of the verified
+        core (_kept_core) saves a retry from sending it again."""
         key = self._key(dump, (".zst" if path.name.endswith(".zst") else ".core") + seal.SUFFIX)
         part = transfer_part_size(self.config.part_size, seal.encrypted_size_bound(path.stat().st_size))
         with seal.EncryptingReader(path, self._recipients) as encrypted:
@@ -358,14 +376,17 @@ class Uploader(Quiet):
                               encryption="age")
 
     def _verified(self, dump, key: str, head: dict | None, expect, *, multipart: bool, sent: bool,
-                  encryption: str | None = None) -> dict:
+                  encryption: str | None = None) -> tuple[dict, dict]:
         problem = check_object(head or {}, expect, multipart=multipart)
         if problem:
             raise BucketError(f"the core of {dump.id} in the bucket does not match the store's: {problem}", "server")
-        return {"key": key, "bytes": expect.size, "object_sha256": expect.sha256, "raw_bytes": dump.raw_bytes,
+        core = {"key": key, "bytes": expect.size, "object_sha256": expect.sha256, "raw_bytes": dump.raw_bytes,
                 "raw_sha256": dump.sha256, "compression": "zstd" if ".zst" in key.rsplit("/", 1)[-1] else None,
                 "encryption": encryption, "verified": "sha256" if head.get("ChecksumSHA256") else "size",
                 "sent": sent}
+        if encryption:
+            core["recipients"] = list(self.config.recipients)
+        return core, head
 
     def _head(self, key: str) -> dict | None:
         from botocore.exceptions import ClientError

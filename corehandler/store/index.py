@@ -23,7 +23,8 @@ from corehandler.store.match import Filter
 # Every table of index.sqlite is spelled and migrated here, and nowhere else. 5: the analysis table is part
 # of the schema (before, the daemon made it at start); the upload queue's tables come with the first upload.
 # 7: records lose proc.oci_config (_SCRUB_OCI_CONFIG). 8: ingest_attempts (store/attempts.py).
-SCHEMA_VERSION = 8
+# 9: uploads.core, the verified core in the bucket (JSON), kept so a retry does not send it again.
+SCHEMA_VERSION = 9
 
 _SCHEMA_TABLE = """
 CREATE TABLE IF NOT EXISTS dumps (
@@ -81,7 +82,8 @@ _UPLOAD_TABLES = (
         core_key TEXT,
         sidecar_key TEXT,
         bytes INTEGER NOT NULL DEFAULT 0,
-        seconds REAL NOT NULL DEFAULT 0)""",
+        seconds REAL NOT NULL DEFAULT 0,
+        core TEXT)""",
     "CREATE INDEX IF NOT EXISTS uploads_due ON uploads (state, next_attempt)",
     # Failures by reason since the index began: a counter the metrics read at scrape time.
     "CREATE TABLE IF NOT EXISTS upload_failures (reason TEXT PRIMARY KEY, count INTEGER NOT NULL)",
@@ -225,6 +227,9 @@ class Store:
                 db.execute(_SCRUB_OCI_CONFIG)
             for statement in _SCHEMA_INDEXES:
                 db.execute(statement)
+            uploads = {row[1] for row in db.execute("PRAGMA table_info(uploads)")}
+            if uploads and "core" not in uploads:
+                db.execute("ALTER TABLE uploads ADD COLUMN core TEXT")
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             db.commit()
         except BaseException:

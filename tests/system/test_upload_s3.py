@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from pyrage import x25519
 
 from corehandler.config import UploadConfig
 from corehandler.errors import EXIT_SYSTEM
@@ -145,13 +146,17 @@ def test_daemon_sigkilled_mid_multipart_leaves_exactly_one_core_and_sidecar(tmp_
     assert sha_file(out_file) == record["_sha256"]
 
 
-def test_daemon_sigkilled_between_core_and_sidecar_does_not_send_the_core_twice(tmp_path, s3, feeder, csplice):
+@pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "age"])
+def test_daemon_sigkilled_between_core_and_sidecar_does_not_send_the_core_twice(tmp_path, s3, feeder, csplice,
+                                                                                encrypted):
     bucket = s3.new_bucket()
-    host = Host(tmp_path, s3, bucket)
+    recipients = [str(x25519.Identity.generate().to_public())] if encrypted else []
+    host = Host(tmp_path, s3, bucket, recipients=recipients)
     record = host.crash(feeder, csplice, size=2 << 20)
     proc = _rundaemon(host, pause="core_sent")
     try:
-        wait_for(lambda: len(dump_keys(s3, bucket, record["id"])) == 1, what="the core up", timeout=60)
+        wait_for(lambda: "Pausing at core_sent" in (host.root / "daemon.log").read_text(), what="the core up",
+                 timeout=60)
     finally:
         _kill(proc)
     (core_key,) = dump_keys(s3, bucket, record["id"])
@@ -159,11 +164,11 @@ def test_daemon_sigkilled_between_core_and_sidecar_does_not_send_the_core_twice(
     time.sleep(1.1)  # LastModified has whole seconds
     _run_until_done(host)
     keys = dump_keys(s3, bucket, record["id"])
-    assert [k.rsplit(".", 1)[1] for k in keys] == ["json", "zst"]
+    assert [k.split(".", 1)[1] for k in keys] == ["json", "zst.age" if encrypted else "zst"]
     assert s3.client().head_object(Bucket=bucket, Key=core_key)["LastModified"] == first  # not sent again
     with Store(host.state, readonly=True) as store:
-        attempts = store.db.execute("SELECT attempts FROM uploads").fetchone()[0]
-    assert attempts == 2
+        attempts, sent = store.db.execute("SELECT attempts, bytes FROM uploads").fetchone()
+    assert attempts == 2 and sent < 1 << 20  # the second attempt sent the sidecar only
 
 
 @pytest.mark.parametrize("fault,reason", [("wrong_credentials", "credentials"), ("missing_bucket", "bucket")])

@@ -63,7 +63,7 @@ def test_an_encrypted_dump_round_trips_through_s3_our_cli_and_the_age_tool(tmp_p
     sidecar = json.loads(raw_sidecar)
     assert "cmdline" not in sidecar["record"]["proc"] and "cmdline" not in sidecar["index"]
     assert "record.proc.cmdline" in sidecar["sealed"]["fields"]
-    assert sorted(sidecar["recipients"]) == sorted([pub1, pub2])
+    assert sorted(sidecar["sealed"]["recipients"]) == sorted(sidecar["core"]["recipients"]) == sorted([pub1, pub2])
     assert sidecar["index"]["comm"] == "feeder" and sidecar["signature"] and sidecar["core"]["encryption"] == "age"
     obj = tmp_path / "object.age"
     obj.write_bytes(s3.client().get_object(Bucket=bucket, Key=core_key)["Body"].read())
