@@ -1,5 +1,6 @@
-"""fleet: every host's dumps, from the bucket [upload] names: `fleet list [--group]`, `fleet info ID`,
-`fleet get ID -o FILE`. Reads sidecars only; needs no daemon and no database server."""
+"""fleet: every host's dumps, from the bucket [upload] names: `fleet list [--group]`, `fleet query SQL`,
+`fleet info ID`, `fleet get ID -o FILE [--identity FILE]`. Reads the bucket's index files and sidecars with an
+embedded engine; needs no daemon and no database server."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 from corehandler.cli.common import emit, load, table, write_output
 from corehandler.cli.progress import Progress
 from corehandler.errors import NoMatchError, UsageError
-from corehandler.fleet import bucket, reader, seal
+from corehandler.fleet import bucket, fleetview, reader, seal
 from corehandler.printable import display
 from corehandler.units import human_size
 
@@ -22,16 +23,24 @@ def register(commands) -> None:
     sub = p.add_subparsers(dest="fleet_command", metavar="VERB")
     common = commands.common()
 
-    lst = sub.add_parser("list", parents=[common], help="one row per dump (--group: per signature)")
+    days = argparse.ArgumentParser(add_help=False)
+    days.add_argument("--date", type=_date, default=None, metavar="YYYY-MM-DD",
+                      help="the (last) day, UTC (default today)")
+    days.add_argument("--days", type=int, default=1, metavar="N", help="N days ending at --date (default 1)")
+    days.add_argument("--host", action="append", default=[], metavar="HOST", help="only this host (repeatable)")
+    days.add_argument("--no-cache", action="store_true", help="read every index file and sidecar from the "
+                      "bucket, not the local cache of those read before (~/.cache/corehandler; as root the state "
+                      "dir's cache/)")
+
+    lst = sub.add_parser("list", parents=[common, days], help="one row per dump (--group: per signature)")
     lst.set_defaults(handler=run_list)
-    lst.add_argument("--date", type=_date, default=None, metavar="YYYY-MM-DD",
-                     help="the (last) day to list, UTC (default today)")
-    lst.add_argument("--days", type=int, default=1, metavar="N", help="list N days ending at --date (default 1)")
-    lst.add_argument("--host", action="append", default=[], metavar="HOST", help="only this host (repeatable)")
     lst.add_argument("--group", action="store_true", help="one row per signature: count, cores, hosts, "
                      "first and last seen")
-    lst.add_argument("--no-cache", action="store_true", help="read every sidecar from the bucket, not the "
-                     "local cache of those read before (~/.cache/corehandler; as root the state dir's cache/)")
+
+    query = sub.add_parser("query", parents=[common, days], help="SQL over the table `dumps` of those days "
+                           "(DuckDB; columns: docs/fleet-query.md)")
+    query.set_defaults(handler=run_query)
+    query.add_argument("sql", metavar="SQL", help="e.g. \"SELECT signature, count(*) FROM dumps GROUP BY 1\"")
 
     info = sub.add_parser("info", parents=[common], help="a dump's sidecar: record, index row, trace")
     info.set_defaults(handler=run_info)
@@ -51,7 +60,7 @@ def register(commands) -> None:
 
 
 def _usage(args: argparse.Namespace) -> int:
-    raise UsageError("fleet needs a verb: list, info or get")
+    raise UsageError("fleet needs a verb: list, query, info or get")
 
 
 def _date(text: str) -> dt.date:
@@ -71,35 +80,69 @@ def _when(ts: float | None) -> str:
     return "-" if ts is None else dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def run_list(args: argparse.Namespace) -> int:
+def _days(args: argparse.Namespace) -> list[dt.date]:
     if args.days < 1:
         raise UsageError("--days must be at least 1")
-    client, target, upload = _open(args)
     last = args.date or dt.datetime.now(dt.timezone.utc).date()
-    days = [last - dt.timedelta(days=n) for n in range(args.days - 1, -1, -1)]
+    return [last - dt.timedelta(days=n) for n in range(args.days - 1, -1, -1)]
+
+
+def _view(args: argparse.Namespace):
+    """The fleet view of the days asked for; each object left out is named on stderr."""
+    days = _days(args)
+    client, target, upload = _open(args)
     cache = None if args.no_cache else _cache(target, upload.endpoint, load(args)[1].state_dir)
     try:
-        sidecars = reader.list_sidecars(client, target, days, args.host, cache=cache)
+        view = fleetview.collect(client, target, days, args.host, cache=cache)
     finally:
         if cache:
             cache.close()
+    for why in view.skipped:
+        print(f"corehandler: skipped {display(why)}", file=sys.stderr)
+    return view, target, days
+
+
+def _text(value) -> str:
+    return "-" if value is None else display(str(value))
+
+
+def run_list(args: argparse.Namespace) -> int:
+    view, target, days = _view(args)
+    try:
+        con = view.connect()
+        columns, values = fleetview.rows(con, fleetview.GROUP_SQL if args.group else fleetview.LIST_SQL)
+    finally:
+        view.close()
+    found = fleetview.as_dicts(columns, values)
     if args.group:
-        groups = reader.group(sidecars)
         rows = [("COUNT", "CORES", "HOSTS", "FIRST (UTC)", "LAST (UTC)", "LATEST", "SIGNATURE")]
         rows += [(str(g["count"]), str(g["cores"]), str(len(g["hosts"])), _when(g["first_seen"]),
-                  _when(g["last_seen"]), display(g["latest"]) or "-", display(g["signature"]) or "-")
-                 for g in groups]
-        emit(args, groups, table(rows) if groups else "")
+                  _when(g["last_seen"]), _text(g["latest"]), _text(g["signature"])) for g in found]
     else:
-        found = [reader.row(s) for s in sidecars]
         rows = [("TIME (UTC)", "HOST", "ID", "CORE", "EXE")]
-        rows += [(_when(r["crashed_at"]), display(r["host"]) or "-", display(r["id"]) or "-",
-                  human_size(r["core_bytes"]) if r["core"] else "sidecar only", display(r["exe"] or r["comm"]) or "-")
-                 for r in found]
-        emit(args, found, table(rows) if found else "")
-    if not sidecars:
-        raise NoMatchError(f"no dumps in s3://{target.bucket}/{target.root()} for "
+        rows += [(_when(r["crashed_at"]), _text(r["host"]), _text(r["id"]),
+                  (human_size(r["core_bytes"] or 0) + (" age" if r["encrypted"] else "")) if r["core"]
+                  else "sidecar only", _text(r["exe"] or r["comm"])) for r in found]
+    emit(args, found, table(rows) if found else "")
+    if not found:
+        raise NoMatchError(f"no dumps in s3://{target.bucket}/{target.prefix} for "
                            f"{days[0]}{'' if len(days) == 1 else f'..{days[-1]}'}")
+    return 0
+
+
+def run_query(args: argparse.Namespace) -> int:
+    import duckdb
+
+    view, _, _ = _view(args)
+    try:
+        try:
+            columns, values = fleetview.rows(view.connect(), args.sql)
+        except duckdb.Error as e:
+            raise UsageError(f"fleet query: {str(e).splitlines()[0]}") from None
+    finally:
+        view.close()
+    found = fleetview.as_dicts(columns, values)
+    emit(args, found, table([tuple(columns)] + [tuple(_text(v) for v in row) for row in values]))
     return 0
 
 

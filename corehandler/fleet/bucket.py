@@ -1,10 +1,15 @@
 """The fleet's bucket: its key layout, the S3 client made from [upload], and what its errors mean.
 
-Layout (docs/design.md, "Fleet objects"), under the URL's PREFIX:
-  v1/HOST/YYYY/MM/DD/ID.zst     the compressed core (ID.core when the store keeps cores uncompressed)
-  v1/HOST/YYYY/MM/DD/ID.json    its sidecar, written last, after the core is verified
-  v1/budget/SIG/DAY/0..N-1      the fleet budget's slots, each claimed by one conditional create
-The date is the crash's (UTC), so a dump retried across midnight keeps its key and its budget day.
+Layout (docs/design.md, "Fleet"), under the URL's PREFIX:
+  v2/dt=YYYY-MM-DD/host=HOST/ID.zst[.age]   the compressed core (ID.core when the store keeps cores
+                                            uncompressed; .age when encrypted to [upload] recipients)
+  v2/dt=YYYY-MM-DD/host=HOST/ID.json        its sidecar, written after the core is verified
+  v2/index/dt=YYYY-MM-DD/host=HOST/part-NNNNN.parquet   the day's index rows of that host (dataset.py)
+  v1/budget/SIG/DAY/0..N-1                  the fleet budget's slots, each claimed by one conditional create
+                                            (where v1 hosts claim theirs too: one budget across an upgrade)
+  v1/HOST/YYYY/MM/DD/ID.{zst,core,json}     what hosts of corehandler 0.2 uploaded: still read
+The date is the crash's (UTC), so a dump retried across midnight keeps its key and its budget day; `dt=` and
+`host=` are Hive-style partitions, which engines prune by.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from dataclasses import dataclass
 from corehandler.errors import EXIT_CONFIG, CorehandlerError
 from corehandler.fleet import credentials
 
-LAYOUT = "v1"
+LAYOUT = "v2"
+V1 = "v1"
+INDEX = "index"
 SIDECAR_SUFFIX = ".json"
 BUDGET = "budget"
 
@@ -90,21 +97,32 @@ class Target:
     prefix: str   # without slashes at either end; "" = the bucket's root
     host: str
 
-    def key(self, *parts: str) -> str:
-        return "/".join(p for p in (self.prefix, LAYOUT, *parts) if p)
+    def key(self, *parts: str, layout: str = LAYOUT) -> str:
+        return "/".join(p for p in (self.prefix, layout, *parts) if p)
 
-    def root(self) -> str:
-        """The prefix every host's directory is under (ends with /)."""
-        return self.key() + "/"
+    def root(self, layout: str = LAYOUT) -> str:
+        """The prefix every object of a layout is under (ends with /)."""
+        return self.key(layout=layout) + "/"
 
     def day_prefix(self, host: str, day: datetime.date) -> str:
-        return self.key(host, f"{day:%Y/%m/%d}") + "/"
+        return self.key(f"dt={day:%Y-%m-%d}", f"host={host}") + "/"
+
+    def v1_day_prefix(self, host: str, day: datetime.date) -> str:
+        return self.key(host, f"{day:%Y/%m/%d}", layout=V1) + "/"
+
+    def index_prefix(self, host: str, day: datetime.date) -> str:
+        return self.key(INDEX, f"dt={day:%Y-%m-%d}", f"host={host}") + "/"
 
     def dump_key(self, crashed_at: float, dump_id: str, suffix: str, host: str | None = None) -> str:
         return self.day_prefix(host or self.host, crash_day(crashed_at)) + dump_id + suffix
 
     def budget_slot(self, signature_key: str, day: str, slot: int) -> str:
-        return self.key(BUDGET, signature_key, day, str(slot))
+        return self.key(BUDGET, signature_key, day, str(slot), layout=V1)
+
+
+def host_of(key: str) -> str | None:
+    """The HOST of a v2 key (its `host=HOST` segment), or None."""
+    return next((p[len("host="):] for p in key.split("/") if p.startswith("host=")), None)
 
 
 def crash_day(crashed_at: float) -> datetime.date:

@@ -8,7 +8,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-SIDECAR_SCHEMA = 1
+# 2: layout v2, an encrypted core (core.encryption, core.recipients) and sealed fields (sealed: seal.py).
+SIDECAR_SCHEMA = 2
 
 
 

@@ -1,10 +1,12 @@
-"""The fleet view: every host's dumps, read from the bucket's sidecars (no database server of our own).
+"""The reading side of the bucket's sidecars: finding one, listing those the index does not cover (v1 hosts,
+a host's day without an index file), fetching a core, and the local cache of what was read.
 
 A sidecar exists only once its core is verified, so everything listed here can be fetched. Listing is one
 prefix listing per host and day plus one GET per sidecar not yet in the local cache, the GETs in a bounded
 pool of threads: O(dumps) the first time, O(new dumps) after. The cache (SQLite, 0600: sidecars hold
-command lines) keys each sidecar by its key and ETag, so a rewritten one is read again. Past ~10^5 dumps a
-day, per-day summary objects or the storage's inventory service would be the way (docs/design.md, "Fleet").
+command lines) keys each sidecar by its key and ETag, so a rewritten one is read again; beside it, the
+Parquet index files the fleet view reads (fleetview.py). A sidecar that is not JSON or of a newer schema is
+skipped, its key named.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from corehandler import paths
 from corehandler.errors import CorehandlerError, NoMatchError
 from corehandler.fleet import bucket, seal
 from corehandler.fleet.bucket import BucketError, Target
+from corehandler.fleet.payload import SIDECAR_SCHEMA
 from corehandler.store import compress
 
 WORKERS = 32
@@ -42,36 +45,57 @@ def _call(fn, *args, **kwargs):
         raise bucket.classify(e) from e
 
 
+def _prefixes(client, target: Target, prefix: str) -> list[str]:
+    """The next path segment of every key under prefix (one listing with a delimiter)."""
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=target.bucket, Prefix=prefix, Delimiter="/")
+    return [p["Prefix"][len(prefix):].rstrip("/") for page in _call(lambda: list(pages))
+            for p in page.get("CommonPrefixes") or []]
+
+
 def hosts(client, target: Target) -> list[str]:
-    """The hosts with objects under the prefix."""
-    found = []
-    pages = client.get_paginator("list_objects_v2").paginate(Bucket=target.bucket, Prefix=target.root(),
-                                                             Delimiter="/")
-    for page in _call(lambda: list(pages)):
-        for p in page.get("CommonPrefixes") or []:
-            name = p["Prefix"][len(target.root()):].rstrip("/")
-            if name and name != bucket.BUDGET:
-                found.append(name)
-    return sorted(found)
+    """The hosts of the v1 layout (corehandler 0.2) under the prefix."""
+    return sorted(n for n in _prefixes(client, target, target.root(bucket.V1)) if n and n != bucket.BUDGET)
+
+
+def day_hosts(client, target: Target, day: datetime.date) -> list[str]:
+    """The hosts with v2 objects of that day."""
+    return sorted(n[len("host="):] for n in _prefixes(client, target, target.root() + f"dt={day:%Y-%m-%d}/")
+                  if n.startswith("host="))
+
+
+def list_keys(client, target: Target, prefix: str, suffix: str = bucket.SIDECAR_SUFFIX) -> list[tuple[str, str]]:
+    """(key, ETag) of every object under prefix whose name ends with suffix."""
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=target.bucket, Prefix=prefix)
+    return [(o["Key"], o.get("ETag", "")) for page in _call(lambda: list(pages)) for o in page.get("Contents") or []
+            if o["Key"].endswith(suffix)]
 
 
 def sidecar_keys(client, target: Target, host: str, day: datetime.date) -> list[tuple[str, str]]:
-    """(key, ETag) of every sidecar of a host's day."""
-    pages = client.get_paginator("list_objects_v2").paginate(Bucket=target.bucket,
-                                                             Prefix=target.day_prefix(host, day))
-    return [(o["Key"], o.get("ETag", "")) for page in _call(lambda: list(pages)) for o in page.get("Contents") or []
-            if o["Key"].endswith(bucket.SIDECAR_SUFFIX)]
+    """(key, ETag) of every sidecar of a host's day, in either layout."""
+    return list_keys(client, target, target.day_prefix(host, day)) + \
+        list_keys(client, target, target.v1_day_prefix(host, day))
 
 
 def read_sidecar(client, target: Target, key: str) -> dict:
     return _parse(target, key, _call(client.get_object, Bucket=target.bucket, Key=key)["Body"].read())
 
 
+class SkippedSidecar(FleetCorruptError):
+    """A sidecar this corehandler cannot read (not JSON, a newer schema): named and skipped by listings."""
+
+
 def _parse(target: Target, key: str, body: bytes | str) -> dict:
+    where = f"s3://{target.bucket}/{key}"
     try:
         data = json.loads(body)
     except ValueError as e:
-        raise FleetCorruptError(f"s3://{target.bucket}/{key} is not a JSON sidecar: {e}") from None
+        raise SkippedSidecar(f"{where} is not a JSON sidecar: {e}") from None
+    if not isinstance(data, dict):
+        raise SkippedSidecar(f"{where} is not a JSON sidecar: not an object")
+    schema = data.get("schema")
+    if not isinstance(schema, int) or schema > SIDECAR_SCHEMA:
+        raise SkippedSidecar(f"{where} has sidecar schema {schema!r}, newer than this corehandler's "
+                             f"({SIDECAR_SCHEMA})")
     data["_key"] = key
     return data
 
@@ -81,16 +105,20 @@ def _cache_name(target: Target, endpoint: str) -> str:
 
 
 class SidecarCache:
-    """Sidecars already read, by key and ETag, in a private SQLite file."""
+    """Sidecars already read, by key and ETag, in a private SQLite file; beside it, the index files already
+    downloaded (parts_dir), by key and ETag too."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         os.close(fd)
+        self.parts_dir = self.path.with_suffix(".parts")
+        self.parts_dir.mkdir(mode=0o700, exist_ok=True)
         self.db = sqlite3.connect(self.path, timeout=10)
         self.db.execute("CREATE TABLE IF NOT EXISTS sidecars (key TEXT PRIMARY KEY, etag TEXT NOT NULL, "
                         "body TEXT NOT NULL)")
+        self.db.execute("CREATE TABLE IF NOT EXISTS parts (key TEXT PRIMARY KEY, etag TEXT NOT NULL)")
 
     @staticmethod
     def default_path(target: Target, endpoint: str, state_dir: Path | None = None) -> Path:
@@ -103,43 +131,68 @@ class SidecarCache:
         return base / "corehandler" / f"fleet-{_cache_name(target, endpoint)}.sqlite"
 
 
-    def get(self, keys: list[str]) -> dict[str, tuple[str, str]]:
-        found = {}
+    def _lookup(self, sql: str, keys: list[str]) -> list[tuple]:
+        found = []
         for i in range(0, len(keys), 500):
             chunk = keys[i:i + 500]
-            marks = ",".join("?" * len(chunk))
-            found.update((k, (e, b)) for k, e, b in
-                         self.db.execute(f"SELECT key, etag, body FROM sidecars WHERE key IN ({marks})", chunk))
+            found += self.db.execute(sql.format(marks=",".join("?" * len(chunk))), chunk).fetchall()
         return found
+
+    def get(self, keys: list[str]) -> dict[str, tuple[str, str]]:
+        return {k: (e, b) for k, e, b in self._lookup("SELECT key, etag, body FROM sidecars WHERE key IN ({marks})",
+                                                      keys)}
 
     def put(self, rows: list[tuple[str, str, str]]) -> None:
         with self.db:
             self.db.executemany("INSERT OR REPLACE INTO sidecars (key, etag, body) VALUES (?, ?, ?)", rows)
 
+    def part_etags(self, keys: list[str]) -> dict[str, str]:
+        return dict(self._lookup("SELECT key, etag FROM parts WHERE key IN ({marks})", keys))
+
+    def put_parts(self, rows: list[tuple[str, str]]) -> None:
+        with self.db:
+            self.db.executemany("INSERT OR REPLACE INTO parts (key, etag) VALUES (?, ?)", rows)
+
     def close(self) -> None:
         self.db.close()
 
 
-def list_sidecars(client, target: Target, days: Iterable[datetime.date], only_hosts: Iterable[str] = (),
-                  workers: int = WORKERS, cache: SidecarCache | None = None) -> list[dict]:
-    """Every sidecar of those days (and hosts, if given), oldest first."""
-    names = list(only_hosts) or hosts(client, target)
-    pairs = [(h, d) for h in names for d in days]
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        listed = [k for ks in pool.map(lambda hd: sidecar_keys(client, target, *hd), pairs) for k in ks]
-        cached = cache.get([k for k, _ in listed]) if cache else {}
-        fresh = [(k, e) for k, e in listed if cached.get(k, ("",))[0] != e or not e]
+def read_sidecars(client, target: Target, listed: list[tuple[str, str]], workers: int = WORKERS,
+                  cache: SidecarCache | None = None) -> tuple[list[dict], list[str]]:
+    """The sidecars of those (key, ETag)s, oldest first, and why each unreadable one was skipped. Only those
+    the cache does not hold at that ETag are read (in a pool of threads)."""
+    cached = cache.get([k for k, _ in listed]) if cache else {}
+    fresh = [(k, e) for k, e in listed if cached.get(k, ("",))[0] != e or not e]
 
-        def fetch(key_etag):
-            key, etag = key_etag
-            return key, etag, _call(client.get_object, Bucket=target.bucket, Key=key)["Body"].read().decode()
+    def fetch(key_etag):
+        key, etag = key_etag
+        body = _call(client.get_object, Bucket=target.bucket, Key=key)["Body"].read()
+        return key, etag, body.decode("utf-8", "replace")
+    with ThreadPoolExecutor(max_workers=workers) as pool:
         got = list(pool.map(fetch, fresh))
     if cache and got:
         cache.put(got)
     bodies = {k: b for k, (_, b) in cached.items()}
     bodies.update((k, b) for k, _, b in got)
-    sidecars = [_parse(target, k, bodies[k]) for k, _ in listed]
-    return sorted(sidecars, key=lambda s: (s.get("crashed_at") or 0, s.get("id") or ""))
+    sidecars, skipped = [], []
+    for k, _ in listed:
+        try:
+            sidecars.append(_parse(target, k, bodies[k]))
+        except SkippedSidecar as e:
+            skipped.append(e.message)
+    return sorted(sidecars, key=lambda s: (s.get("crashed_at") or 0, s.get("id") or "")), skipped
+
+
+def list_sidecars(client, target: Target, days: Iterable[datetime.date], only_hosts: Iterable[str] = (),
+                  workers: int = WORKERS, cache: SidecarCache | None = None) -> tuple[list[dict], list[str]]:
+    """Every sidecar of those days (and hosts, if given) in both layouts, oldest first, and the skipped."""
+    days = list(days)
+    names = list(only_hosts) or sorted(set(hosts(client, target)).union(
+        *(day_hosts(client, target, d) for d in days)))
+    pairs = [(h, d) for h in names for d in days]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        listed = [k for ks in pool.map(lambda hd: sidecar_keys(client, target, *hd), pairs) for k in ks]
+    return read_sidecars(client, target, listed, workers, cache)
 
 
 def row(sc: dict) -> dict:
@@ -153,37 +206,19 @@ def row(sc: dict) -> dict:
             "raw_bytes": index.get("raw_bytes"), "budget": sc.get("budget"), "key": sc.get("_key")}
 
 
-def group(sidecars: Iterable[dict]) -> list[dict]:
-    """One row per signature: count, cores, hosts, first and last seen; most frequent first."""
-    groups: dict[str, dict] = {}
-    for sc in sidecars:
-        r = row(sc)
-        g = groups.setdefault(r["signature"], {"signature": r["signature"], "count": 0, "cores": 0, "hosts": set(),
-                                               "first_seen": r["crashed_at"], "last_seen": r["crashed_at"],
-                                               "exe": r["exe"], "signal": r["signal"], "latest": r["id"]})
-        g["count"] += 1
-        g["cores"] += r["core"]
-        g["hosts"].add(r["host"])
-        if r["crashed_at"] is not None:
-            if g["first_seen"] is None or r["crashed_at"] < g["first_seen"]:
-                g["first_seen"] = r["crashed_at"]
-            if g["last_seen"] is None or r["crashed_at"] >= g["last_seen"]:
-                g["last_seen"], g["latest"] = r["crashed_at"], r["id"]
-    out = [dict(g, hosts=sorted(g["hosts"])) for g in groups.values()]
-    return sorted(out, key=lambda g: (-g["count"], g["signature"] or ""))
-
-
 def find(client, target: Target, dump_id: str, host: str | None = None) -> dict:
-    """The sidecar of a dump, by its id (the id carries its crash day) on any host or the one given."""
+    """The sidecar of a dump, by its id (the id carries its crash day) on any host or the one given, in
+    either layout."""
     day = bucket.id_day(dump_id)
     if day is None:
         raise NoMatchError(f"{dump_id!r} is not a dump id (<µs>-<boot id>-<pid>)")
-    names = [host] if host else hosts(client, target)
+    names = [host] if host else sorted(set(day_hosts(client, target, day)) | set(hosts(client, target)))
+    keys = [prefix + dump_id + bucket.SIDECAR_SUFFIX for h in names
+            for prefix in (target.day_prefix(h, day), target.v1_day_prefix(h, day))]
 
-    def probe(h: str) -> dict | None:
+    def probe(key: str) -> dict | None:
         from botocore.exceptions import ClientError
 
-        key = target.day_prefix(h, day) + dump_id + bucket.SIDECAR_SUFFIX
         try:
             return read_sidecar(client, target, key)
         except BucketError as e:
@@ -193,9 +228,9 @@ def find(client, target: Target, dump_id: str, host: str | None = None) -> dict:
             raise
 
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        found = [s for s in pool.map(probe, names) if s]
+        found = [s for s in pool.map(probe, keys) if s]
     if not found:
-        raise NoMatchError(f"no dump {dump_id} in s3://{target.bucket}/{target.root()}")
+        raise NoMatchError(f"no dump {dump_id} in s3://{target.bucket}/{target.prefix}")
     if len(found) > 1:
         raise NoMatchError(f"{dump_id} exists on several hosts ({', '.join(s['host'] for s in found)}): "
                            "say which with --host")

@@ -6,10 +6,12 @@ uploader, a thread of the daemon with its own connection, sends the oldest due o
 
   1. the fleet budget (if configured): claim one of N slots for the dump's signature and crash day with a
      conditional create; none left means the dump's core stays home and only its sidecar goes up;
-  2. the core, by s3transfer (multipart past one part, SHA-256 checksums per part), unless HEAD shows it is
-     already there from an attempt a kill interrupted; then HEAD again: size and checksum must match what
-     was read from the store, or the attempt fails;
-  3. the sidecar, last: whoever sees it can trust the core it names.
+  2. the core, by s3transfer (multipart past one part, SHA-256 checksums per part; encrypted to [upload]
+     recipients as it is read when there are some), unless an attempt a kill interrupted already sent it
+     (the row's note of the verified core, or HEAD matching the store's file); then HEAD again: size and
+     checksum must match what was sent, or the attempt fails;
+  3. the sidecar: whoever sees it can trust the core it names;
+  4. its row in this host's Parquet index file of the crash's day (dataset.py), before the row is done.
 Every step is safe to redo, so a kill anywhere leaves the row pending (uploading rows go back to pending at
 start) and the next attempt finishes with exactly one core and one sidecar; multipart uploads a kill left
 behind under this host's prefix are aborted at start.
@@ -35,7 +37,7 @@ from pathlib import Path
 
 from corehandler import paths, spool
 from corehandler.errors import CorehandlerError
-from corehandler.fleet import bucket, seal
+from corehandler.fleet import bucket, dataset, seal
 from corehandler.fleet.bucket import BucketError, Target
 from corehandler.fleet.payload import (
     DigestingReader,
@@ -231,12 +233,16 @@ class Uploader(Quiet):
         return 0.0
 
     def _abort_stale(self) -> None:
-        """Multipart uploads under this host's prefix that nothing will complete (a kill mid-upload)."""
-        prefix = self.target.key(self.target.host) + "/"
+        """Multipart uploads of this host that nothing will complete (a kill mid-upload): under its v1 prefix,
+        or its host= partition of any v2 day."""
         pages = self._client.get_paginator("list_multipart_uploads").paginate(Bucket=self.target.bucket,
-                                                                              Prefix=prefix)
+                                                                              Prefix=self.target.key(layout=""))
+        v1 = self.target.key(self.target.host, layout=bucket.V1) + "/"
         for page in pages:
             for up in page.get("Uploads") or []:
+                if not (up["Key"].startswith(v1) or (up["Key"].startswith(self.target.root())
+                                                     and bucket.host_of(up["Key"]) == self.target.host)):
+                    continue
                 self._client.abort_multipart_upload(Bucket=self.target.bucket, Key=up["Key"], UploadId=up["UploadId"])
                 log.warning("Aborted a multipart upload of %s left by an interrupted attempt", up["Key"])
 
@@ -320,8 +326,13 @@ class Uploader(Quiet):
             doc = seal.seal(doc, self._recipients)
             doc["sealed"]["recipients"] = list(cfg.recipients)
         body = json.dumps(doc, ensure_ascii=True, sort_keys=True, default=str).encode()
-        self._client.put_object(Bucket=self.target.bucket, Key=self._key(dump, bucket.SIDECAR_SUFFIX), Body=body,
+        sidecar_key = self._key(dump, bucket.SIDECAR_SUFFIX)
+        self._client.put_object(Bucket=self.target.bucket, Key=sidecar_key, Body=body,
                                 ContentType="application/json", ChecksumAlgorithm="SHA256", **self._sse())
+        _pause("sidecar_sent")
+        # Before the row is done: a dump this host finished is always in its day's index file.
+        dataset.add(self._client, self.target, bucket.crash_day(dump.crashed_at), dataset.row(doc, sidecar_key),
+                    self._sse())
         return sent + len(body), core["key"] if core else None, budget
 
     def _sse(self) -> dict:
@@ -453,7 +464,7 @@ class Uploader(Quiet):
         (nothing is lost) and the log says why."""
         from botocore.exceptions import ClientError
 
-        key = self.target.key(bucket.BUDGET, ".probe", f"{self.target.host}-{time.time_ns()}")
+        key = self.target.key(bucket.BUDGET, ".probe", f"{self.target.host}-{time.time_ns()}", layout=bucket.V1)
         try:
             self._client.put_object(Bucket=self.target.bucket, Key=key, Body=b"1", IfNoneMatch="*")
             try:

@@ -89,4 +89,5 @@ def sha_file(path: Path) -> str:
 
 
 def dump_keys(s3, bucket: str, dump_id: str) -> list[str]:
-    return [k for k in s3.keys(bucket, "fleet/v1/") if dump_id in k and "/budget/" not in k]
+    """The dump's core and sidecar keys (v2 layout), sorted."""
+    return [k for k in s3.keys(bucket, "fleet/v2/dt=") if dump_id in k]

@@ -35,8 +35,8 @@ def test_a_dump_goes_up_verified_and_comes_back_byte_identical(tmp_path, s3, fee
     host = Host(tmp_path, s3, bucket)
     record = host.crash(feeder, csplice, size=3 << 20)
     host.upload_all()
-    day = time.strftime("%Y/%m/%d", time.gmtime(int(record["id"].split("-")[0]) / 1e6))
-    base = f"fleet/v1/alpha/{day}/{record['id']}"
+    day = time.strftime("%Y-%m-%d", time.gmtime(int(record["id"].split("-")[0]) / 1e6))
+    base = f"fleet/v2/dt={day}/host=alpha/{record['id']}"
     assert dump_keys(s3, bucket, record["id"]) == [base + ".json", base + ".zst"]
     sidecar = json.loads(s3.client().get_object(Bucket=bucket, Key=base + ".json")["Body"].read())
     assert sidecar["id"] == record["id"] and sidecar["host"] == "alpha"
@@ -236,8 +236,8 @@ def test_two_hosts_are_seen_together_grouped_by_signature(tmp_path, s3, feeder, 
 def test_the_fleet_budget_keeps_one_core_when_both_hosts_crash_the_same_way(tmp_path, s3, feeder, csplice, capsys):
     bucket = s3.new_bucket()
     alpha, beta, records = _crash_both(tmp_path, s3, bucket, feeder, csplice, fleet_budget=1)
-    cores = [k for k in s3.keys(bucket, "fleet/v1/") if k.endswith(".zst")]
-    sidecars = [k for k in s3.keys(bucket, "fleet/v1/") if k.endswith(".json") and "/budget/" not in k]
+    cores = [k for k in s3.keys(bucket, "fleet/v2/dt=") if k.endswith(".zst")]
+    sidecars = [k for k in s3.keys(bucket, "fleet/v2/dt=") if k.endswith(".json")]
     assert len(cores) == 1 and len(sidecars) == 2
     budgets = sorted(json.loads(s3.client().get_object(Bucket=bucket, Key=k)["Body"].read())["budget"]
                      for k in sidecars)
@@ -329,7 +329,8 @@ def test_a_simulated_fleet_racing_for_one_signature_leaves_exactly_n_cores(tmp_p
     for w in workers:
         w.join(300)
     assert len(results) == hosts and all(results.values())
-    keys = s3.keys(bucket, "fleet/v1/")
+    keys = s3.keys(bucket, "fleet/")
     assert len([k for k in keys if k.endswith(".zst")]) == budget
-    assert len([k for k in keys if k.endswith(".json") and "/budget/" not in k]) == hosts
-    assert len([k for k in keys if "/budget/" in k and "/.probe/" not in k]) == budget
+    assert len([k for k in keys if k.endswith(".json")]) == hosts
+    assert len([k for k in keys if k.startswith("fleet/v1/budget/") and "/.probe/" not in k]) == budget
+    assert len([k for k in keys if k.startswith("fleet/v2/index/")]) == hosts  # each host its own index file

@@ -182,9 +182,14 @@ def test_errors_are_classified_into_one_line(error, reason):
 def test_target_keys():
     t = bucket.Target("fleet", "corp/x", "web-1")
     ts = 1_700_000_000.0  # 2023-11-14 UTC
-    assert t.dump_key(ts, "1700000000000000-abc-1", ".zst") == "corp/x/v1/web-1/2023/11/14/1700000000000000-abc-1.zst"
+    assert t.dump_key(ts, "1700000000000000-abc-1", ".zst") == \
+        "corp/x/v2/dt=2023-11-14/host=web-1/1700000000000000-abc-1.zst"
+    assert t.index_prefix("web-1", bucket.crash_day(ts)) == "corp/x/v2/index/dt=2023-11-14/host=web-1/"
+    assert t.v1_day_prefix("web-1", bucket.crash_day(ts)) == "corp/x/v1/web-1/2023/11/14/"
+    # The budget stays where 0.2's hosts claim theirs: one budget across a rolling upgrade.
     assert t.budget_slot("sig", "2023-11-14", 2) == "corp/x/v1/budget/sig/2023-11-14/2"
-    assert bucket.Target("fleet", "", "h").root() == "v1/"
+    assert bucket.Target("fleet", "", "h").root() == "v2/" and bucket.Target("fleet", "", "h").root("v1") == "v1/"
+    assert bucket.host_of("corp/x/v2/dt=2023-11-14/host=web-1/x.json") == "web-1"
     assert str(bucket.id_day("1700000000000000-abc-1")) == "2023-11-14" and bucket.id_day("nope") is None
 
 
@@ -264,7 +269,7 @@ def test_an_endpoint_down_for_an_hour_loses_nothing_and_retries_at_the_backoffs_
     # 2 s doubling to the 10 min cap, halved by jitter at worst: some 15 tries in the hour, not thousands.
     assert 8 <= st["failures"]["connection"] <= 25
     keys = sorted(o["Key"] for o in s3mock.list_objects_v2(Bucket="fleet-test")["Contents"])
-    assert [k.rsplit(".", 1)[1] for k in keys] == ["json", "zst"]
+    assert [k.rsplit(".", 1)[1] for k in keys] == ["json", "zst", "parquet"]  # dt=... then index/
 
 
 def test_a_server_that_ignores_conditional_creates_gets_every_core(tmp_path, s3mock, caplog):
@@ -345,7 +350,9 @@ def test_a_dump_queued_before_its_row_is_committed_waits_for_the_commit(tmp_path
 
 
 def _objects(client, prefix: str) -> list[str]:
-    return sorted(o["Key"] for o in client.list_objects_v2(Bucket="fleet-test", Prefix=prefix).get("Contents", []))
+    """The dumps' objects (not the index files) under prefix."""
+    return sorted(o["Key"] for o in client.list_objects_v2(Bucket="fleet-test", Prefix=prefix).get("Contents", [])
+                  if "/index/" not in o["Key"])
 
 
 def test_a_reload_moves_turns_off_and_turns_on_the_uploader_thread(tmp_path, s3mock):
@@ -491,7 +498,8 @@ def test_fleet_list_reads_each_sidecar_once_and_again_when_it_changes(tmp_path, 
     now = time.time()
     keys = [target.dump_key(now, f"{int(now * 1e6) + i}-0123456789abcdef-{i}", ".json", f"h{i % 2}") for i in range(5)]
     for i, key in enumerate(keys):
-        s3mock.put_object(Bucket="fleet-test", Key=key, Body=json.dumps({"id": str(i), "crashed_at": now + i}).encode())
+        s3mock.put_object(Bucket="fleet-test", Key=key,
+                          Body=json.dumps({"schema": 2, "id": str(i), "crashed_at": now + i}).encode())
     gets = []
     real_get = s3mock.get_object
 
@@ -501,13 +509,31 @@ def test_fleet_list_reads_each_sidecar_once_and_again_when_it_changes(tmp_path, 
     s3mock.get_object = counting_get
     cache = reader.SidecarCache(tmp_path / "cache" / "fleet.sqlite")
     day = bucket.crash_day(now)
-    first = reader.list_sidecars(s3mock, target, [day], cache=cache)
-    assert [s["id"] for s in first] == ["0", "1", "2", "3", "4"] and len(gets) == 5
+    first, skipped = reader.list_sidecars(s3mock, target, [day], cache=cache)
+    assert [s["id"] for s in first] == ["0", "1", "2", "3", "4"] and len(gets) == 5 and skipped == []
     gets.clear()
-    again = reader.list_sidecars(s3mock, target, [day], cache=cache)
+    again, _ = reader.list_sidecars(s3mock, target, [day], cache=cache)
     assert [s["id"] for s in again] == ["0", "1", "2", "3", "4"] and gets == []
-    s3mock.put_object(Bucket="fleet-test", Key=keys[2], Body=json.dumps({"id": "2b", "crashed_at": now + 2}).encode())
-    third = reader.list_sidecars(s3mock, target, [day], cache=cache)
+    s3mock.put_object(Bucket="fleet-test", Key=keys[2],
+                      Body=json.dumps({"schema": 2, "id": "2b", "crashed_at": now + 2}).encode())
+    third, _ = reader.list_sidecars(s3mock, target, [day], cache=cache)
     assert gets == [keys[2]] and [s["id"] for s in third] == ["0", "1", "2b", "3", "4"]
     assert (tmp_path / "cache" / "fleet.sqlite").stat().st_mode & 0o077 == 0
     cache.close()
+
+
+def test_a_sidecar_not_json_or_of_a_newer_schema_is_skipped_and_named(tmp_path, s3mock):
+    from corehandler.fleet import reader
+
+    target = bucket.Target("fleet-test", "p", "h1")
+    now = time.time()
+    good, garbage, future = (target.dump_key(now, f"{int(now * 1e6) + i}-0123456789abcdef-{i}", ".json")
+                             for i in range(3))
+    s3mock.put_object(Bucket="fleet-test", Key=good, Body=json.dumps({"schema": 1, "id": "good"}).encode())
+    s3mock.put_object(Bucket="fleet-test", Key=garbage, Body=b"\x00not json")
+    s3mock.put_object(Bucket="fleet-test", Key=future, Body=json.dumps({"schema": 99, "id": "future"}).encode())
+    found, skipped = reader.list_sidecars(s3mock, target, [bucket.crash_day(now)])
+    assert [s["id"] for s in found] == ["good"]
+    assert len(skipped) == 2
+    assert any(garbage in s and "not a JSON sidecar" in s for s in skipped)
+    assert any(future in s and "schema 99" in s for s in skipped)

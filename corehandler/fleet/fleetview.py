@@ -1,0 +1,143 @@
+"""The fleet view: `fleet list`, `fleet list --group` and `fleet query SQL` on an embedded engine (DuckDB).
+
+One table, `dumps` (the index's columns, dataset.COLUMNS, plus dt and host), made of:
+- the Parquet index files of the days asked for (dataset.py), downloaded once into the local cache by key
+  and ETag (a file a host rewrote is fetched again);
+- rows made from the sidecars the index does not cover: v1 hosts (corehandler 0.2), and a host's day with
+  objects but no index file yet (a host whose uploader was killed between sidecar and index, until it
+  retries).
+A listing of the days costs two LISTs per day (the index's and the day's host partitions) plus the v1 hosts'
+listings, a GET per index file not cached and a GET per uncovered sidecar not cached. Index files of a newer
+schema and sidecars that are not JSON or of a newer schema are skipped, each named.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corehandler.fleet import bucket, dataset, reader
+from corehandler.fleet.bucket import Target
+
+_SAFE = re.compile(r"[A-Za-z0-9._-]+")
+
+LIST_SQL = """
+SELECT id, host, epoch_us(crashed_at) / 1e6 AS crashed_at, exe, comm, signal, status, signature,
+       has_core AS core, core_bytes, raw_bytes, budget, encrypted, sidecar_key AS key
+FROM dumps ORDER BY crashed_at, id"""
+GROUP_SQL = """
+SELECT signature, count(*) AS count, count(*) FILTER (WHERE has_core) AS cores,
+       list_sort(list(DISTINCT host)) AS hosts, min(epoch_us(crashed_at)) / 1e6 AS first_seen,
+       max(epoch_us(crashed_at)) / 1e6 AS last_seen, arg_max(id, crashed_at) AS latest,
+       arg_min(exe, crashed_at) AS exe, arg_min(signal, crashed_at) AS signal
+FROM dumps GROUP BY signature ORDER BY count DESC, signature"""
+
+
+@dataclass
+class View:
+    files: list[Path] = field(default_factory=list)   # local Parquet index files
+    rows: list[dict] = field(default_factory=list)    # rows of sidecars no index file covers
+    skipped: list[str] = field(default_factory=list)  # why each unreadable object was left out
+    _tmp: str | None = None
+
+    def close(self) -> None:
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def connect(self):
+        """A DuckDB connection with the view `dumps`."""
+        import duckdb
+
+        con = duckdb.connect(":memory:")
+        fresh = dataset.table(self.rows, partitions=True)
+        con.register("unindexed", fresh)
+        if self.files:
+            paths = ", ".join("'" + str(p).replace("'", "''") + "'" for p in self.files)
+            indexed = (f"SELECT * FROM read_parquet([{paths}], hive_partitioning = true, union_by_name = true, "
+                       "hive_types = {'dt': VARCHAR, 'host': VARCHAR})")
+            con.execute(f"CREATE VIEW dumps AS {indexed} UNION ALL BY NAME SELECT * FROM unindexed")
+        else:
+            con.execute("CREATE VIEW dumps AS SELECT * FROM unindexed")
+        return con
+
+
+def collect(client, target: Target, days: list[datetime.date], only_hosts=(), cache: reader.SidecarCache | None = None,
+            workers: int = reader.WORKERS) -> View:
+    """What the view of those days (and hosts) is made of, fetched from the bucket."""
+    wanted = set(only_hosts)
+    view = View()
+    if cache is None:
+        view._tmp = tempfile.mkdtemp(prefix="corehandler-fleet-")
+    parts_dir = cache.parts_dir if cache else Path(view._tmp)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        per_day = list(pool.map(lambda d: (d, reader.list_keys(client, target, target.key(
+            bucket.INDEX, f"dt={d:%Y-%m-%d}") + "/", ".parquet"), reader.day_hosts(client, target, d)), days))
+        parts, uncovered = [], []
+        for day, keys, day_hosts in per_day:
+            indexed = set()
+            for key, etag in keys:
+                host = bucket.host_of(key)
+                if host and _SAFE.fullmatch(host) and host not in (".", "..") and (not wanted or host in wanted):
+                    parts.append((key, etag, day, host))
+                    indexed.add(host)
+            uncovered += [target.day_prefix(h, day) for h in day_hosts
+                          if h not in indexed and (not wanted or h in wanted)]
+        v1 = [h for h in reader.hosts(client, target) if not wanted or h in wanted]
+        uncovered += [target.v1_day_prefix(h, d) for h in v1 for d in days]
+        listed = [k for ks in pool.map(lambda p: reader.list_keys(client, target, p), uncovered) for k in ks]
+
+        known = cache.part_etags([k for k, *_ in parts]) if cache else {}
+
+        def local(key: str, day: datetime.date, host: str) -> Path:
+            name = hashlib.sha256(key.encode()).hexdigest()[:32] + ".parquet"
+            return parts_dir / f"dt={day:%Y-%m-%d}" / f"host={host}" / name
+
+        def fetch(part) -> tuple[str, str] | None:
+            key, etag, day, host = part
+            path = local(key, day, host)
+            if known.get(key) == etag and etag and path.exists():
+                return None
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            body = reader._call(client.get_object, Bucket=target.bucket, Key=key)["Body"].read()
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(body)
+            os.replace(tmp, path)
+            return key, etag
+        fetched = [r for r in pool.map(fetch, parts) if r]
+    if cache and fetched:
+        cache.put_parts(fetched)
+    for key, _, day, host in parts:
+        path = local(key, day, host)
+        try:
+            dataset.check_file(path)
+        except dataset.NewerSchemaError as e:
+            view.skipped.append(f"s3://{target.bucket}/{key}: {e}")
+            continue
+        except Exception as e:  # noqa: BLE001 (a damaged file is named and left out, not fatal)
+            view.skipped.append(f"s3://{target.bucket}/{key} is not a Parquet index file: {e}")
+            continue
+        view.files.append(path)
+    sidecars, skipped = reader.read_sidecars(client, target, listed, workers, cache)
+    view.skipped += skipped
+    for sc in sidecars:
+        r = dataset.row(sc, sc["_key"])
+        day = bucket.crash_day(sc.get("crashed_at") or 0)
+        r.update(dt=f"{day:%Y-%m-%d}", host=dataset._text(sc.get("host")))
+        view.rows.append(r)
+    return view
+
+
+def rows(con, sql: str) -> tuple[list[str], list[tuple]]:
+    cur = con.execute(sql)
+    return [d[0] for d in cur.description], cur.fetchall()
+
+
+def as_dicts(columns: list[str], values: list[tuple]) -> list[dict]:
+    return [dict(zip(columns, v)) for v in values]

@@ -1,0 +1,180 @@
+"""The bucket as a dataset (corehandler/fleet/dataset.py, fleetview.py) on moto's S3: each host's Parquet
+index files, written without a coordinator, read by a second engine (DuckDB reads what pyarrow wrote), and
+the fleet view over them plus the sidecars no index file covers (v1 hosts, a host's day without one)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import threading
+
+import pytest
+
+from corehandler.fleet import bucket, dataset, fleetview, reader
+
+moto = pytest.importorskip("moto", reason="moto is a test dependency (scripts/pip/test.txt)")
+duckdb = pytest.importorskip("duckdb")
+
+NOW = 1_764_000_000.0  # 2025-11-24 UTC
+DAY = bucket.crash_day(NOW)
+
+
+@pytest.fixture
+def s3mock():
+    import boto3
+
+    with moto.mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket="fleet-test")
+        yield client
+
+
+def sidecar(host: str, n: int, signature: str = "crasher SIGSEGV main", *, core: bool = True,
+            schema: int = 2) -> dict:
+    dump_id = f"{int((NOW + n) * 1e6)}-0123456789abcdef-{n}"
+    return {"schema": schema, "id": dump_id, "host": host, "crashed_at": NOW + n, "uploaded_at": NOW + n + 1,
+            "signature": signature, "signature_source": "analysis", "budget": None,
+            "core": {"key": f"k/{dump_id}.zst", "bytes": 100 + n, "encryption": None} if core else None,
+            "index": {"exe": "/usr/bin/crasher", "comm": "crasher", "signal": 11, "uid": 1000, "status": "ok",
+                      "raw_bytes": 1000 + n, "cmdline": ["crasher", "--secret"]},
+            "analysis": {"state": "ok", "signature_id": "s1-0123", "exact_key": "x1-abcd",
+                         "threads": [{"crashing": True, "frames": [{"function": "main"}]}]}}
+
+
+def put_sidecar(client, target: bucket.Target, sc: dict, *, v1: bool = False, index: bool = True) -> str:
+    day = bucket.crash_day(sc["crashed_at"])
+    prefix = target.v1_day_prefix(sc["host"], day) if v1 else target.day_prefix(sc["host"], day)
+    key = prefix + sc["id"] + ".json"
+    client.put_object(Bucket=target.bucket, Key=key, Body=json.dumps(sc).encode())
+    if index and not v1:
+        host_target = bucket.Target(target.bucket, target.prefix, sc["host"])
+        dataset.add(client, host_target, day, dataset.row(sc, key))
+    return key
+
+
+def view_rows(client, target, sql=fleetview.LIST_SQL, days=(DAY,), hosts=()):
+    view = fleetview.collect(client, target, list(days), hosts)
+    try:
+        return fleetview.as_dicts(*fleetview.rows(view.connect(), sql)), view.skipped
+    finally:
+        view.close()
+
+
+def test_an_index_row_holds_the_plain_fields_only():
+    r = dataset.row(sidecar("alpha", 1), "the/key.json")
+    assert r["exe"] == "/usr/bin/crasher" and r["signal"] == 11 and r["top_function"] == "main"
+    assert r["exact_key"] == "x1-abcd" and r["has_core"] and r["core_bytes"] == 101
+    assert r["crashed_at"] == datetime.datetime.fromtimestamp(NOW + 1, datetime.timezone.utc)
+    assert "cmdline" not in r and set(r) == {name for name, _, _ in dataset.COLUMNS}
+    # Bytes that are not UTF-8 (a process's own names) cannot go into a Parquet string: escaped, not lost.
+    odd = sidecar("alpha", 2)
+    odd["index"]["exe"] = "/tmp/caf\udce9"
+    assert dataset.row(odd, "k")["exe"] == "/tmp/caf\\udce9"
+    dataset.to_parquet([dataset.row(odd, "k")])
+
+
+def test_each_host_writes_its_own_file_idempotently_and_rolls_over(s3mock, monkeypatch):
+    monkeypatch.setattr(dataset, "PART_ROWS", 3)
+    target = bucket.Target("fleet-test", "p", "alpha")
+    scs = [sidecar("alpha", n) for n in range(5)]
+    for sc in scs:
+        put_sidecar(s3mock, target, sc)
+    put_sidecar(s3mock, target, scs[4])  # a retry after a kill between the index write and `done`
+    parts = reader.list_keys(s3mock, target, target.index_prefix("alpha", DAY), ".parquet")
+    assert [k.rsplit("/", 1)[1] for k, _ in parts] == ["part-00000.parquet", "part-00001.parquet"]
+    rows, skipped = view_rows(s3mock, target)
+    assert sorted(r["id"] for r in rows) == sorted(sc["id"] for sc in scs) and skipped == []
+
+
+def test_hosts_writing_at_once_need_no_coordinator(s3mock):
+    target = bucket.Target("fleet-test", "p", "any")
+    hosts = [f"node-{n:02d}" for n in range(12)]
+
+    def one_host(host: str) -> None:
+        for n in range(3):
+            put_sidecar(s3mock, target, sidecar(host, n))
+    threads = [threading.Thread(target=one_host, args=(h,)) for h in hosts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    rows, _ = view_rows(s3mock, target, fleetview.GROUP_SQL)
+    (group,) = rows
+    assert group["count"] == 36 and group["hosts"] == hosts and group["cores"] == 36
+
+
+def test_duckdb_reads_what_pyarrow_wrote_as_a_hive_table(s3mock, tmp_path):
+    """What an engine over the bucket sees (Athena, Trino, Spark or DuckDB): the files as they are, the
+    partitions from the path."""
+    target = bucket.Target("fleet-test", "p", "alpha")
+    for host in ("alpha", "beta"):
+        for n in range(3):
+            put_sidecar(s3mock, target, sidecar(host, n, signature=f"sig {n % 2}"))
+    root = tmp_path / "bucket"
+    for key, _ in reader.list_keys(s3mock, target, target.key(bucket.INDEX) + "/", ".parquet"):
+        path = root / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(s3mock.get_object(Bucket="fleet-test", Key=key)["Body"].read())
+    con = duckdb.connect()
+    got = con.execute(f"SELECT host, dt, signature, count(*) FROM read_parquet('{root}/p/v2/index/*/*/*.parquet', "
+                      "hive_partitioning = true) GROUP BY ALL ORDER BY ALL").fetchall()
+    assert [(h, str(d), s, c) for h, d, s, c in got] == [
+        ("alpha", str(DAY), "sig 0", 2), ("alpha", str(DAY), "sig 1", 1),
+        ("beta", str(DAY), "sig 0", 2), ("beta", str(DAY), "sig 1", 1)]
+    described = con.execute(f"DESCRIBE SELECT * FROM read_parquet('{root}/p/v2/index/*/*/*.parquet')").fetchall()
+    types = {r[0]: r[1] for r in described}
+    assert types["crashed_at"] == "TIMESTAMP WITH TIME ZONE" and types["signal"] == "INTEGER"
+
+
+def test_the_view_adds_sidecars_no_index_covers_and_v1_hosts(s3mock):
+    target = bucket.Target("fleet-test", "p", "any")
+    indexed = put_sidecar(s3mock, target, sidecar("alpha", 1))
+    unindexed = put_sidecar(s3mock, target, sidecar("beta", 2), index=False)  # killed before its index write
+    old = put_sidecar(s3mock, target, sidecar("gamma", 3, schema=1), v1=True)  # a corehandler 0.2 host
+    rows, skipped = view_rows(s3mock, target)
+    assert [(r["host"], r["key"]) for r in rows] == [("alpha", indexed), ("beta", unindexed), ("gamma", old)]
+    assert skipped == []
+    rows, _ = view_rows(s3mock, target, hosts=("beta",))
+    assert [r["host"] for r in rows] == ["beta"]
+    rows, _ = view_rows(s3mock, target, days=(DAY - datetime.timedelta(days=1),))
+    assert rows == []
+
+
+def test_an_index_file_of_a_newer_schema_or_not_parquet_is_skipped_and_named(s3mock, monkeypatch):
+    target = bucket.Target("fleet-test", "p", "alpha")
+    put_sidecar(s3mock, target, sidecar("alpha", 1))
+    monkeypatch.setattr(dataset, "INDEX_SCHEMA", 2)
+    put_sidecar(s3mock, bucket.Target("fleet-test", "p", "beta"), sidecar("beta", 2))
+    monkeypatch.setattr(dataset, "INDEX_SCHEMA", 1)
+    broken = dataset.part_key(target, "delta", DAY, 0)
+    s3mock.put_object(Bucket="fleet-test", Key=broken, Body=b"PAR1 not really")
+    rows, skipped = view_rows(s3mock, target)
+    assert [r["host"] for r in rows] == ["alpha"]
+    assert len(skipped) == 2
+    assert any("host=beta" in s and "index schema 2" in s for s in skipped)
+    assert any(broken in s and "not a Parquet index file" in s for s in skipped)
+
+
+def test_the_cache_fetches_an_index_file_again_only_when_it_changed(s3mock, tmp_path):
+    target = bucket.Target("fleet-test", "p", "alpha")
+    put_sidecar(s3mock, target, sidecar("alpha", 1))
+    gets = []
+    real_get = s3mock.get_object
+
+    def counting_get(**kw):
+        gets.append(kw["Key"])
+        return real_get(**kw)
+    s3mock.get_object = counting_get
+    cache = reader.SidecarCache(tmp_path / "fleet.sqlite")
+    for expect in (1, 0):
+        gets.clear()
+        fleetview.collect(s3mock, target, [DAY], cache=cache).close()
+        assert len(gets) == expect
+    s3mock.get_object = real_get
+    put_sidecar(s3mock, target, sidecar("alpha", 2))
+    s3mock.get_object = counting_get
+    gets.clear()
+    view = fleetview.collect(s3mock, target, [DAY], cache=cache)
+    assert len(gets) == 1
+    assert len(fleetview.rows(view.connect(), fleetview.LIST_SQL)[1]) == 2
+    cache.close()
