@@ -178,3 +178,17 @@ def test_the_cache_fetches_an_index_file_again_only_when_it_changed(s3mock, tmp_
     assert len(gets) == 1
     assert len(fleetview.rows(view.connect(), fleetview.LIST_SQL)[1]) == 2
     cache.close()
+
+
+def test_the_documented_schema_is_the_written_one():
+    """docs/fleet-query.md is what admins declare their tables from: its table and DDL name every column."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "fleet-query.md").read_text()
+    table = [line.split("|")[1:4] for line in doc.splitlines() if line.startswith("| `")]
+    assert [(c.strip().strip("`"), t.strip()) for c, t, _ in table] == \
+        [(name, kind) for name, kind, _ in dataset.COLUMNS + dataset.PARTITIONS]
+    athena = doc[doc.index("CREATE EXTERNAL TABLE"):doc.index("PARTITIONED BY")]
+    assert [w.split()[0] for w in athena.split("(", 1)[1].replace("\n", " ").split(",")] == \
+        [name for name, _, _ in dataset.COLUMNS]
+    assert f"index schema {dataset.INDEX_SCHEMA}" in doc
