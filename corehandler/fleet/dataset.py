@@ -36,7 +36,7 @@ COLUMNS = (
     ("comm", "string", "the thread's name"),
     ("signal", "int32", "the signal number"),
     ("uid", "int64", "the process's user id"),
-    ("status", "string", "the dump's status on its host (ok, truncated, metadata, ...)"),
+    ("status", "string", "the dump's status on its host (ok, truncated, dropped, invalid, orphan)"),
     ("signature", "string", "the normalised signature (or EXE:SIGNAL without an analysis)"),
     ("signature_id", "string", "s1-... of the signature (null without an analysis)"),
     ("signature_source", "string", "analysis | exe+signal"),
