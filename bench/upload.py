@@ -8,10 +8,12 @@ Against a real S3 server on loopback (SeaweedFS weed mini, as in the tests), all
    uploader's CPU seconds per GiB (this process's user+system time, the server's not included).
 2. Crash -> available: the feeder pipes a 64 MiB core into csplice (as the kernel would), the daemon ingests
    it and the uploader sends it; the clock stops when the sidecar answers a HEAD.
-3. `fleet list`: 1,000 and 10,000 sidecars of one day (spread over 10 hosts) listed and read
-   (corehandler.fleet.reader.list_sidecars, what `fleet list` runs), with an empty cache and again with it filled.
+3. `fleet list --group` over a synthetic fleet (--fleet DUMPS,DAYS,HOSTS, default 1,000,000 dumps in 100
+   days from 1,000 hosts) as the hosts' index files leave it, cold (empty cache) and warm.
+4. `fleet list` of sidecars no index file covers (v1 hosts): 1,000 of one day over 10 hosts, read one by one.
+Encryption (`[upload] recipients`, two keys) is measured beside the clear upload in 1.
 
-    python -P bench/upload.py [--rounds 3] [--out bench/results/upload.md]
+    python -P bench/upload.py [--rounds 3] [--fleet 1000000,100,1000] [--out bench/results/upload.md]
 """
 
 from __future__ import annotations
@@ -94,12 +96,16 @@ def make_dump(state: Path, size: int, n: int) -> str:
 
 
 def throughput(server: S3Server, work: Path, creds: Path, size: int, rounds: int) -> dict:
+    from pyrage import x25519
+
     bucket_name = server.new_bucket()
     cfg = UploadConfig.model_validate({"url": f"s3://{bucket_name}/bench", "endpoint": server.endpoint,
                                        "credentials_file": str(creds), "host": "bench"})
+    # Two recipients, as a fleet with a break-glass key has.
+    cfg_age = cfg.model_copy(update={"recipients": [str(x25519.Identity.generate().to_public()) for _ in range(2)]})
     raw_client = server.client(request_checksum_calculation="when_required")
     sha_client = server.client()
-    ours, raw, raw_sha, cpu_ours = [], [], [], []
+    ours, raw, raw_sha, cpu_ours, age, cpu_age = [], [], [], [], [], []
     for r in range(rounds):
         state = work / f"tp-{size}-{r}"
         dump_id = make_dump(state, size, r)
@@ -121,23 +127,28 @@ def throughput(server: S3Server, work: Path, creds: Path, size: int, rounds: int
             raw_sha.append(nbytes / (time.monotonic() - t))
             raw_client.delete_object(Bucket=bucket_name, Key=f"raw/{dump_id}")
 
-        def run_ours():
-            uploader = upload.Uploader(cfg, state)
+        def run_ours(config=cfg, rates=ours, cpus=cpu_ours):
+            uploader = upload.Uploader(config, state)
             with Store(state) as store:
+                store.db.execute("UPDATE uploads SET core = NULL")  # no note of an earlier round's core
+                store.db.commit()
                 uploader._client = uploader._client_factory()
                 c, t = cpu(), time.monotonic()
                 assert uploader.upload_one(store, dump_id), "upload failed"
-                ours.append(nbytes / (time.monotonic() - t))
-                cpu_ours.append((cpu() - c) / (nbytes / GiB))
+                rates.append(nbytes / (time.monotonic() - t))
+                cpus.append((cpu() - c) / (nbytes / GiB))
             for key in server.keys(bucket_name, "bench/"):
                 raw_client.delete_object(Bucket=bucket_name, Key=key)
 
-        # Interleaved, the order alternating, so load from the machine's other users hits both alike.
-        steps = [run_raw, run_raw_sha, run_ours]
-        for step in steps[r % 3:] + steps[:r % 3]:
+        def run_age():
+            run_ours(cfg_age, age, cpu_age)
+
+        # Interleaved, the order rotating, so load from the machine's other users hits all alike.
+        steps = [run_raw, run_raw_sha, run_ours, run_age]
+        for step in steps[r % 4:] + steps[:r % 4]:
             step()
         path.unlink()
-    return {"ours": ours, "raw": raw, "raw_sha": raw_sha, "cpu": cpu_ours}
+    return {"ours": ours, "raw": raw, "raw_sha": raw_sha, "cpu": cpu_ours, "age": age, "cpu_age": cpu_age}
 
 
 def crash_to_available(server: S3Server, work: Path, creds: Path, rounds: int) -> list[float]:
@@ -163,6 +174,7 @@ def crash_to_available(server: S3Server, work: Path, creds: Path, rounds: int) -
 
 
 def fleet_listing(server: S3Server, work: Path, creds: Path, count: int, rounds: int) -> tuple[list, list]:
+    """Sidecars no index file covers (v1 hosts, a host killed before its index write): read one by one."""
     bucket_name = server.new_bucket()
     cfg = UploadConfig.model_validate({"url": f"s3://{bucket_name}/bench", "endpoint": server.endpoint,
                                        "credentials_file": str(creds), "host": "bench"})
@@ -173,7 +185,7 @@ def fleet_listing(server: S3Server, work: Path, creds: Path, count: int, rounds:
 
     def put(i: int) -> None:
         host, dump_id = f"host-{i % 10}", f"{int(now * 1e6) + i}-0123456789abcdef-{i}"
-        body = json.dumps({"schema": 1, "id": dump_id, "host": host, "crashed_at": now, "signature": f"sig-{i % 7}",
+        body = json.dumps({"schema": 2, "id": dump_id, "host": host, "crashed_at": now, "signature": f"sig-{i % 7}",
                            "core": None, "index": {"exe": "/usr/bin/x", "signal": 11}, "record": {}})
         client.put_object(Bucket=bucket_name, Key=target.dump_key(now, dump_id, ".json", host), Body=body.encode())
 
@@ -186,11 +198,74 @@ def fleet_listing(server: S3Server, work: Path, creds: Path, count: int, rounds:
         cache = reader.SidecarCache(work / f"cache-{count}-{r}.sqlite")
         for times in (cold, warm):
             t = time.monotonic()
-            found = reader.list_sidecars(client, target, [day], cache=cache)
+            found, _ = reader.list_sidecars(client, target, [day], cache=cache)
             times.append(time.monotonic() - t)
             assert len(found) == count, len(found)
         cache.close()
     return cold, warm
+
+
+def synthetic_fleet(client, target, dumps: int, days: int, hosts: int) -> list[datetime.date]:
+    """`dumps` dumps over `days` days from `hosts` hosts, as the hosts' uploaders leave the index: one Parquet
+    file per host and day (dataset.py's rows; signatures drawn from a long tail of 500)."""
+    import random
+
+    from corehandler.fleet import dataset
+
+    last = datetime.datetime.now(datetime.timezone.utc).date()
+    day_list = [last - datetime.timedelta(days=d) for d in range(days)]
+    per_file = max(1, dumps // (days * hosts))
+
+    def put(job: tuple[int, int]) -> None:
+        h, d = job
+        rand = random.Random(h * 100003 + d)
+        day, host = day_list[d], f"host-{h:04d}"
+        base = datetime.datetime.combine(day, datetime.time(), datetime.timezone.utc).timestamp()
+        rows = []
+        for i in range(per_file):
+            ts = base + rand.uniform(0, 86399)
+            sig = f"crasher{int(rand.paretovariate(1.2)) % 500} SIGSEGV f{i % 5} < main"
+            dump_id = f"{int(ts * 1e6)}-0123456789abcdef-{i}"
+            rows.append(dataset.row({"schema": 2, "id": dump_id, "host": host, "crashed_at": ts, "uploaded_at": ts,
+                                     "signature": sig, "signature_source": "analysis", "budget": None,
+                                     "core": {"key": "k", "bytes": 1000} if i % 3 else None,
+                                     "index": {"exe": "/usr/bin/crasher", "signal": 11, "status": "ok",
+                                               "raw_bytes": 4096}, "analysis": None},
+                                    f"{target.day_prefix(host, day)}{dump_id}.json"))
+        client.put_object(Bucket=target.bucket, Key=dataset.part_key(target, host, day, 0),
+                          Body=dataset.to_parquet(rows))
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(put, [(h, d) for h in range(hosts) for d in range(days)]))
+    return sorted(day_list)
+
+
+def fleet_group(server: S3Server, work: Path, creds: Path, dumps: int, days: int, hosts: int,
+                rounds: int) -> tuple[list, list, int]:
+    """`fleet list --group` over the whole synthetic fleet: what the CLI runs (fleetview.collect, GROUP_SQL)."""
+    from corehandler.fleet import fleetview
+
+    bucket_name = server.new_bucket()
+    cfg = UploadConfig.model_validate({"url": f"s3://{bucket_name}/bench", "endpoint": server.endpoint,
+                                       "credentials_file": str(creds), "host": "bench"})
+    target = bucket.target(cfg)
+    client = bucket.client(cfg, pool=reader.WORKERS + 4)
+    t = time.monotonic()
+    day_list = synthetic_fleet(client, target, dumps, days, hosts)
+    print(f"synthetic fleet made in {time.monotonic() - t:.0f}s", flush=True)
+    cold, warm, total = [], [], 0
+    for r in range(rounds):
+        cache = reader.SidecarCache(work / f"group-{dumps}-{r}.sqlite")
+        for times in (cold, warm):
+            t = time.monotonic()
+            view = fleetview.collect(client, target, day_list, cache=cache)
+            _, groups = fleetview.rows(view.connect(), fleetview.GROUP_SQL)
+            times.append(time.monotonic() - t)
+            view.close()
+            total = sum(g[1] for g in groups)
+        cache.close()
+        print("group", cold[-1], warm[-1], total, flush=True)
+    return cold, warm, total
 
 
 def spread(values: list[float], fmt: str = "{:.2f}") -> str:
@@ -202,7 +277,9 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", type=Path, default=HERE / "results" / "upload.md")
     p.add_argument("--sizes", default="256,1024", help="dump sizes in MiB")
-    p.add_argument("--listings", default="1000,10000")
+    p.add_argument("--listings", default="1000", help="uncovered sidecars of one day to list, e.g. 1000,10000")
+    p.add_argument("--fleet", default="1000000,100,1000", help="DUMPS,DAYS,HOSTS of the synthetic fleet that "
+                   "`fleet list --group` reads; \"\" = skip")
     a = p.parse_args()
     started = machine_state()
     with tempfile.TemporaryDirectory(prefix="upload-bench-", dir="/var/tmp") as tmp:
@@ -213,17 +290,27 @@ def main() -> int:
             rows = []
             for mib in map(int, a.sizes.split(",")):
                 r = throughput(server, work, creds, mib * MiB, a.rounds)
-                raw_mib, sha_mib, ours_mib = ([x / MiB for x in r[k]] for k in ("raw", "raw_sha", "ours"))
+                raw_mib, sha_mib, ours_mib, age_mib = ([x / MiB for x in r[k]]
+                                                       for k in ("raw", "raw_sha", "ours", "age"))
                 rows.append([f"{mib} MiB", f"{median(raw_mib):.0f} ({spread(raw_mib, '{:.0f}')})",
                              f"{median(sha_mib):.0f} ({spread(sha_mib, '{:.0f}')})",
                              f"{median(ours_mib):.0f} ({spread(ours_mib, '{:.0f}')})",
+                             f"{median(age_mib):.0f} ({spread(age_mib, '{:.0f}')})",
                              f"{paired_ratio(r['ours'], r['raw']):.2f}", f"{paired_ratio(r['raw_sha'], r['raw']):.2f}",
-                             f"{median(r['cpu']):.2f} ({spread(r['cpu'])})"])
+                             f"{paired_ratio(r['age'], r['ours']):.2f}",
+                             f"{median(r['cpu']):.2f} ({spread(r['cpu'])})",
+                             f"{median(r['cpu_age']):.2f} ({spread(r['cpu_age'])})"])
                 print(rows[-1], flush=True)
             c2a = crash_to_available(server, work, creds, a.rounds)
             print("crash->available", c2a, flush=True)
+            groups = []
+            if a.fleet:
+                dumps, days, hosts = map(int, a.fleet.split(","))
+                cold, warm, total = fleet_group(server, work, creds, dumps, days, hosts, a.rounds)
+                groups.append([f"{total:,}", str(days), f"{hosts:,}", f"{days * hosts:,}", f"{median(cold):.2f}",
+                               spread(cold), f"{median(warm):.2f}", spread(warm)])
             listings = []
-            for count in map(int, a.listings.split(",")):
+            for count in (map(int, a.listings.split(",")) if a.listings else ()):
                 cold, warm = fleet_listing(server, work, creds, count, a.rounds)
                 listings.append([f"{count:,}", f"{median(cold):.2f}", spread(cold), f"{count / median(cold):.0f}",
                                  f"{median(warm):.2f}", spread(warm)])
@@ -240,20 +327,31 @@ def main() -> int:
         f"Machine at start: {started}; at end: {ended}. Absolute figures move with the load, the paired ratios "
         "less.", "",
         f"## Throughput (MiB/s, median of {a.rounds} interleaved rounds, min–max in brackets)", "",
-        markdown_table(["dump", "raw PUT", "raw PUT, SHA-256", "corehandler upload", "ours ÷ raw PUT (paired)",
-                        "raw PUT, SHA-256 ÷ raw PUT", "client CPU s/GiB"], rows),
+        markdown_table(["dump", "raw PUT", "raw PUT, SHA-256", "corehandler upload", "corehandler, encrypted",
+                        "ours ÷ raw PUT (paired)", "raw PUT, SHA-256 ÷ raw PUT", "encrypted ÷ ours (paired)",
+                        "client CPU s/GiB", "encrypted: client CPU s/GiB"], rows),
         "Raw PUT: one put_object of the same file, no checksum, the same client library and server (the floor). "
         "Raw PUT, SHA-256: the same with botocore's SHA-256 checksum of the body, what any verified upload pays. "
-        "corehandler's upload reads the file once more for its digests, sends parts with SHA-256 checksums and "
-        "HEADs the result.", "",
+        "corehandler's upload reads the file once more for its digests, sends parts with SHA-256 checksums, "
+        "HEADs the result, then writes the sidecar and the host's index file of the day. Encrypted: the same "
+        "with `[upload] recipients` (two age X25519 keys): the file is encrypted as it is read and digested as "
+        "it goes up (one read of the file, no second digest pass).", "",
         f"## Crash -> available in the bucket (64 MiB feeder core, {a.rounds} rounds)", "",
         markdown_table(["median s", "min–max s"], [[f"{median(c2a):.2f}", spread(c2a)]]),
         "From the feeder starting to pipe the core into csplice to the sidecar answering HEAD: capture, ingest "
         "(validate, zstd, verify, index), then upload and verification.", "",
-        f"## `fleet list` of one day ({a.rounds} rounds)", "",
+        f"## `fleet list --group` over a synthetic fleet ({a.rounds} rounds)", "",
+        markdown_table(["dumps", "days", "hosts", "index files", "cold median s", "cold min–max s",
+                        "warm median s", "warm min–max s"], groups) if groups else "(not run)",
+        "What the CLI runs (fleetview.collect, then GROUP_SQL on DuckDB) over every day of the fleet. The "
+        "fleet is made as the hosts' uploaders leave it: one Parquet index file per host and day. Cold: an "
+        "empty local cache, every index file fetched (GETs in a pool of 32 threads); warm: the same again, "
+        "two LISTs per day and DuckDB over the cached files.", "",
+        f"## `fleet list` of one day's sidecars no index file covers ({a.rounds} rounds)", "",
         markdown_table(["sidecars", "cold median s", "cold min–max s", "cold sidecars/s", "cached median s",
                         "cached min–max s"], listings),
-        f"Cold: one listing per host (10 hosts) and one GET per sidecar in a pool of {reader.WORKERS} threads "
+        f"Sidecars of hosts on the v1 layout or killed before their index write are read one by one: one listing "
+        f"per host (10 hosts) and one GET per sidecar in a pool of {reader.WORKERS} threads "
         "(boto3 costs some milliseconds of client CPU per request, so on two busy CPUs this is CPU-bound). "
         "Cached: the same listing with the local sidecar cache (key + ETag) `fleet list` keeps, so only new "
         "sidecars are read.", "",
