@@ -13,7 +13,7 @@ from pathlib import Path
 from corehandler.cli.common import emit, load, table, write_output
 from corehandler.cli.progress import Progress
 from corehandler.errors import NoMatchError, UsageError
-from corehandler.fleet import bucket, fleetview, reader, seal
+from corehandler.fleet import bucket, dataset, fleetview, reader, seal
 from corehandler.printable import display
 from corehandler.units import human_size
 
@@ -42,6 +42,10 @@ def register(commands) -> None:
     query.set_defaults(handler=run_query)
     query.add_argument("sql", metavar="SQL", help="e.g. \"SELECT signature, count(*) FROM dumps GROUP BY 1\"")
 
+    compact = sub.add_parser("compact", parents=[common, days], help="merge each day's index files into one "
+                             "(idempotent; any host or an admin, for closed days)")
+    compact.set_defaults(handler=run_compact)
+
     info = sub.add_parser("info", parents=[common], help="a dump's sidecar: record, index row, trace")
     info.set_defaults(handler=run_info)
     info.add_argument("id", metavar="ID")
@@ -60,7 +64,7 @@ def register(commands) -> None:
 
 
 def _usage(args: argparse.Namespace) -> int:
-    raise UsageError("fleet needs a verb: list, query, info or get")
+    raise UsageError("fleet needs a verb: list, query, compact, info or get")
 
 
 def _date(text: str) -> dt.date:
@@ -143,6 +147,21 @@ def run_query(args: argparse.Namespace) -> int:
         view.close()
     found = fleetview.as_dicts(columns, values)
     emit(args, found, table([tuple(columns)] + [tuple(_text(v) for v in row) for row in values]))
+    return 0
+
+
+def run_compact(args: argparse.Namespace) -> int:
+    client, target, upload = _open(args)
+    sse = bucket.sse_args(upload)
+    done = []
+    for day in _days(args):
+        try:
+            key, count = dataset.compact(client, target, day, sse)
+        except Exception as e:
+            raise bucket.classify(e) from e
+        done.append({"day": str(day), "key": key, "rows": count})
+    emit(args, done, "\n".join(f"{d['day']}: " + (f"{d['rows']} rows in s3://{target.bucket}/{d['key']}"
+                                                    if d["key"] else "no index files") for d in done))
     return 0
 
 

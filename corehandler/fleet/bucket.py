@@ -5,6 +5,7 @@ Layout (docs/design.md, "Fleet"), under the URL's PREFIX:
                                             uncompressed; .age when encrypted to [upload] recipients)
   v2/dt=YYYY-MM-DD/host=HOST/ID.json        its sidecar, written after the core is verified
   v2/index/dt=YYYY-MM-DD/host=HOST/part-NNNNN.parquet   the day's index rows of that host (dataset.py)
+  v2/daily/dt=YYYY-MM-DD/index-DIGEST.parquet           a day's index files compacted into one (dataset.py)
   v1/budget/SIG/DAY/0..N-1                  the fleet budget's slots, each claimed by one conditional create
                                             (where v1 hosts claim theirs too: one budget across an upgrade)
   v1/HOST/YYYY/MM/DD/ID.{zst,core,json}     what hosts of corehandler 0.2 uploaded: still read
@@ -110,8 +111,11 @@ class Target:
     def v1_day_prefix(self, host: str, day: datetime.date) -> str:
         return self.key(host, f"{day:%Y/%m/%d}", layout=V1) + "/"
 
+    def index_day_prefix(self, day: datetime.date) -> str:
+        return self.key(INDEX, f"dt={day:%Y-%m-%d}") + "/"
+
     def index_prefix(self, host: str, day: datetime.date) -> str:
-        return self.key(INDEX, f"dt={day:%Y-%m-%d}", f"host={host}") + "/"
+        return self.index_day_prefix(day) + f"host={host}/"
 
     def dump_key(self, crashed_at: float, dump_id: str, suffix: str, host: str | None = None) -> str:
         return self.day_prefix(host or self.host, crash_day(crashed_at)) + dump_id + suffix
@@ -147,6 +151,16 @@ def target(config) -> Target:
     if not config.url:
         raise UploadConfigError("no bucket configured: set upload.url = \"s3://BUCKET/PREFIX\"")
     return Target(config.bucket, config.prefix, host_name(config))
+
+
+def sse_args(config) -> dict:
+    """The server-side encryption arguments of a PUT, from [upload]."""
+    extra = {}
+    if config.sse:
+        extra["ServerSideEncryption"] = config.sse
+    if config.sse_kms_key_id:
+        extra["SSEKMSKeyId"] = config.sse_kms_key_id
+    return extra
 
 
 def client(config, *, pool: int = 16):

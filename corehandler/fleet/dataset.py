@@ -9,6 +9,13 @@ is up (a row of the same id is replaced: a retry is idempotent), and starts the 
 (so an upload rewrites a bounded file). The index lives in its own tree, not beside the sidecars and cores,
 because engines read every file under a table's location as Parquet.
 
+A day's files can be compacted into one (`fleet compact`, by any host or an admin, for closed days):
+    PREFIX/v2/daily/dt=YYYY-MM-DD/index-DIGEST.parquet     (the same columns plus host)
+DIGEST names the exact set of part files (key and ETag) it was made from, so the file is a pure function of
+its inputs: two compactions at once of the same inputs write the same rows to the same key, of different
+inputs two keys, and a reader uses a day's compacted file only when its DIGEST is that of the part files it
+lists now (else the parts). A compaction then deletes the day's compacted files of other inputs.
+
 Schema (INDEX_SCHEMA; the file's key-value metadata `corehandler.index_schema` and the column `index_schema`
 say it): a reader skips a file of a newer schema, naming it. Strings are the sidecar's, with bytes that are not
 UTF-8 (lone surrogates in Python) written as backslash escapes, since Parquet strings are UTF-8.
@@ -17,6 +24,7 @@ UTF-8 (lone surrogates in Python) written as backslash escapes, since Parquet st
 from __future__ import annotations
 
 import datetime
+import hashlib
 import io
 
 from corehandler.fleet import bucket
@@ -25,6 +33,7 @@ from corehandler.fleet.bucket import Target
 INDEX_SCHEMA = 1
 PART_ROWS = 2000
 METADATA_KEY = b"corehandler.index_schema"
+DAILY = "daily"
 
 # (name, pyarrow type name, what it is): the documented columns, in order (docs/fleet-query.md).
 COLUMNS = (
@@ -60,12 +69,15 @@ class NewerSchemaError(ValueError):
     """A file of an index schema this corehandler does not know."""
 
 
-def schema(partitions: bool = False):
+def schema(partitions: bool = False, host: bool = False):
+    """The index file's schema; with the partition columns (dt, host) for rows made in memory, or with host
+    for a compacted day's file."""
     import pyarrow as pa
 
     types = {"int32": pa.int32(), "int64": pa.int64(), "string": pa.string(), "bool": pa.bool_(),
              "timestamp": pa.timestamp("us", tz="UTC")}
-    fields = [pa.field(name, types[kind]) for name, kind, _ in COLUMNS + (PARTITIONS if partitions else ())]
+    extra = PARTITIONS if partitions else PARTITIONS[1:] if host else ()
+    fields = [pa.field(name, types[kind]) for name, kind, _ in COLUMNS + extra]
     return pa.schema(fields, metadata={METADATA_KEY: str(INDEX_SCHEMA).encode()})
 
 
@@ -108,17 +120,17 @@ def row(sc: dict, key: str) -> dict:
     }
 
 
-def table(rows: list[dict], partitions: bool = False):
+def table(rows: list[dict], partitions: bool = False, host: bool = False):
     import pyarrow as pa
 
-    return pa.Table.from_pylist(rows, schema=schema(partitions))
+    return pa.Table.from_pylist(rows, schema=schema(partitions, host))
 
 
-def to_parquet(rows: list[dict]) -> bytes:
+def to_parquet(rows: list[dict], host: bool = False) -> bytes:
     import pyarrow.parquet as pq
 
     buf = io.BytesIO()
-    pq.write_table(table(rows), buf, compression="zstd")
+    pq.write_table(table(rows, host=host), buf, compression="zstd")
     return buf.getvalue()
 
 
@@ -150,9 +162,7 @@ def part_key(target: Target, host: str, day: datetime.date, n: int) -> str:
 def add(client, target: Target, day: datetime.date, new: dict, sse: dict | None = None) -> str:
     """Puts `new` into this host's last part file of `day` (replacing a row of the same id), or into a new
     part past PART_ROWS rows. Only this host writes under its own partition: no lock, no coordinator."""
-    prefix = target.index_prefix(target.host, day)
-    pages = client.get_paginator("list_objects_v2").paginate(Bucket=target.bucket, Prefix=prefix)
-    parts = sorted(o["Key"] for page in pages for o in page.get("Contents") or [] if o["Key"].endswith(".parquet"))
+    parts = sorted(k for k, _ in _list(client, target, target.index_prefix(target.host, day)))
     rows: list[dict] = []
     n = 0
     if parts:
@@ -168,5 +178,42 @@ def add(client, target: Target, day: datetime.date, new: dict, sse: dict | None 
     return key
 
 
-def crash_day(sc: dict) -> datetime.date:
-    return bucket.crash_day(sc.get("crashed_at") or 0)
+def digest(parts: list[tuple[str, str]]) -> str:
+    """The name of a set of part files (key, ETag), as a compacted file carries it."""
+    return hashlib.sha256("\n".join(f"{k} {e}" for k, e in sorted(parts)).encode()).hexdigest()[:32]
+
+
+def daily_prefix(target: Target, day: datetime.date) -> str:
+    return target.key(DAILY, f"dt={day:%Y-%m-%d}") + "/"
+
+
+def daily_key(target: Target, day: datetime.date, parts: list[tuple[str, str]]) -> str:
+    return daily_prefix(target, day) + f"index-{digest(parts)}.parquet"
+
+
+def _list(client, target: Target, prefix: str) -> list[tuple[str, str]]:
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=target.bucket, Prefix=prefix)
+    return [(o["Key"], o.get("ETag", "")) for page in pages for o in page.get("Contents") or []
+            if o["Key"].endswith(".parquet")]
+
+
+def compact(client, target: Target, day: datetime.date, sse: dict | None = None) -> tuple[str | None, int]:
+    """The day's part files as one file (its key, its rows); (None, 0) for a day without any. Idempotent and
+    safe to run twice at once (the module's docstring says why)."""
+    parts = _list(client, target, target.index_day_prefix(day))
+    parts = [(k, e) for k, e in parts if bucket.host_of(k)]
+    if not parts:
+        return None, 0
+    key = daily_key(target, day, parts)
+    rows = []
+    for part, _ in sorted(parts):
+        host = bucket.host_of(part)
+        rows += [dict(r, host=host) for r in from_parquet(
+            client.get_object(Bucket=target.bucket, Key=part)["Body"].read(), f"s3://{target.bucket}/{part}")]
+    rows.sort(key=lambda r: (r["host"], r["id"]))
+    client.put_object(Bucket=target.bucket, Key=key, Body=to_parquet(rows, host=True),
+                      ContentType="application/vnd.apache.parquet", **(sse or {}))
+    for other, _ in _list(client, target, daily_prefix(target, day)):
+        if other != key:
+            client.delete_object(Bucket=target.bucket, Key=other)
+    return key, len(rows)

@@ -1,13 +1,15 @@
 """The fleet view: `fleet list`, `fleet list --group` and `fleet query SQL` on an embedded engine (DuckDB).
 
 One table, `dumps` (the index's columns, dataset.COLUMNS, plus dt and host), made of:
-- the Parquet index files of the days asked for (dataset.py), downloaded once into the local cache by key
-  and ETag (a file a host rewrote is fetched again);
+- the Parquet index files of the days asked for (dataset.py): a day's compacted file when there is one of
+  exactly the day's part files, else the part files; downloaded once into the local cache by key and ETag (a
+  file a host rewrote is fetched again);
 - rows made from the sidecars the index does not cover: v1 hosts (corehandler 0.2), and a host's day with
   objects but no index file yet (a host whose uploader was killed between sidecar and index, until it
   retries).
-A listing of the days costs two LISTs per day (the index's and the day's host partitions) plus the v1 hosts'
-listings, a GET per index file not cached and a GET per uncovered sidecar not cached. Index files of a newer
+A listing of the days costs three LISTs per day (the index's, the compacted files', the day's host
+partitions) plus the v1 hosts' listings, a GET per index file not cached and a GET per uncovered sidecar not
+cached. Index files of a newer
 schema and sidecars that are not JSON or of a newer schema are skipped, each named.
 """
 
@@ -42,9 +44,11 @@ FROM dumps GROUP BY signature ORDER BY count DESC, signature"""
 
 @dataclass
 class View:
-    files: list[Path] = field(default_factory=list)   # local Parquet index files
+    files: list[Path] = field(default_factory=list)   # local Parquet index files of hosts (dt, host in the path)
+    daily: list[Path] = field(default_factory=list)   # local compacted files of days (dt in the path)
     rows: list[dict] = field(default_factory=list)    # rows of sidecars no index file covers
     skipped: list[str] = field(default_factory=list)  # why each unreadable object was left out
+    hosts: tuple[str, ...] = ()                       # only these hosts, if any
     _tmp: str | None = None
 
     def close(self) -> None:
@@ -56,64 +60,87 @@ class View:
         import duckdb
 
         con = duckdb.connect(":memory:")
-        fresh = dataset.table(self.rows, partitions=True)
-        con.register("unindexed", fresh)
-        if self.files:
-            paths = ", ".join("'" + str(p).replace("'", "''") + "'" for p in self.files)
-            indexed = (f"SELECT * FROM read_parquet([{paths}], hive_partitioning = true, union_by_name = true, "
-                       "hive_types = {'dt': VARCHAR, 'host': VARCHAR})")
-            con.execute(f"CREATE VIEW dumps AS {indexed} UNION ALL BY NAME SELECT * FROM unindexed")
-        else:
-            con.execute("CREATE VIEW dumps AS SELECT * FROM unindexed")
+        con.register("unindexed", dataset.table(self.rows, partitions=True))
+        sources = []
+        for files, types in ((self.files, "{'dt': VARCHAR, 'host': VARCHAR}"), (self.daily, "{'dt': VARCHAR}")):
+            if files:
+                paths = ", ".join(_quote(str(p)) for p in files)
+                sources.append(f"SELECT * FROM read_parquet([{paths}], hive_partitioning = true, "
+                               f"union_by_name = true, hive_types = {types})")
+        sources.append("SELECT * FROM unindexed")
+        where = f" WHERE host IN ({', '.join(_quote(h) for h in self.hosts)})" if self.hosts else ""
+        con.execute(f"CREATE VIEW dumps AS SELECT * FROM ({' UNION ALL BY NAME '.join(sources)}){where}")
         return con
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
 
 
 def collect(client, target: Target, days: list[datetime.date], only_hosts=(), cache: reader.SidecarCache | None = None,
             workers: int = reader.WORKERS) -> View:
     """What the view of those days (and hosts) is made of, fetched from the bucket."""
     wanted = set(only_hosts)
-    view = View()
+    view = View(hosts=tuple(sorted(wanted)))
     if cache is None:
         view._tmp = tempfile.mkdtemp(prefix="corehandler-fleet-")
     parts_dir = cache.parts_dir if cache else Path(view._tmp)
+
+    def listing(day: datetime.date):
+        return (day, reader.list_keys(client, target, target.index_day_prefix(day), ".parquet"),
+                reader.list_keys(client, target, dataset.daily_prefix(target, day), ".parquet"),
+                reader.day_hosts(client, target, day))
+
+    def local(key: str, day: datetime.date, host: str | None) -> Path:
+        name = hashlib.sha256(key.encode()).hexdigest()[:32] + ".parquet"
+        if host is None:
+            return parts_dir / dataset.DAILY / f"dt={day:%Y-%m-%d}" / name
+        return parts_dir / f"dt={day:%Y-%m-%d}" / f"host={host}" / name
+
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        per_day = list(pool.map(lambda d: (d, reader.list_keys(client, target, target.key(
-            bucket.INDEX, f"dt={d:%Y-%m-%d}") + "/", ".parquet"), reader.day_hosts(client, target, d)), days))
-        parts, uncovered = [], []
-        for day, keys, day_hosts in per_day:
-            indexed = set()
-            for key, etag in keys:
-                host = bucket.host_of(key)
-                if host and _SAFE.fullmatch(host) and host not in (".", "..") and (not wanted or host in wanted):
-                    parts.append((key, etag, day, host))
-                    indexed.add(host)
+        per_day = list(pool.map(listing, days))
+        files, uncovered, parts_of = [], [], {}
+        for day, keys, daily, day_hosts in per_day:
+            keys = [(k, e, bucket.host_of(k)) for k, e in keys if bucket.host_of(k)]
+            parts_of[day] = [(k, e, day, h) for k, e, h in keys
+                             if _SAFE.fullmatch(h) and h not in (".", "..") and (not wanted or h in wanted)]
+            compacted = dataset.daily_key(target, day, [(k, e) for k, e, _ in keys])
+            # A compacted file of exactly the part files there are now stands for all of them.
+            files += [(k, e, day, None) for k, e in daily if k == compacted] or parts_of[day]
+            indexed = {h for _, _, h in keys}
             uncovered += [target.day_prefix(h, day) for h in day_hosts
                           if h not in indexed and (not wanted or h in wanted)]
         v1 = [h for h in reader.hosts(client, target) if not wanted or h in wanted]
         uncovered += [target.v1_day_prefix(h, d) for h in v1 for d in days]
         listed = [k for ks in pool.map(lambda p: reader.list_keys(client, target, p), uncovered) for k in ks]
 
-        known = cache.part_etags([k for k, *_ in parts]) if cache else {}
+        known = cache.part_etags([f[0] for f in files]) if cache else {}
 
-        def local(key: str, day: datetime.date, host: str) -> Path:
-            name = hashlib.sha256(key.encode()).hexdigest()[:32] + ".parquet"
-            return parts_dir / f"dt={day:%Y-%m-%d}" / f"host={host}" / name
-
-        def fetch(part) -> tuple[str, str] | None:
-            key, etag, day, host = part
+        def fetch(item) -> tuple[str, str] | None:
+            key, etag, day, host = item
             path = local(key, day, host)
             if known.get(key) == etag and etag and path.exists():
                 return None
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            body = reader._call(client.get_object, Bucket=target.bucket, Key=key)["Body"].read()
+            try:
+                body = reader._call(client.get_object, Bucket=target.bucket, Key=key)["Body"].read()
+            except reader.BucketError:
+                if host is None:  # a compaction of newer inputs replaced it since the listing: use the parts
+                    return key, ""
+                raise
             tmp = path.with_suffix(".tmp")
             tmp.write_bytes(body)
             os.replace(tmp, path)
             return key, etag
-        fetched = [r for r in pool.map(fetch, parts) if r]
-    if cache and fetched:
-        cache.put_parts(fetched)
-    for key, _, day, host in parts:
+        fetched = list(pool.map(fetch, files))
+        gone = {r[0] for r in fetched if r and not r[1]}
+        if gone:
+            retry = [p for f in files if f[0] in gone for p in parts_of[f[2]]]
+            files = [f for f in files if f[0] not in gone] + retry
+            fetched += list(pool.map(fetch, retry))
+    if cache:
+        cache.put_parts([r for r in fetched if r and r[1]])
+    for key, _, day, host in files:
         path = local(key, day, host)
         try:
             dataset.check_file(path)
@@ -123,7 +150,7 @@ def collect(client, target: Target, days: list[datetime.date], only_hosts=(), ca
         except Exception as e:  # noqa: BLE001 (a damaged file is named and left out, not fatal)
             view.skipped.append(f"s3://{target.bucket}/{key} is not a Parquet index file: {e}")
             continue
-        view.files.append(path)
+        (view.files if host else view.daily).append(path)
     sidecars, skipped = reader.read_sidecars(client, target, listed, workers, cache)
     view.skipped += skipped
     for sc in sidecars:

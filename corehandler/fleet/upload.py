@@ -336,12 +336,7 @@ class Uploader(Quiet):
         return sent + len(body), core["key"] if core else None, budget
 
     def _sse(self) -> dict:
-        extra = {}
-        if self.config.sse:
-            extra["ServerSideEncryption"] = self.config.sse
-        if self.config.sse_kms_key_id:
-            extra["SSEKMSKeyId"] = self.config.sse_kms_key_id
-        return extra
+        return bucket.sse_args(self.config)
 
     def _kept_core(self, store: Store, dump_id: str) -> dict | None:
         """The core an earlier attempt sent and verified, when the bucket still holds it unchanged."""

@@ -4,11 +4,13 @@ files and the sidecars no index covers, v1 objects (corehandler 0.2) still read,
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
 from corehandler.errors import EXIT_USAGE
 from corehandler.fleet import bucket as layout
+from corehandler.fleet import dataset
 from support.daemon_harness import Running, wait_for
 from support.fleethost import Host, sha_file
 
@@ -54,6 +56,23 @@ def test_fleet_query_runs_sql_over_the_index_v1_objects_and_uncovered_sidecars(t
 
     code, out, err = alpha.cli(capsys, "fleet", "query", "--days", "2", "SELECT nope FROM dumps")
     assert code == EXIT_USAGE and "fleet query:" in err and "Traceback" not in err
+
+    # Compaction, four at once (as cron jobs of several hosts may): one file of the day, and the same answers.
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(dataset.compact(
+        client, layout.Target(bucket, "fleet", "any"), day))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(results) == 4 and len(set(results)) == 1
+    daily = s3.keys(bucket, "fleet/v2/daily/")
+    assert len(daily) == 1 and daily[0].startswith(f"fleet/v2/daily/dt={day}/index-")
+    code, out, err = alpha.cli(capsys, "fleet", "compact", "--days", "2", "--json")
+    assert code == 0 and [d["rows"] for d in json.loads(out) if d["key"]] == [2] and s3.keys(
+        bucket, "fleet/v2/daily/") == daily
+    code, out, err = alpha.cli(capsys, "fleet", "query", "--days", "2", "--json", sql)
+    assert [(r["host"], r["n"]) for r in json.loads(out)] == [("alpha", 1), ("beta", 1), ("legacy", 1)]
 
     out_file = tmp_path / "legacy.core"
     code, _, err = alpha.cli(capsys, "fleet", "get", records[0]["id"], "--host", "legacy", "-o", str(out_file))

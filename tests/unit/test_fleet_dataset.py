@@ -192,3 +192,35 @@ def test_the_documented_schema_is_the_written_one():
     assert [w.split()[0] for w in athena.split("(", 1)[1].replace("\n", " ").split(",")] == \
         [name for name, _, _ in dataset.COLUMNS]
     assert f"index schema {dataset.INDEX_SCHEMA}" in doc
+
+
+def test_a_compacted_day_stands_for_its_parts_only_while_they_are_unchanged(s3mock, tmp_path):
+    target = bucket.Target("fleet-test", "p", "any")
+    for host in ("alpha", "beta"):
+        for n in range(3):
+            put_sidecar(s3mock, target, sidecar(host, n))
+    key, count = dataset.compact(s3mock, target, DAY)
+    assert count == 6 and key == dataset.daily_key(target, DAY, reader.list_keys(
+        s3mock, target, target.index_day_prefix(DAY), ".parquet"))
+    assert dataset.compact(s3mock, target, DAY) == (key, 6)  # twice: the same file, nothing else
+    assert [k for k, _ in reader.list_keys(s3mock, target, dataset.daily_prefix(target, DAY), ".parquet")] == [key]
+    view = fleetview.collect(s3mock, target, [DAY])
+    assert len(view.daily) == 1 and view.files == []  # one file read for the day, not one per host
+    assert len(fleetview.rows(view.connect(), fleetview.LIST_SQL)[1]) == 6
+    assert [r[0] for r in fleetview.rows(view.connect(), "SELECT DISTINCT host FROM dumps ORDER BY 1")[1]] == \
+        ["alpha", "beta"]
+    view.close()
+    rows, _ = view_rows(s3mock, target, hosts=("beta",))
+    assert {r["host"] for r in rows} == {"beta"} and len(rows) == 3
+
+    # A late upload into that day: the compacted file no longer matches, the parts are read instead...
+    put_sidecar(s3mock, target, sidecar("alpha", 9))
+    view = fleetview.collect(s3mock, target, [DAY])
+    assert view.daily == [] and len(view.files) == 2
+    assert len(fleetview.rows(view.connect(), fleetview.LIST_SQL)[1]) == 7
+    view.close()
+    # ...until the next compaction, which replaces the stale file.
+    new_key, count = dataset.compact(s3mock, target, DAY)
+    assert count == 7 and new_key != key
+    assert [k for k, _ in reader.list_keys(s3mock, target, dataset.daily_prefix(target, DAY), ".parquet")] == \
+        [new_key]
