@@ -241,9 +241,11 @@ def synthetic_fleet(client, target, dumps: int, days: int, hosts: int) -> list[d
 
 
 def fleet_group(server: S3Server, work: Path, creds: Path, dumps: int, days: int, hosts: int,
-                rounds: int) -> tuple[list, list, int]:
-    """`fleet list --group` over the whole synthetic fleet: what the CLI runs (fleetview.collect, GROUP_SQL)."""
-    from corehandler.fleet import fleetview
+                rounds: int) -> list[list]:
+    """`fleet list --group` over the whole synthetic fleet: what the CLI runs (fleetview.collect, GROUP_SQL),
+    over the hosts' files as they are (one round: O(files) GETs cold), then after `fleet compact` of every
+    day (`rounds` rounds)."""
+    from corehandler.fleet import dataset, fleetview
 
     bucket_name = server.new_bucket()
     cfg = UploadConfig.model_validate({"url": f"s3://{bucket_name}/bench", "endpoint": server.endpoint,
@@ -253,19 +255,31 @@ def fleet_group(server: S3Server, work: Path, creds: Path, dumps: int, days: int
     t = time.monotonic()
     day_list = synthetic_fleet(client, target, dumps, days, hosts)
     print(f"synthetic fleet made in {time.monotonic() - t:.0f}s", flush=True)
-    cold, warm, total = [], [], 0
-    for r in range(rounds):
-        cache = reader.SidecarCache(work / f"group-{dumps}-{r}.sqlite")
-        for times in (cold, warm):
-            t = time.monotonic()
-            view = fleetview.collect(client, target, day_list, cache=cache)
-            _, groups = fleetview.rows(view.connect(), fleetview.GROUP_SQL)
-            times.append(time.monotonic() - t)
-            view.close()
-            total = sum(g[1] for g in groups)
-        cache.close()
-        print("group", cold[-1], warm[-1], total, flush=True)
-    return cold, warm, total
+
+    def measure(label: str, n: int, extra: str) -> list:
+        cold, warm, total = [], [], 0
+        for r in range(n):
+            cache = reader.SidecarCache(work / f"group-{label}-{r}.sqlite")
+            for times in (cold, warm):
+                t = time.monotonic()
+                view = fleetview.collect(client, target, day_list, cache=cache)
+                _, groups = fleetview.rows(view.connect(), fleetview.GROUP_SQL)
+                times.append(time.monotonic() - t)
+                view.close()
+                total = sum(g[1] for g in groups)
+            cache.close()
+            print("group", label, cold[-1], warm[-1], total, flush=True)
+        return [label, f"{total:,}", str(days), f"{hosts:,}", f"{median(cold):.2f}", spread(cold),
+                f"{median(warm):.2f}", spread(warm), extra]
+
+    out = [measure("per-host files", 1, f"{days * hosts:,} files")]
+    t = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda d: dataset.compact(client, target, d), day_list))
+    took = time.monotonic() - t
+    print(f"compacted in {took:.0f}s", flush=True)
+    out.append(measure("compacted days", rounds, f"{days} files; `fleet compact` of all days took {took:.0f} s"))
+    return out
 
 
 def spread(values: list[float], fmt: str = "{:.2f}") -> str:
@@ -306,9 +320,7 @@ def main() -> int:
             groups = []
             if a.fleet:
                 dumps, days, hosts = map(int, a.fleet.split(","))
-                cold, warm, total = fleet_group(server, work, creds, dumps, days, hosts, a.rounds)
-                groups.append([f"{total:,}", str(days), f"{hosts:,}", f"{days * hosts:,}", f"{median(cold):.2f}",
-                               spread(cold), f"{median(warm):.2f}", spread(warm)])
+                groups = fleet_group(server, work, creds, dumps, days, hosts, a.rounds)
             listings = []
             for count in (map(int, a.listings.split(",")) if a.listings else ()):
                 cold, warm = fleet_listing(server, work, creds, count, a.rounds)
@@ -341,12 +353,13 @@ def main() -> int:
         "From the feeder starting to pipe the core into csplice to the sidecar answering HEAD: capture, ingest "
         "(validate, zstd, verify, index), then upload and verification.", "",
         f"## `fleet list --group` over a synthetic fleet ({a.rounds} rounds)", "",
-        markdown_table(["dumps", "days", "hosts", "index files", "cold median s", "cold min–max s",
-                        "warm median s", "warm min–max s"], groups) if groups else "(not run)",
+        markdown_table(["read from", "dumps", "days", "hosts", "cold median s", "cold min–max s",
+                        "warm median s", "warm min–max s", "files read"], groups) if groups else "(not run)",
         "What the CLI runs (fleetview.collect, then GROUP_SQL on DuckDB) over every day of the fleet. The "
-        "fleet is made as the hosts' uploaders leave it: one Parquet index file per host and day. Cold: an "
-        "empty local cache, every index file fetched (GETs in a pool of 32 threads); warm: the same again, "
-        "two LISTs per day and DuckDB over the cached files.", "",
+        "fleet is made as the hosts' uploaders leave it: one Parquet index file per host and day (per-host "
+        "files: one round), then every day compacted by `fleet compact`. Cold: an empty local cache, every "
+        "file fetched (GETs in a pool of 32 threads); warm: the same again, three LISTs per day and DuckDB "
+        "over the cached files.", "",
         f"## `fleet list` of one day's sidecars no index file covers ({a.rounds} rounds)", "",
         markdown_table(["sidecars", "cold median s", "cold min–max s", "cold sidecars/s", "cached median s",
                         "cached min–max s"], listings),

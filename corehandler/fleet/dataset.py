@@ -11,10 +11,12 @@ because engines read every file under a table's location as Parquet.
 
 A day's files can be compacted into one (`fleet compact`, by any host or an admin, for closed days):
     PREFIX/v2/daily/dt=YYYY-MM-DD/index-DIGEST.parquet     (the same columns plus host)
-DIGEST names the exact set of part files (key and ETag) it was made from, so the file is a pure function of
-its inputs: two compactions at once of the same inputs write the same rows to the same key, of different
-inputs two keys, and a reader uses a day's compacted file only when its DIGEST is that of the part files it
-lists now (else the parts). A compaction then deletes the day's compacted files of other inputs.
+A reader takes a day's compacted file for the whole day, without listing its parts, so it must never be
+stale: an uploader that adds a row to a day deletes the day's compacted files after writing its part, and a
+compaction checks after writing that the day's parts are still those it read (DIGEST, of their keys and
+ETags), deleting its file otherwise. Either the uploader's check comes after the compacted file was written
+and sees it, or the compaction's comes after the part was written and sees that. The same inputs give the
+same key and rows, so compactions at once or twice are harmless.
 
 Schema (INDEX_SCHEMA; the file's key-value metadata `corehandler.index_schema` and the column `index_schema`
 say it): a reader skips a file of a newer schema, naming it. Strings are the sidecar's, with bytes that are not
@@ -175,6 +177,8 @@ def add(client, target: Target, day: datetime.date, new: dict, sse: dict | None 
     key = part_key(target, target.host, day, n)
     client.put_object(Bucket=target.bucket, Key=key, Body=to_parquet(rows + [new]),
                       ContentType="application/vnd.apache.parquet", **(sse or {}))
+    for stale, _ in _list(client, target, daily_prefix(target, day)):  # a compaction without this row
+        client.delete_object(Bucket=target.bucket, Key=stale)
     return key
 
 
@@ -197,23 +201,30 @@ def _list(client, target: Target, prefix: str) -> list[tuple[str, str]]:
             if o["Key"].endswith(".parquet")]
 
 
-def compact(client, target: Target, day: datetime.date, sse: dict | None = None) -> tuple[str | None, int]:
-    """The day's part files as one file (its key, its rows); (None, 0) for a day without any. Idempotent and
-    safe to run twice at once (the module's docstring says why)."""
-    parts = _list(client, target, target.index_day_prefix(day))
-    parts = [(k, e) for k, e in parts if bucket.host_of(k)]
-    if not parts:
-        return None, 0
-    key = daily_key(target, day, parts)
-    rows = []
-    for part, _ in sorted(parts):
-        host = bucket.host_of(part)
-        rows += [dict(r, host=host) for r in from_parquet(
-            client.get_object(Bucket=target.bucket, Key=part)["Body"].read(), f"s3://{target.bucket}/{part}")]
-    rows.sort(key=lambda r: (r["host"], r["id"]))
-    client.put_object(Bucket=target.bucket, Key=key, Body=to_parquet(rows, host=True),
-                      ContentType="application/vnd.apache.parquet", **(sse or {}))
-    for other, _ in _list(client, target, daily_prefix(target, day)):
-        if other != key:
-            client.delete_object(Bucket=target.bucket, Key=other)
-    return key, len(rows)
+def compact(client, target: Target, day: datetime.date, sse: dict | None = None,
+            attempts: int = 3) -> tuple[str | None, int]:
+    """The day's part files as one file (its key, its rows); (None, 0) for a day without any, or when hosts
+    kept writing to it through every attempt. Idempotent and safe to run twice at once (the module's
+    docstring says why)."""
+    for _ in range(attempts):
+        parts = [(k, e) for k, e in _list(client, target, target.index_day_prefix(day)) if bucket.host_of(k)]
+        if not parts:
+            return None, 0
+        key = daily_key(target, day, parts)
+        rows = []
+        for part, _ in sorted(parts):
+            host = bucket.host_of(part)
+            rows += [dict(r, host=host) for r in from_parquet(
+                client.get_object(Bucket=target.bucket, Key=part)["Body"].read(), f"s3://{target.bucket}/{part}")]
+        rows.sort(key=lambda r: (r["host"], r["id"]))
+        client.put_object(Bucket=target.bucket, Key=key, Body=to_parquet(rows, host=True),
+                          ContentType="application/vnd.apache.parquet", **(sse or {}))
+        now = [(k, e) for k, e in _list(client, target, target.index_day_prefix(day)) if bucket.host_of(k)]
+        if sorted(now) != sorted(parts):
+            client.delete_object(Bucket=target.bucket, Key=key)  # a host wrote meanwhile: stale already
+            continue
+        for other, _ in _list(client, target, daily_prefix(target, day)):
+            if other != key:
+                client.delete_object(Bucket=target.bucket, Key=other)
+        return key, len(rows)
+    return None, 0

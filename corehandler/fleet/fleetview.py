@@ -1,15 +1,15 @@
 """The fleet view: `fleet list`, `fleet list --group` and `fleet query SQL` on an embedded engine (DuckDB).
 
 One table, `dumps` (the index's columns, dataset.COLUMNS, plus dt and host), made of:
-- the Parquet index files of the days asked for (dataset.py): a day's compacted file when there is one of
-  exactly the day's part files, else the part files; downloaded once into the local cache by key and ETag (a
-  file a host rewrote is fetched again);
+- the Parquet index files of the days asked for (dataset.py): a day's compacted file when there is one, else
+  the hosts' part files; downloaded once into the local cache by key and ETag (a file rewritten since is
+  fetched again);
 - rows made from the sidecars the index does not cover: v1 hosts (corehandler 0.2), and a host's day with
   objects but no index file yet (a host whose uploader was killed between sidecar and index, until it
   retries).
-A listing of the days costs three LISTs per day (the index's, the compacted files', the day's host
-partitions) plus the v1 hosts' listings, a GET per index file not cached and a GET per uncovered sidecar not
-cached. Index files of a newer
+A listing of the days costs one LIST per compacted day and three per other day (the compacted files', the
+index's, the day's host partitions), plus the v1 hosts' listings, a GET per index file not cached and a GET
+per uncovered sidecar not cached. Index files of a newer
 schema and sidecars that are not JSON or of a newer schema are skipped, each named.
 """
 
@@ -87,8 +87,11 @@ def collect(client, target: Target, days: list[datetime.date], only_hosts=(), ca
     parts_dir = cache.parts_dir if cache else Path(view._tmp)
 
     def listing(day: datetime.date):
-        return (day, reader.list_keys(client, target, target.index_day_prefix(day), ".parquet"),
-                reader.list_keys(client, target, dataset.daily_prefix(target, day), ".parquet"),
+        # A compacted day is never stale (dataset.py): its file alone, nothing more to list.
+        daily = reader.list_keys(client, target, dataset.daily_prefix(target, day), ".parquet")
+        if daily:
+            return day, [], sorted(daily)[-1:], []
+        return (day, reader.list_keys(client, target, target.index_day_prefix(day), ".parquet"), [],
                 reader.day_hosts(client, target, day))
 
     def local(key: str, day: datetime.date, host: str | None) -> Path:
@@ -104,9 +107,7 @@ def collect(client, target: Target, days: list[datetime.date], only_hosts=(), ca
             keys = [(k, e, bucket.host_of(k)) for k, e in keys if bucket.host_of(k)]
             parts_of[day] = [(k, e, day, h) for k, e, h in keys
                              if _SAFE.fullmatch(h) and h not in (".", "..") and (not wanted or h in wanted)]
-            compacted = dataset.daily_key(target, day, [(k, e) for k, e, _ in keys])
-            # A compacted file of exactly the part files there are now stands for all of them.
-            files += [(k, e, day, None) for k, e in daily if k == compacted] or parts_of[day]
+            files += [(k, e, day, None) for k, e in daily] or parts_of[day]
             indexed = {h for _, _, h in keys}
             uncovered += [target.day_prefix(h, day) for h in day_hosts
                           if h not in indexed and (not wanted or h in wanted)]
