@@ -173,13 +173,17 @@ def crash_to_available(server: S3Server, work: Path, creds: Path, rounds: int) -
     return times
 
 
+def fleet_bucket(server: S3Server, creds: Path) -> tuple[bucket.Target, object]:
+    """A new bucket and the reading side's client of it, as `fleet list` makes it."""
+    cfg = UploadConfig.model_validate({"url": f"s3://{server.new_bucket()}/bench", "endpoint": server.endpoint,
+                                       "credentials_file": str(creds), "host": "bench"})
+    return bucket.target(cfg), bucket.client(cfg, pool=reader.WORKERS + 4)
+
+
 def fleet_listing(server: S3Server, work: Path, creds: Path, count: int, rounds: int) -> tuple[list, list]:
     """Sidecars no index file covers (v1 hosts, a host killed before its index write): read one by one."""
-    bucket_name = server.new_bucket()
-    cfg = UploadConfig.model_validate({"url": f"s3://{bucket_name}/bench", "endpoint": server.endpoint,
-                                       "credentials_file": str(creds), "host": "bench"})
-    target = bucket.target(cfg)
-    client = bucket.client(cfg, pool=reader.WORKERS + 4)
+    target, client = fleet_bucket(server, creds)
+    bucket_name = target.bucket
     now = time.time()
     day = bucket.crash_day(now)
 
@@ -247,11 +251,7 @@ def fleet_group(server: S3Server, work: Path, creds: Path, dumps: int, days: int
     day (`rounds` rounds)."""
     from corehandler.fleet import dataset, fleetview
 
-    bucket_name = server.new_bucket()
-    cfg = UploadConfig.model_validate({"url": f"s3://{bucket_name}/bench", "endpoint": server.endpoint,
-                                       "credentials_file": str(creds), "host": "bench"})
-    target = bucket.target(cfg)
-    client = bucket.client(cfg, pool=reader.WORKERS + 4)
+    target, client = fleet_bucket(server, creds)
     t = time.monotonic()
     day_list = synthetic_fleet(client, target, dumps, days, hosts)
     print(f"synthetic fleet made in {time.monotonic() - t:.0f}s", flush=True)

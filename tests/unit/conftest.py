@@ -30,3 +30,28 @@ def _no_processes(request):
     what = _spawned.pop(request.node.nodeid, None)
     if what:
         pytest.fail(f"a tests/unit test started a process ({what}): move it to tests/local", pytrace=False)
+
+
+@pytest.fixture
+def s3mock():
+    """moto's S3 with one bucket, fleet-test: fault injection and fleet logic without a server."""
+    moto = pytest.importorskip("moto", reason="moto is a test dependency (scripts/pip/test.txt)")
+    import boto3
+
+    with moto.mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket="fleet-test")
+        yield client
+
+
+@pytest.fixture
+def s3gets(s3mock) -> list[str]:
+    """The keys s3mock's get_object is asked for from now on, in order (clear() it between steps)."""
+    gets: list[str] = []
+    real_get = s3mock.get_object
+
+    def counting_get(**kw):
+        gets.append(kw["Key"])
+        return real_get(**kw)
+    s3mock.get_object = counting_get
+    return gets

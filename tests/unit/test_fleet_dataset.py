@@ -19,16 +19,6 @@ NOW = 1_764_000_000.0  # 2025-11-24 UTC
 DAY = bucket.crash_day(NOW)
 
 
-@pytest.fixture
-def s3mock():
-    import boto3
-
-    with moto.mock_aws():
-        client = boto3.client("s3", region_name="us-east-1")
-        client.create_bucket(Bucket="fleet-test")
-        yield client
-
-
 def sidecar(host: str, n: int, signature: str = "crasher SIGSEGV main", *, core: bool = True,
             schema: int = 2) -> dict:
     dump_id = f"{int((NOW + n) * 1e6)}-0123456789abcdef-{n}"
@@ -155,24 +145,16 @@ def test_an_index_file_of_a_newer_schema_or_not_parquet_is_skipped_and_named(s3m
     assert any(broken in s and "not a Parquet index file" in s for s in skipped)
 
 
-def test_the_cache_fetches_an_index_file_again_only_when_it_changed(s3mock, tmp_path):
+def test_the_cache_fetches_an_index_file_again_only_when_it_changed(s3mock, s3gets, tmp_path):
     target = bucket.Target("fleet-test", "p", "alpha")
     put_sidecar(s3mock, target, sidecar("alpha", 1))
-    gets = []
-    real_get = s3mock.get_object
-
-    def counting_get(**kw):
-        gets.append(kw["Key"])
-        return real_get(**kw)
-    s3mock.get_object = counting_get
+    gets = s3gets
     cache = reader.SidecarCache(tmp_path / "fleet.sqlite")
     for expect in (1, 0):
         gets.clear()
         fleetview.collect(s3mock, target, [DAY], cache=cache).close()
         assert len(gets) == expect
-    s3mock.get_object = real_get
     put_sidecar(s3mock, target, sidecar("alpha", 2))
-    s3mock.get_object = counting_get
     gets.clear()
     view = fleetview.collect(s3mock, target, [DAY], cache=cache)
     assert len(gets) == 1

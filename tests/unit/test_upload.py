@@ -236,16 +236,6 @@ def _store_with_dump(state: Path, dump_id: str, payload: bytes) -> None:
         upload_queue.enqueue(store.db, dump_id)
 
 
-@pytest.fixture
-def s3mock():
-    import boto3
-
-    with moto.mock_aws():
-        client = boto3.client("s3", region_name="us-east-1")
-        client.create_bucket(Bucket="fleet-test")
-        yield client
-
-
 def _drive(uploader: upload.Uploader, store: Store, clock: Clock, until: float) -> None:
     """Runs the uploader's steps, jumping the clock over every wait, until it is done or `until`."""
     while clock.now < until:
@@ -491,7 +481,7 @@ def test_the_uploader_reports_an_unsafe_credentials_file_as_the_queue_problem(tm
     assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 1
 
 
-def test_fleet_list_reads_each_sidecar_once_and_again_when_it_changes(tmp_path, s3mock):
+def test_fleet_list_reads_each_sidecar_once_and_again_when_it_changes(tmp_path, s3mock, s3gets):
     from corehandler.fleet import reader
 
     target = bucket.Target("fleet-test", "p", "h1")
@@ -500,13 +490,7 @@ def test_fleet_list_reads_each_sidecar_once_and_again_when_it_changes(tmp_path, 
     for i, key in enumerate(keys):
         s3mock.put_object(Bucket="fleet-test", Key=key,
                           Body=json.dumps({"schema": 2, "id": str(i), "crashed_at": now + i}).encode())
-    gets = []
-    real_get = s3mock.get_object
-
-    def counting_get(**kw):
-        gets.append(kw["Key"])
-        return real_get(**kw)
-    s3mock.get_object = counting_get
+    gets = s3gets
     cache = reader.SidecarCache(tmp_path / "cache" / "fleet.sqlite")
     day = bucket.crash_day(now)
     first, skipped = reader.list_sidecars(s3mock, target, [day], cache=cache)
