@@ -344,10 +344,10 @@ def main() -> int:
                         "client CPU s/GiB", "encrypted: client CPU s/GiB"], rows),
         "Raw PUT: one put_object of the same file, no checksum, the same client library and server (the floor). "
         "Raw PUT, SHA-256: the same with botocore's SHA-256 checksum of the body, what any verified upload pays. "
-        "corehandler's upload reads the file once more for its digests, sends parts with SHA-256 checksums, "
+        "corehandler's upload reads the file once, digesting it as it sends parts with SHA-256 checksums, "
         "HEADs the result, then writes the sidecar and the host's index file of the day. Encrypted: the same "
-        "with `[upload] recipients` (two age X25519 keys): the file is encrypted as it is read and digested as "
-        "it goes up (one read of the file, no second digest pass).", "",
+        "with `[upload] recipients` (two age X25519 keys): the file is encrypted as it is read and the "
+        "ciphertext digested as it goes up.", "",
         f"## Crash -> available in the bucket (64 MiB feeder core, {a.rounds} rounds)", "",
         markdown_table(["median s", "min–max s"], [[f"{median(c2a):.2f}", spread(c2a)]]),
         "From the feeder starting to pipe the core into csplice to the sidecar answering HEAD: capture, ingest "

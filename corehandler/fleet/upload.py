@@ -32,7 +32,6 @@ import random
 import sqlite3
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from corehandler import paths, spool
@@ -350,36 +349,31 @@ class Uploader(Quiet):
         return kept["core"]
 
     def _send_core(self, dump, path: Path) -> tuple[dict, dict]:
-        """The core in the bucket, verified: (its sidecar entry with "sent", the object's HEAD)."""
-        if self._recipients:
-            return self._send_sealed_core(dump, path)
-        suffix = ".zst" if path.name.endswith(".zst") else ".core"
-        key = self._key(dump, suffix)
+        """The core in the bucket, verified: (its sidecar entry with "sent", the object's HEAD). It is read
+        once: digested (and encrypted to [upload] recipients, if any) as s3transfer reads it in parts. What is
+        checked against the bucket is what was sent; age is randomised, so for an encrypted core only the
+        queue row's note of the verified core (_kept_core) saves a retry from sending it again."""
+        name = ".zst" if path.name.endswith(".zst") else ".core"
         size = path.stat().st_size
-        multipart = size > self.config.part_size
-        with ThreadPoolExecutor(1) as pool:
-            # The digests overlap the upload (hashlib lets go of the GIL): one more read of the file, no wait.
-            digesting = pool.submit(digests, path, transfer_part_size(self.config.part_size, size))
-            head = self._head(key)  # an attempt a kill interrupted after the core went up: not sent twice
-            sent = head is None or check_object(head, digesting.result(), multipart=multipart) is not None
-            if sent:
-                self._transfer(str(path), key)
-                head = self._head(key)
-            expect = digesting.result()
-        return self._verified(dump, key, head, expect, multipart=multipart, sent=sent)
-
-    def _send_sealed_core(self, dump, path: Path) -> tuple[dict, dict]:
-        """The core encrypted on its way out (age, to every recipient), digested as it goes: what is checked
-        against the bucket is the ciphertext. age is randomised, so only the queue row's note of the verified
-        core (_kept_core) saves a retry from sending it again."""
-        key = self._key(dump, (".zst" if path.name.endswith(".zst") else ".core") + seal.SUFFIX)
-        part = transfer_part_size(self.config.part_size, seal.encrypted_size_bound(path.stat().st_size))
-        with seal.EncryptingReader(path, self._recipients) as encrypted:
-            stream = DigestingReader(encrypted, part)
-            self._transfer(stream, key, part)
+        if self._recipients:
+            key, encryption = self._key(dump, name + seal.SUFFIX), "age"
+            part = transfer_part_size(self.config.part_size, seal.encrypted_size_bound(size))
+            source, content_type = seal.EncryptingReader(path, self._recipients), "application/octet-stream"
+        else:
+            key, encryption = self._key(dump, name), None
+            part = transfer_part_size(self.config.part_size, size)
+            head = self._head(key)
+            if head is not None:  # sent by an attempt a kill interrupted before the row noted it
+                expect = digests(path, part)
+                if check_object(head, expect, multipart=size > part) is None:
+                    return self._verified(dump, key, head, expect, multipart=size > part, sent=False)
+            source, content_type = open(path, "rb"), "application/zstd"
+        with source:
+            stream = DigestingReader(source, part)
+            self._transfer(stream, key, part, content_type)
         expect = stream.digester.result()
         return self._verified(dump, key, self._head(key), expect, multipart=expect.size > part, sent=True,
-                              encryption="age")
+                              encryption=encryption)
 
     def _verified(self, dump, key: str, head: dict | None, expect, *, multipart: bool, sent: bool,
                   encryption: str | None = None) -> tuple[dict, dict]:
@@ -404,21 +398,19 @@ class Uploader(Quiet):
                 return None
             raise
 
-    def _transfer(self, source, key: str, part_size: int | None = None) -> None:
-        """Sends a file (by name) or a stream (a readable object, in parts of part_size as it is read: at most
-        `concurrency` parts in memory)."""
+    def _transfer(self, stream, key: str, part_size: int, content_type: str) -> None:
+        """Sends a stream in parts of part_size as it is read (at most `concurrency` parts in memory), or in
+        one PUT when it is no longer than one part."""
         from s3transfer.manager import TransferConfig, TransferManager
 
         cfg = self.config
-        part_size = part_size or cfg.part_size
         tc = TransferConfig(multipart_threshold=part_size + 1, multipart_chunksize=part_size,
                             max_request_concurrency=cfg.concurrency, max_bandwidth=cfg.bandwidth_limit or None,
                             max_in_memory_upload_chunks=cfg.concurrency)
-        content_type = "application/zstd" if isinstance(source, str) else "application/octet-stream"
         extra = {"ChecksumAlgorithm": "SHA256", "ContentType": content_type, **self._sse()}
         manager = TransferManager(self._client, tc)
         try:
-            future = manager.upload(source, self.target.bucket, key, extra_args=extra)
+            future = manager.upload(stream, self.target.bucket, key, extra_args=extra)
             while not future.done():
                 if self._stop.wait(0.2):
                     future.cancel()  # s3transfer aborts the multipart upload it started
