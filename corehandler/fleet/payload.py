@@ -59,19 +59,25 @@ def sidecar(dump, *, host: str, core: dict | None, budget: str | None, analysis:
 @dataclass(frozen=True)
 class Digests:
     size: int
-    sha256: str          # hex, of the object's bytes
-    full_b64: str        # the S3 full-object SHA-256 checksum
-    composite_b64: str   # the S3 multipart (composite) checksum: sha256 of the parts' digests, "-N"
+    sha256: str | None     # hex, of the object's bytes (None: not computed, for an object of several parts)
+    full_b64: str | None   # the S3 full-object SHA-256 checksum (likewise)
+    composite_b64: str     # the S3 multipart (composite) checksum: sha256 of the parts' digests, "-N"
+
+    def checksum(self, part_size: int) -> str:
+        """The checksum S3 keeps of the object sent in parts of part_size (one part: the full one)."""
+        return self.composite_b64 if self.size > part_size else self.full_b64
 
 
 
 class Digester:
-    """The SHA-256 of a stream and of each part_size part of it, as S3 checksums a (multipart) upload, fed
-    in order by update()."""
+    """The SHA-256 of each part_size part of a stream, as S3 checksums a (multipart) upload, and of the whole
+    stream unless full=False (one hash pass per byte: an object of one part has its part's digest as its
+    full one, an object of several is identified by its composite checksum); fed in order by update()."""
 
-    def __init__(self, part_size: int):
+    def __init__(self, part_size: int, full: bool = True):
         self.part_size = part_size
-        self._full, self._part = hashlib.sha256(), hashlib.sha256()
+        self._full = hashlib.sha256() if full else None
+        self._part = hashlib.sha256()
         self._parts: list[bytes] = []
         self._in_part = 0
         self.size = 0
@@ -86,22 +92,28 @@ class Digester:
             if self._in_part == self.part_size:
                 self._parts.append(self._part.digest())
                 self._part, self._in_part = hashlib.sha256(), 0
-        self._full.update(data)
+        if self._full is not None:
+            self._full.update(data)
         self.size += len(data)
 
     def result(self) -> Digests:
         parts = self._parts + ([self._part.digest()] if self._in_part else [])
         composite = base64.b64encode(hashlib.sha256(b"".join(parts)).digest()).decode() + f"-{len(parts)}"
-        return Digests(self.size, self._full.hexdigest(), base64.b64encode(self._full.digest()).decode(),
-                       composite)
+        if self._full is not None:
+            full = self._full.digest()
+        elif len(parts) <= 1:
+            full = parts[0] if parts else hashlib.sha256().digest()
+        else:
+            return Digests(self.size, None, None, composite)
+        return Digests(self.size, full.hex(), base64.b64encode(full).decode(), composite)
 
 
 class DigestingReader:
     """A readable stream that digests what is read through it (the object as it goes up)."""
 
-    def __init__(self, raw, part_size: int):
+    def __init__(self, raw, part_size: int, full: bool = True):
         self._raw = raw
-        self.digester = Digester(part_size)
+        self.digester = Digester(part_size, full)
 
     def read(self, n: int = -1) -> bytes:
         data = self._raw.read(n)

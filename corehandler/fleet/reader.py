@@ -25,7 +25,7 @@ from corehandler import paths
 from corehandler.errors import CorehandlerError, NoMatchError
 from corehandler.fleet import bucket, seal
 from corehandler.fleet.bucket import BucketError, Target
-from corehandler.fleet.payload import SIDECAR_SCHEMA
+from corehandler.fleet.payload import SIDECAR_SCHEMA, Digester
 from corehandler.store import compress
 
 WORKERS = 32
@@ -212,9 +212,9 @@ def find(client, target: Target, dump_id: str, host: str | None = None) -> dict:
     day = bucket.id_day(dump_id)
     if day is None:
         raise NoMatchError(f"{dump_id!r} is not a dump id (<µs>-<boot id>-<pid>)")
-    names = [host] if host else sorted(set(day_hosts(client, target, day)) | set(hosts(client, target)))
-    keys = [prefix + dump_id + bucket.SIDECAR_SUFFIX for h in names
-            for prefix in (target.day_prefix(h, day), target.v1_day_prefix(h, day))]
+    v2, v1 = ([host], [host]) if host else (day_hosts(client, target, day), hosts(client, target))
+    keys = [target.day_prefix(h, day) + dump_id + bucket.SIDECAR_SUFFIX for h in v2] + \
+        [target.v1_day_prefix(h, day) + dump_id + bucket.SIDECAR_SUFFIX for h in v1]
 
     def probe(key: str) -> dict | None:
         from botocore.exceptions import ClientError
@@ -256,17 +256,20 @@ def fetch_core(client, target: Target, sc: dict, *, output: BinaryIO, progress: 
     temps = []
     try:
         temps.append(_temp(workdir, suffix))
-        digest = hashlib.sha256()
+        digester = Digester(core.get("part_size") or 1 << 62)
         with open(temps[-1], "wb") as f:
             resp = _call(client.get_object, Bucket=target.bucket, Key=core["key"])
             for chunk in resp["Body"].iter_chunks(CHUNK):
-                digest.update(chunk)
+                digester.update(chunk)
                 f.write(chunk)
                 if progress:
                     progress(len(chunk))
-        if digest.hexdigest() != core.get("object_sha256"):
-            raise FleetCorruptError(f"{where} has sha256 {digest.hexdigest()}, its "
-                                    f"sidecar says {core.get('object_sha256')}: the object is corrupt")
+        got = digester.result()
+        # Sidecars of 0.2 carry the full SHA-256 only; later ones the S3 checksum and its part size.
+        want = core.get("checksum") or core.get("object_sha256")
+        have = got.sha256 if "checksum" not in core else got.composite_b64 if "-" in want else got.full_b64
+        if have != want:
+            raise FleetCorruptError(f"{where} has checksum {have}, its sidecar says {want}: the object is corrupt")
         if encrypted:
             temps.append(_temp(workdir, suffix))
             with open(temps[-1], "wb") as f:

@@ -366,21 +366,22 @@ class Uploader(Quiet):
             if head is not None:  # sent by an attempt a kill interrupted before the row noted it
                 expect = digests(path, part)
                 if check_object(head, expect, multipart=size > part) is None:
-                    return self._verified(dump, key, head, expect, multipart=size > part, sent=False)
+                    return self._verified(dump, key, head, expect, part, sent=False)
             source, content_type = open(path, "rb"), "application/zstd"
         with source:
-            stream = DigestingReader(source, part)
+            stream = DigestingReader(source, part, full=False)  # botocore hashes each part once more
             self._transfer(stream, key, part, content_type)
         expect = stream.digester.result()
-        return self._verified(dump, key, self._head(key), expect, multipart=expect.size > part, sent=True,
-                              encryption=encryption)
+        return self._verified(dump, key, self._head(key), expect, part, sent=True, encryption=encryption)
 
-    def _verified(self, dump, key: str, head: dict | None, expect, *, multipart: bool, sent: bool,
+    def _verified(self, dump, key: str, head: dict | None, expect, part_size: int, *, sent: bool,
                   encryption: str | None = None) -> tuple[dict, dict]:
-        problem = check_object(head or {}, expect, multipart=multipart)
+        problem = check_object(head or {}, expect, multipart=expect.size > part_size)
         if problem:
             raise BucketError(f"the core of {dump.id} in the bucket does not match the store's: {problem}", "server")
-        core = {"key": key, "bytes": expect.size, "object_sha256": expect.sha256, "raw_bytes": dump.raw_bytes,
+        # object_sha256 only where it was computed (one part); `checksum` with part_size always identifies it.
+        core = {"key": key, "bytes": expect.size, "object_sha256": expect.sha256,
+                "checksum": expect.checksum(part_size), "part_size": part_size, "raw_bytes": dump.raw_bytes,
                 "raw_sha256": dump.sha256, "compression": "zstd" if ".zst" in key.rsplit("/", 1)[-1] else None,
                 "encryption": encryption, "verified": "sha256" if head.get("ChecksumSHA256") else "size",
                 "sent": sent}

@@ -46,6 +46,14 @@ def test_digests_match_the_s3_checksums(tmp_path, size, part):
     assert d.full_b64 == base64.b64encode(hashlib.sha256(data).digest()).decode()
     parts = [hashlib.sha256(data[i:i + part]).digest() for i in range(0, size, part)]
     assert d.composite_b64 == base64.b64encode(hashlib.sha256(b"".join(parts)).digest()).decode() + f"-{len(parts)}"
+    # One hash pass per byte (what the uploader runs): the same checksum S3 keeps, the full digest only where
+    # it is the one part's.
+    one = payload.Digester(part, full=False)
+    for i in range(0, size, 1 << 20):
+        one.update(data[i:i + (1 << 20)])
+    lean = one.result()
+    assert lean.composite_b64 == d.composite_b64 and lean.checksum(part) == d.checksum(part)
+    assert (lean.sha256, lean.full_b64) == ((d.sha256, d.full_b64) if size <= part else (None, None))
 
 
 def test_check_object_compares_size_and_checksum(tmp_path):
