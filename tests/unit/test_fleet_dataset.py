@@ -76,6 +76,16 @@ def test_each_host_writes_its_own_file_idempotently_and_rolls_over(s3mock, monke
     assert sorted(r["id"] for r in rows) == sorted(sc["id"] for sc in scs) and skipped == []
 
 
+def test_a_damaged_last_file_does_not_stop_the_host_writing(s3mock):
+    target = bucket.Target("fleet-test", "p", "alpha")
+    s3mock.put_object(Bucket="fleet-test", Key=dataset.part_key(target, "alpha", DAY, 0), Body=b"not parquet")
+    key = put_sidecar(s3mock, target, sidecar("alpha", 1))
+    assert reader.list_keys(s3mock, target, target.index_prefix("alpha", DAY), ".parquet")[-1][0].endswith(
+        "part-00001.parquet")
+    rows, skipped = view_rows(s3mock, target)
+    assert [r["key"] for r in rows] == [key] and len(skipped) == 1 and "part-00000" in skipped[0]
+
+
 def test_hosts_writing_at_once_need_no_coordinator(s3mock):
     target = bucket.Target("fleet-test", "p", "any")
     hosts = [f"node-{n:02d}" for n in range(12)]
