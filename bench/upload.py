@@ -302,7 +302,7 @@ def main() -> int:
         try:
             creds = server.credentials_file(work / "credentials")
             rows = []
-            for mib in map(int, a.sizes.split(",")):
+            for mib in (map(int, a.sizes.split(",")) if a.sizes else ()):
                 r = throughput(server, work, creds, mib * MiB, a.rounds)
                 raw_mib, sha_mib, ours_mib, age_mib = ([x / MiB for x in r[k]]
                                                        for k in ("raw", "raw_sha", "ours", "age"))
@@ -341,7 +341,7 @@ def main() -> int:
         f"## Throughput (MiB/s, median of {a.rounds} interleaved rounds, min–max in brackets)", "",
         markdown_table(["dump", "raw PUT", "raw PUT, SHA-256", "corehandler upload", "corehandler, encrypted",
                         "ours ÷ raw PUT (paired)", "raw PUT, SHA-256 ÷ raw PUT", "encrypted ÷ ours (paired)",
-                        "client CPU s/GiB", "encrypted: client CPU s/GiB"], rows),
+                        "client CPU s/GiB", "encrypted: client CPU s/GiB"], rows) if rows else "(not run)",
         "Raw PUT: one put_object of the same file, no checksum, the same client library and server (the floor). "
         "Raw PUT, SHA-256: the same with botocore's SHA-256 checksum of the body, what any verified upload pays. "
         "corehandler's upload reads the file once, digesting it as it sends parts with SHA-256 checksums, "
