@@ -170,6 +170,8 @@ def start(core: Path, record: dict, limits: Limits = Limits()) -> Running:
     # whose build-id differs, so a binary replaced since the crash shows unsymbolised frames, not wrong ones
     # (with -e it would take the file as given). Those names reach it only vetted (jail.py).
     argv = [stack, "-b", "-m", "-n", str(limits.frames)] + (["-s"] if limits.source_lines else [])
+    if limits.debuginfo_path:  # the debuginfod cache the daemon fills: read here, never fetched here
+        argv.append(f"--debuginfo-path={limits.debuginfo_path}")
     try:
         files = elfcore.inspect_core(run.core).files
         _open_core(run)

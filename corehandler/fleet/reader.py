@@ -235,3 +235,17 @@ def fetch_core(client, target: Target, sc: dict, *, output: BinaryIO, progress: 
         return size
     finally:
         os.unlink(tmp)
+
+
+def fetch_mini(client, target: Target, sc: dict, *, output: BinaryIO) -> int:
+    """Downloads the dump's mini core (uploaded for every dump), checked against the sidecar's SHA-256."""
+    mini = sc.get("mini")
+    if not mini:
+        raise NoMatchError(f"{sc.get('id')} has no mini core in the bucket (uploaded before mini cores existed, "
+                           "or upload.send: metadata)")
+    data = _call(client.get_object, Bucket=target.bucket, Key=mini["key"])["Body"].read()
+    if hashlib.sha256(data).hexdigest() != mini.get("sha256"):
+        raise FleetCorruptError(f"s3://{target.bucket}/{mini['key']} does not have the sha256 its sidecar says: "
+                                "the object is corrupt")
+    output.write(data)
+    return len(data)

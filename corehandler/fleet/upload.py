@@ -23,6 +23,7 @@ it went up is `failed` with reason `lost` (retention's keep_free had to take it,
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -34,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from corehandler import paths, spool
+from corehandler.analysis import minicore
 from corehandler.errors import CorehandlerError
 from corehandler.fleet import bucket
 from corehandler.fleet.bucket import BucketError, Target
@@ -305,12 +307,31 @@ class Uploader(Quiet):
             core = self._send_core(dump, path)
             sent += core["bytes"] if core.pop("sent") else 0
             _pause("core_sent")
-        body = json.dumps(sidecar(dump, host=self.target.host, core=core, budget=budget, analysis=analysis,
-                                  signature=signature, environ=cfg.send_environ, maps=cfg.send_maps),
+        mini = self._send_mini(store, dump) if cfg.send == "cores" else None
+        sent += mini["bytes"] if mini else 0
+        body = json.dumps(dict(sidecar(dump, host=self.target.host, core=core, budget=budget, analysis=analysis,
+                                       signature=signature, environ=cfg.send_environ, maps=cfg.send_maps),
+                               mini=mini),
                           ensure_ascii=True, sort_keys=True, default=str).encode()
         self._client.put_object(Bucket=self.target.bucket, Key=self._key(dump, bucket.SIDECAR_SUFFIX), Body=body,
                                 ContentType="application/json", ChecksumAlgorithm="SHA256", **self._sse())
         return sent + len(body), core["key"] if core else None, budget
+
+    def _send_mini(self, store: Store, dump) -> dict | None:
+        """The mini core goes up for every dump, the ones the fleet budget keeps back too (it is small): one
+        PUT of ID.mini.core, checked by the server against its SHA-256. The sidecar's `mini`: {key, bytes,
+        sha256}, or null when the dump has none."""
+        path = store.mini_path(dump)
+        try:
+            data = path.read_bytes() if path is not None else None
+        except FileNotFoundError:  # retention took it meanwhile
+            data = None
+        if data is None:
+            return None
+        key = self._key(dump, minicore.SUFFIX)
+        self._client.put_object(Bucket=self.target.bucket, Key=key, Body=data, ContentType="application/octet-stream",
+                                ChecksumAlgorithm="SHA256", **self._sse())
+        return {"key": key, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
     def _sse(self) -> dict:
         extra = {}
