@@ -291,7 +291,8 @@ def test_recovery_finishes_every_state_of_a_dump_listed_before_it_was_stored(tmp
     for r in rows.values():
         assert r.status == "ok" and r.sha256 == shas[r.id] and r.stored_bytes == (store_dir / r.path).stat().st_size
         compress.verify(store_dir / r.path, r.raw_bytes, r.sha256)
-    assert sorted(os.listdir(store_dir)) == sorted(r.path for r in rows.values())
+    assert sorted(os.listdir(store_dir)) == sorted([r.path for r in rows.values()] +
+                                                   [r.mini_path for r in rows.values() if r.mini_path])
     assert (store_dir / rows[in_place["id"]].path).stat().st_ino == kept_inode  # kept, not written again
     assert sorted(e[1] for e in rec.of("stored")) == sorted(shas) and rec.of("ingested") == []
     assert [(e[1], e[3]) for e in rec.of("error")] == [("corrupt", damaged["id"])]
