@@ -153,7 +153,10 @@ class _TooBig(Exception):
 def _download(url: str, dest: Path, settings: Settings, timeout: float, now) -> bool:
     """True when an ELF file was written to dest; raises what urllib raises, or _TooBig."""
     started = now()
-    dest.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    # The analyser runs as a user of its own (jail.py): it must read the cache, whatever the daemon's umask.
+    for d in (dest.parent.parent.parent, dest.parent.parent, dest.parent):
+        os.chmod(d, 0o755)
     tmp = dest.with_name(f".tmp.{dest.name}.{os.getpid()}")
     with urllib.request.urlopen(url, timeout=timeout) as response:
         length = response.headers.get("Content-Length")
@@ -163,6 +166,7 @@ def _download(url: str, dest: Path, settings: Settings, timeout: float, now) -> 
         try:
             with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644),
                       "wb") as out:
+                os.fchmod(out.fileno(), 0o644)
                 while chunk := response.read(_CHUNK):
                     size += len(chunk)
                     if size > settings.file_max:
