@@ -8,7 +8,9 @@ change, nothing global). Per core and round, rounds interleaved:
   compress       what ingest does without analysis: compress.store_file (zstd level 3) + verify;
   ingest         the same with the analysis started before compression and collected after it, as
                  daemon.ingest runs them: added = ingest / compress - 1 is what analysis adds to the daemon's
-                 part of crash -> indexed (capture and csplice are untouched by it).
+                 part of crash -> indexed (capture and csplice are untouched by it);
+  mini core      analysis/minicore.write() from the raw core (default caps): its time, its size (per thread),
+                 and its share of ingest (mini / compress), which it adds to crash -> indexed.
 Medians and min-max over --rounds; the machine's load and page cache go into the table.
 
     python -P bench/analysis.py [--rounds 3] [--big-mib 256,1024] [--out bench/results/analysis.md]
@@ -30,7 +32,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 from common import machine, markdown_table, median  # noqa: E402
 
-from corehandler.analysis import unwind  # noqa: E402
+from corehandler.analysis import minicore, unwind  # noqa: E402
 from corehandler.store import compress  # noqa: E402
 from support import realcore  # noqa: E402
 from support.crash import build_crasher  # noqa: E402
@@ -91,15 +93,17 @@ def main() -> int:
         store = tmp / "store"
         store.mkdir()
         cores = make_cores(tmp, big)
-        samples: dict[str, dict[str, list[float]]] = {name: {k: [] for k in ("analysis", "gdb", "compress", "ingest")}
-                                                      for name, _ in cores}
+        kinds = ("analysis", "gdb", "compress", "ingest", "mini")
+        samples: dict[str, dict[str, list[float]]] = {name: {k: [] for k in kinds} for name, _ in cores}
         results: dict[str, dict] = {}
+        minis: dict[str, minicore.MiniCore] = {}
         for round_ in range(args.rounds):
             for name, c in cores:
                 record = realcore.record_for(c, "bench")
                 s = samples[name]
                 s["analysis"].append(timed(lambda: results.__setitem__(name, unwind.analyse(c.core, record))))
                 s["gdb"].append(timed(lambda: gdb_bt(c)))
+                s["mini"].append(timed(lambda: minis.__setitem__(name, minicore.write(c.core, tmp / "mini"))))
                 # without/with alternate who goes first, so neither always meets the other's page cache
                 order = ("compress", "ingest") if round_ % 2 == 0 else ("ingest", "compress")
                 for kind in order:
@@ -113,10 +117,13 @@ def main() -> int:
             rows.append([name, f"{c.core.stat().st_size / 2**20:.0f}", r["state"], str(r["threads_seen"]),
                          spread(s["analysis"]), spread(s["gdb"]), f"{median(s['gdb']) / median(s['analysis']):.1f}x",
                          spread(s["compress"]), f"{median(share) * 100:.0f}%", spread(s["ingest"]),
-                         f"{median(added) * 100:+.0f}% ({min(added) * 100:+.0f}..{max(added) * 100:+.0f}%)"])
+                         f"{median(added) * 100:+.0f}% ({min(added) * 100:+.0f}..{max(added) * 100:+.0f}%)",
+                         f"{minis[name].bytes / 1024:.0f} ({minis[name].bytes / 1024 / max(1, minis[name].threads):.0f}"
+                         f"/thread)", spread(s["mini"], 1e3),
+                         f"{median([m / p for m, p in zip(s['mini'], s['compress'])]) * 100:.1f}%"])
     table = markdown_table(["core", "MiB", "analysis state", "threads", "analysis ms", "gdb bt ms",
                             "gdb / eu-stack", "ingest without ms", "analysis / ingest", "ingest with ms",
-                            "added by analysis"], rows)
+                            "added by analysis", "mini core KiB", "mini core ms", "mini / ingest"], rows)
     text = (f"# Crash analysis: cost per core and share of ingest\n\n"
             f"`python -P bench/analysis.py --rounds {args.rounds} --big-mib {args.big_mib}`, "
             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC.\n\n"

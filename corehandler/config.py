@@ -173,6 +173,12 @@ class RetentionConfig(_Section):
     dropped_max_age: Duration() = Field(14 * 86400.0, description="delete dumps whose core was not kept "
                                         "(dropped, or invalid without one) older than this; 0 = no limit")
     dropped_max_count: Count = Field(1000, description="most dumps whose core was not kept; 0 = no limit")
+    mini_max_use: SizeOrPercent = Field(units.SizeOrPercent(percent=1.0), description="most the mini cores of "
+                                        "dumps whose full core is gone may use (the rules above take a dump's full "
+                                        "core and keep its mini core)")
+    mini_max_age: Duration() = Field(0.0, description="delete dumps left with only a mini core when older than "
+                                     "this; 0 = no limit")
+    mini_max_count: Count = Field(0, description="most dumps left with only a mini core; 0 = no limit")
     interval: Duration(1, units.MAX_DURATION) = Field(3600.0, description="how often retention runs besides "
                                                                           "after each ingest")
 
@@ -313,6 +319,20 @@ class AnalysisConfig(_Section):
     max_frames: int = Field(64, ge=1, le=4096, description="frames kept per thread")
     source_lines: bool = Field(False, description="source file:line per frame (eu-stack -s; slow where debug "
                                                   "info is installed)")
+    debuginfod_urls: str = Field("", description="debuginfod servers, space-separated, for the debug info of "
+                                 "modules without symbols, fetched by the daemon (never the analyser); \"\" = the "
+                                 "daemon's DEBUGINFOD_URLS, if set")
+    debuginfod_timeout: Duration(0.1, 600) = Field(10.0, description="longest one debuginfod request may take")
+    debuginfod_budget: Duration(1, 3600) = Field(30.0, description="longest all debuginfod requests for one dump "
+                                                 "may take")
+    debuginfod_cache_max: Size(0, units.MAX_SIZE) = Field(2 << 30, description="most the fetched debug files "
+                                                          "may use under the state dir (least recently used go)")
+    mini_core: bool = Field(True, description="write a mini core beside every stored core (notes, each thread's "
+                            "stack, the pages the crashing thread points into), which outlives the full one")
+    mini_core_stack: Size(4096, 64 << 20) = Field(64 << 10, description="stack kept per thread in the mini core, "
+                                                  "from its stack pointer up")
+    mini_core_max: Size(64 << 10, 1 << 30) = Field(32 << 20, description="most bytes of one mini core; threads "
+                                                   "past it keep their registers only")
 
 
 class ScrubConfig(_Section):

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from corehandler import elfcore, paths, spool, steps
-from corehandler.analysis import findings, unwind
+from corehandler.analysis import debuginfod, findings, minicore, symbols, unwind
 from corehandler.errors import CorehandlerError
 from corehandler.inotify import IN_Q_OVERFLOW, Watch
 from corehandler.observe.observer import Observer, Stored
@@ -68,6 +68,8 @@ class Settings:
     analysis_enabled: bool = True
     analysis_limits: findings.Limits = field(default_factory=findings.Limits)
     ingest_attempts: int = attempts.MAX_ATTEMPTS  # then the record is given up (store/attempts.py)
+    mini_core: minicore.Limits | None = field(default_factory=minicore.Limits)  # None: no mini cores
+    debuginfod: debuginfod.Settings = field(default_factory=debuginfod.Settings)
 
     @property
     def spool_dir(self) -> Path:
@@ -88,7 +90,16 @@ def settings_from_config(config, paths, **overrides) -> Settings:
                                                     memory_bytes=config.analysis.max_memory,
                                                     threads=config.analysis.max_threads,
                                                     frames=config.analysis.max_frames,
-                                                    source_lines=config.analysis.source_lines), **overrides)
+                                                    source_lines=config.analysis.source_lines),
+                    mini_core=minicore.Limits(config.analysis.mini_core_stack, config.analysis.mini_core_max)
+                    if config.analysis.mini_core else None,
+                    debuginfod=debuginfod_settings(config), **overrides)
+
+
+def debuginfod_settings(config) -> debuginfod.Settings:
+    a = config.analysis
+    return debuginfod.Settings(urls=debuginfod.urls(a.debuginfod_urls), timeout=a.debuginfod_timeout,
+                               budget=a.debuginfod_budget, cache_max=a.debuginfod_cache_max)
 
 
 class Stopping(Exception):
@@ -150,6 +161,7 @@ class Daemon:
         self.observer_failures = 0
         self._retry_at: dict[str, float] = {}
         self._analysing: unwind.Running | None = None
+        self._fetcher: debuginfod.Fetcher | None = None
         self._stop = threading.Event()
         self._reload_pending = False
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -311,7 +323,9 @@ class Daemon:
                 self.report_error("compress", f"{e}; the raw dump stays in the spool", dump.id)
                 raise _Retry() from e
         self._checkpoint("stored")
-        final = dict(status=status, problem="; ".join(problems) or None,
+        # After the store's copy, so a full disk leaves nothing of the dump in the store until the retry.
+        mini = self._write_mini(dump.id, raw, problems) if status in ("ok", "truncated") else {}
+        final = dict(**mini, status=status, problem="; ".join(problems) or None,
                      path=stored.path.name if stored else None, raw_bytes=stored.raw_bytes if stored else 0,
                      stored_bytes=stored.stored_bytes if stored else 0, sha256=stored.sha256 if stored else None,
                      compress_seconds=stored.seconds if stored else 0.0,
@@ -349,12 +363,30 @@ class Daemon:
         stored = Stored.of(dump, self.store.file_path(dump), analyses.analysis_for(self.store, dump.id))
         self._notify(event, lambda obs: getattr(obs, event)(dump.record, stored))
 
+    def _write_mini(self, dump_id: str, raw: Path, problems: list[str]) -> dict:
+        """The mini core's index columns, written from the raw core now (it is deleted after ingest); what
+        went wrong or was left out becomes a problem of the dump, never a failed ingest."""
+        limits = self.settings.mini_core
+        if limits is None:
+            return {}
+        dest = paths.store_dir(self.settings.state_dir) / f"{dump_id}{minicore.SUFFIX}"
+        try:
+            mini = minicore.write(raw, dest, limits)
+        except (minicore.MiniCoreError, OSError) as e:
+            problems.append(f"no mini core: {e}")
+            return {}
+        if mini.cut:
+            problems.append(f"mini core cut: {'; '.join(sorted(set(mini.cut)))}")
+        log.debug("Mini core of %s: %d bytes, %d threads in %.1f ms", dump_id, mini.bytes, mini.threads,
+                  mini.seconds * 1e3)
+        return {"mini_path": dest.name, "mini_bytes": mini.bytes}
+
     # -- analysis (corehandler/analysis/unwind.py) ---------------------------------------------------------------------
 
     def _start_analysis(self, dump_id: str, record: dict, raw: Path, status: str) -> None:
         if self.settings.analysis_enabled and status in ("ok", "truncated"):
             analyses.mark_pending(self.store, dump_id)
-            self._analysing = unwind.start(raw, record, self.settings.analysis_limits)
+            self._analysing = unwind.start(raw, record, self._analysis_limits())
 
     def _finish_analysis(self, dump_id: str, record: dict, status: str) -> None:
         running, self._analysing = self._analysing, None
@@ -368,10 +400,41 @@ class Daemon:
             result = findings.skipped(record, "analysis disabled ([analysis] enabled = false)")
         else:
             result = findings.skipped(record, f"no core to analyse ({status})")
+        symbols.annotate(result, self.settings.state_dir)
         analyses.put(self.store, dump_id, result)
+        self._want_symbols(dump_id, result)
         if result["state"] == findings.TIMEOUT:  # a failed unwind is a fact of the dump, a hang is ours
             self.report_error("analysis", f"Analysis of {dump_id}: {result['state']}: "
                               f"{'; '.join(result['problems'][:3]) or 'no frames'}; the dump is kept", dump_id)
+
+    def _analysis_limits(self) -> findings.Limits:
+        return replace(self.settings.analysis_limits, debuginfo_path=debuginfod.search_path(self.settings.state_dir))
+
+    def _want_symbols(self, dump_id: str, result: dict) -> None:
+        """Asks the fetcher thread for the debug info the trace lacks; it calls back when some arrived."""
+        wanted = symbols.wanted(result)
+        if not wanted or not self.settings.debuginfod.urls:
+            return
+        if self._fetcher is None:
+            self._fetcher = debuginfod.Fetcher(debuginfod.cache_dir(self.settings.state_dir), self._wake)
+        self._fetcher.want(dump_id, wanted, self.settings.debuginfod)
+
+    def _resymbolise(self) -> None:
+        """Analyses again, from the mini core, the dumps whose missing debug info the fetcher brought."""
+        for dump_id in self._fetcher.arrived() if self._fetcher is not None else []:
+            dump = self.store.get(dump_id)
+            mini = self.store.mini_path(dump) if dump is not None else None
+            if mini is None or not mini.exists():
+                log.info("Debug info for %s arrived; it has no mini core (`corehandler analyze` re-symbolises it)",
+                         dump_id)
+                continue
+            result = unwind.analyse(mini, dump.record, self._analysis_limits())
+            result["core"] = "mini"
+            symbols.annotate(result, self.settings.state_dir)
+            analyses.put(self.store, dump_id, result)
+            log.info("Re-symbolised %s from its mini core: %s", dump_id, result["state"])
+            if userview.visible(dump):
+                self._publish([dump.uid])
 
     def _cancel_analysis(self) -> None:
         running, self._analysing = self._analysing, None
@@ -385,7 +448,7 @@ class Daemon:
             raw = spool.core_path(self.settings.spool_dir, dump_id)
             dump = self.store.get(dump_id)
             if self.settings.analysis_enabled and raw.exists() and dump.status in ("ok", "truncated"):
-                result = unwind.analyse(raw, dump.record, self.settings.analysis_limits)
+                result = unwind.analyse(raw, dump.record, self._analysis_limits())
             else:
                 why = "killed mid-analysis" if state == analyses.PENDING else "indexed before analysis existed"
                 result = findings.skipped(dump.record, f"raw core gone before it was analysed ({why})")
@@ -492,7 +555,14 @@ class Daemon:
         self._count(attempts.prune, pending | set(self.store.compressing()))
         for path in self.store.unindexed_files():
             dump_id = path.name.rsplit(".", 1)[0]
-            if dump_id in pending or not spool.is_valid_id(dump_id) or self.store.get(dump_id) is not None:
+            if dump_id in pending or not spool.is_valid_id(dump_id):
+                continue
+            row = self.store.get(dump_id)
+            if row is not None:
+                if row.status != COMPRESSING and row.path is None and row.mini_path is not None:
+                    # Retention dropped this full core from its row and a kill came before the unlink.
+                    log.warning("Removing %s, a full core retention had already dropped", path.name)
+                    path.unlink(missing_ok=True)
                 continue
             self._index_stray(path, dump_id)
 
@@ -600,6 +670,7 @@ class Daemon:
                             break
                 if self._stop.is_set():
                     break
+                self._resymbolise()
                 if self._reload_pending:
                     self._do_reload()
                     # The intervals may have changed; the new policy applies at once.
@@ -624,6 +695,8 @@ class Daemon:
             return 0
         finally:
             watch.close()
+            if self._fetcher is not None:
+                self._fetcher.stop()
             self.store.close()
             os.close(lock)  # the wake-up pipe stays: stop() may still be called from another thread
             for obs in self.observers:

@@ -56,6 +56,7 @@ class Limits:
     frames: int = 64                    # frames per thread (eu-stack -n)
     line_chars: int = 512               # a symbol, module or source path longer is cut
     source_lines: bool = False          # eu-stack -s: file:line per frame (costs 50-300 ms with debug info)
+    debuginfo_path: str | None = None   # eu-stack --debuginfo-path: where separate debug files are (debuginfod.py)
 
 
 

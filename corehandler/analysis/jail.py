@@ -188,6 +188,12 @@ def build_view(spec: dict, vetted: dict[str, int], report: dict) -> str:
     # through /proc/self/fd, where the kernel checks the analyser's read access as for any open.
     os.mkdir(f"{root}/proc", 0o755)
     _mount("proc", f"{root}/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible,subset=pid")
+    # The debug files the daemon fetched by build-id (analysis/debuginfod.py), read-only at their path, which
+    # eu-stack's --debuginfo-path names beside its relative and system entries.
+    for directory in (spec.get("debuginfo") or "").split(":"):
+        if directory.startswith("/") and not _under_system_tree(directory) and os.path.isdir(directory):
+            os.makedirs(root + directory, 0o755, exist_ok=True)
+            _bind_ro(directory, root + directory, MS_NOEXEC)
     if tool_fd is not None:
         open(_place(root, tool), "w").close()
         _bind_ro(f"/proc/self/fd/{tool_fd}", root + tool)

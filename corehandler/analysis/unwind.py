@@ -101,7 +101,7 @@ def _spawn(run: "Running", argv: list[str], files: list[str]) -> _Child:
         spec.write(json.dumps({
             "argv": argv, "core_fd": run.core_fd, "report_fd": run.report.fileno(), "user": run.user,
             "crashing": _crashing_user(run.record), "files": files, "exe": _exe_path(run.record),
-            "copy_bytes": COPY_BYTES, "env": _ENV,
+            "copy_bytes": COPY_BYTES, "env": _ENV, "debuginfo": limits.debuginfo_path,
             "limits": {"memory_bytes": limits.memory_bytes, "cpu_seconds": limits.cpu_seconds,
                        "output_bytes": limits.output_bytes}}).encode())
         spec.flush()
@@ -170,6 +170,8 @@ def start(core: Path, record: dict, limits: Limits = Limits()) -> Running:
     # whose build-id differs, so a binary replaced since the crash shows unsymbolised frames, not wrong ones
     # (with -e it would take the file as given). Those names reach it only vetted (jail.py).
     argv = [stack, "-b", "-m", "-n", str(limits.frames)] + (["-s"] if limits.source_lines else [])
+    if limits.debuginfo_path:  # the debuginfod cache the daemon fills: read here, never fetched here
+        argv.append(f"--debuginfo-path={limits.debuginfo_path}")
     try:
         files = elfcore.inspect_core(run.core).files
         _open_core(run)

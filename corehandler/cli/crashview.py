@@ -148,7 +148,8 @@ def trace_lines(result: dict, all_threads: bool) -> list[str]:
             # The paths and the package notes are the crashed program's: escaped (printable.py).
             package = ", ".join(f"{k}={display(str(v))}" for k, v in _package(result, m["name"]).items())
             out.append(f"  {display(m['name'])} build-id {display(m['build_id']) or '-'}"
-                       + (f" ({package})" if package else ""))
+                       + (f" ({package})" if package else "")
+                       + (f", symbols: {m['symbols']}" if m.get("symbols") else ""))
     return out
 
 
@@ -183,6 +184,12 @@ def info_fields(result: dict | None) -> list[tuple[str, str | None]]:
         ("Slice", ident.get("slice")),
         ("NSpid", " ".join(map(str, ident["nspid"])) if ident.get("nspid") and len(ident["nspid"]) > 1 else None),
     ]
+    if result.get("core"):
+        fields.append(("Analysed From", f"the {result['core']} core"))
+    modules = result.get("modules") or []
+    exe_module = next((m for m in modules if m.get("name") == exe.get("path")), None)
+    if exe_module and exe_module.get("symbols"):
+        fields.append(("Symbols", f"{exe_module['symbols']} (each module's: below, under Modules)"))
     for cut in result.get("cut") or []:
         fields.append(("Cut", cut))
     for p in result.get("problems") or []:

@@ -83,15 +83,18 @@ def signal_name(number: int | None) -> str:
 
 
 def file_state(dumps: Dumps, d: Dump, verify: bool) -> tuple[str, str | None]:
-    """("present"|"missing"|"corrupt"|"unreadable"|"none"|"compressing", problem). Without verify only the size
-    and the zstd frame header are checked (cheap enough for list); with it the file is decompressed and hashed.
-    Corruption found is marked in the index (as root), so every view and the daemon's errors counter see it; a
-    dump marked before stays corrupt."""
+    """("present"|"mini"|"missing"|"corrupt"|"unreadable"|"none"|"compressing", problem). Without verify only
+    the size and the zstd frame header are checked (cheap enough for list); with it the file is decompressed and
+    hashed. Corruption found is marked in the index (as root), so every view and the daemon's errors counter see
+    it; a dump marked before stays corrupt. "mini": retention took the full core, the mini core is left."""
     if d.status == COMPRESSING:
         return COMPRESSING, None
     path = dumps.file_path(d)
     if path is None:
-        return "none", None
+        mini = dumps.mini_path(d)
+        if mini is None:
+            return "none", None
+        return ("mini", None) if os.path.exists(mini) else ("missing", f"{mini} is missing")
     try:
         size = path.stat().st_size
         if verify:
@@ -167,7 +170,8 @@ def run_list(args: argparse.Namespace) -> int:
         size = human_size(d.raw_bytes) if d.path or d.status == COMPRESSING else "-"
         table.append((_time(d.crashed_at), *(str(n if n is not None else "-") for n in (d.pid, d.uid, d.gid)),
                       signal_name(d.signal), _status(d, state), state,
-                      size, d.id, crashview.signature_cell(signatures.get(d.id)),
+                      size if state != "mini" else human_size(d.mini_bytes or 0), d.id,
+                      crashview.signature_cell(signatures.get(d.id)),
                       display(d.exe) if d.exe else f"({display(d.comm)})" if d.comm else "-"))
     emit(args, None, format_table(table, not args.no_legend))
     return 0
@@ -199,15 +203,20 @@ def _info_lines(dumps: Dumps, d: Dump, state: str, problem: str | None, all_thre
                     f"{(capture.get('ns') or 0) / 1e6:.1f} ms" if capture.get("strategy") else None),
         ("Ingested", _time(d.ingested_at)),
     ]
-    path = dumps.file_path(d)
+    path, mini = dumps.file_path(d), dumps.mini_path(d)
     if d.status == COMPRESSING:
         fields.append(("Storage", f"being compressed ({human_size(d.raw_bytes)}); `dump` and `debug` can "
                                   "read it once its status is final"))
     elif path is None:
-        fields.append(("Storage", "none (metadata only)"))
+        fields.append(("Storage", "none (metadata only)" if mini is None else "mini core only (retention "
+                       "deleted the full core)"))
     else:
         kind = "compressed" if path.name.endswith(compress.COMPRESSED_SUFFIX) else "uncompressed"
         fields.append(("Storage", f"{path} ({kind}, {human_size(d.stored_bytes)} of {human_size(d.raw_bytes)})"))
+    if mini is not None:
+        fields.append(("Mini Core", f"{mini} ({human_size(d.mini_bytes or 0)}; stacks and registers: "
+                       f"`debug` uses it {'once the full core is gone' if path else 'now'})"))
+    if path is not None or mini is not None:
         fields.append(("Core File", state + (f": {problem}" if problem else "")))
     for e in r.get("errors") or []:
         fields.append(("Error", str(e)))
@@ -241,7 +250,9 @@ def run_info(args: argparse.Namespace) -> int:
 
 # -- dump, debug -----------------------------------------------------------------------------------------------
 
-def _newest_with_core(dumps: Dumps, args: argparse.Namespace) -> tuple[Dump, Path]:
+def _newest_with_core(dumps: Dumps, args: argparse.Namespace, mini: bool = False) -> tuple[Dump, Path, bool]:
+    """The newest matching dump with a stored core, its path and whether that is its mini core: the full core
+    when it is there, else (with mini) the mini core retention left."""
     found = select(args, dumps)
     for d in reversed(found):
         if d.status == COMPRESSING:  # the newest match: not an older dump in its place
@@ -251,8 +262,15 @@ def _newest_with_core(dumps: Dumps, args: argparse.Namespace) -> tuple[Dump, Pat
         if path is not None:
             if not path.exists():
                 raise CorehandlerError(f"the stored core of {d.id} is missing: {path}")
-            return d, path
-    raise NoMatchError(f"{found[-1].id} has no stored core ({found[-1].status})")
+            return d, path, False
+        path = dumps.mini_path(d) if mini else None
+        if path is not None:
+            if not path.exists():
+                raise CorehandlerError(f"the mini core of {d.id} is missing: {path}")
+            return d, path, True
+    last = found[-1]
+    left = " (only its mini core is left: `debug` opens it)" if last.mini_path else ""
+    raise NoMatchError(f"{last.id} has no stored core ({last.status}){left}")
 
 
 def _write_verified(dumps: Dumps, d: Dump, path: Path, out, progress=None) -> None:
@@ -274,7 +292,7 @@ def run_dump(args: argparse.Namespace) -> int:
     if args.output is None and sys.stdout.isatty():
         raise UsageError("refusing to write a core to a terminal: use -o FILE or a pipe")
     with open_dumps(args) as dumps:
-        d, path = _newest_with_core(dumps, args)
+        d, path, _ = _newest_with_core(dumps, args)
         if args.output is None:
             # Stdout is a pipe or a file someone reads as it grows: the whole stored file is verified first
             # (one decompression to nowhere), so a corrupt one writes not a byte. A file -o goes through a
@@ -286,6 +304,14 @@ def run_dump(args: argparse.Namespace) -> int:
             write_output(args.output, lambda out: _write_verified(dumps, d, path, out, progress), source=str(path))
     note(args, f"wrote {d.id} ({human_size(d.raw_bytes)}) to {args.output or 'stdout'}")
     return 0
+
+
+def _copy_mini(path: Path, out, d: Dump) -> None:
+    try:
+        with open(path, "rb") as src:
+            shutil.copyfileobj(src, out)
+    except PermissionError:
+        raise NotRootError(f"cannot read the mini core of {d.id}: permission denied") from None
 
 
 def debugger_command(debugger: str, extra: list[str], exe: str | None, core: Path) -> list[str]:
@@ -306,7 +332,7 @@ def run_debug(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UsageError(f"cannot parse -A {args.debugger_arguments!r}: {e}") from None
     with open_dumps(args) as dumps:
-        d, path = _newest_with_core(dumps, args)
+        d, path, is_mini = _newest_with_core(dumps, args, mini=True)
         exe = d.exe
         if exe is not None and not os.path.exists(exe):
             note(args, f"corehandler: {display(exe)} is gone; debugging the core alone")
@@ -315,7 +341,13 @@ def run_debug(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory(prefix="corehandler-debug-") as tmp:
             core = Path(tmp) / f"{d.id}.core"
             with open(os.open(core, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
-                _write_verified(dumps, d, path, out)
+                if is_mini:
+                    _copy_mini(path, out, d)
+                else:
+                    _write_verified(dumps, d, path, out)
+            which = ("the mini core (the full core is gone: each thread's stack and registers, not the heap)"
+                     if is_mini else "the full core")
+            print(f"corehandler: debugging {d.id} from {which}", file=sys.stderr)
             cmd = debugger_command(debugger, extra, exe, core)
             # The debugger owns the terminal; Ctrl-C is for it, not for us.
             previous = signals.signal(signals.SIGINT, signals.SIG_IGN)
@@ -339,7 +371,8 @@ def run_vacuum(args: argparse.Namespace) -> int:
             userview.refresh(store)
         size, count = store.totals()
     verb = "would delete" if args.dry_run else "deleted"
-    lines = [f"{verb} {x.id} ({display(x.exe) or '-'}, {human_size(x.freed_bytes)}): {x.rule}" for x in done]
+    lines = [f"{verb} {x.id}{' full core (its mini core stays)' if x.kept_mini else ''} ({display(x.exe) or '-'}, "
+             f"{human_size(x.freed_bytes)}): {x.rule}" for x in done]
     lines.append(f"{verb} {len(done)} dumps, {human_size(sum(x.freed_bytes for x in done))}; "
                  f"{count} dumps, {human_size(size)} in the store")
     emit(args, {"dry_run": args.dry_run, "deleted": [dataclasses.asdict(x) for x in done], "store_dumps": count,

@@ -56,6 +56,8 @@ def register(commands) -> None:
     get = sub.add_parser("get", parents=[common], help="download a dump's core, verified, decompressed")
     get.set_defaults(handler=run_get)
     get.add_argument("id", metavar="ID")
+    get.add_argument("--mini", action="store_true", help="the mini core (notes and stacks; uploaded for every "
+                     "dump, also those the budget kept the core of)")
     get.add_argument("--host", default=None, metavar="HOST", help="the host, when the id is on several")
     get.add_argument("-o", "--output", type=Path, metavar="FILE", help="write here (default: stdout, if not "
                      "a terminal)")
@@ -215,6 +217,11 @@ def run_get(args: argparse.Namespace) -> int:
     sc = reader.find(client, target, args.id, args.host)
     core = sc.get("core") or {}
     workdir = args.output.absolute().parent if args.output else None
+    if args.mini:
+        write_output(args.output, lambda out: reader.fetch_mini(client, target, sc, output=out, identities=identities))
+        print(f"wrote the mini core of {display(sc['id'])} from {display(sc['host'])} to {args.output or 'stdout'}",
+              file=sys.stderr)
+        return 0
 
     def write(out) -> None:
         # One bar over both steps: the download, then the decompression.

@@ -291,3 +291,22 @@ def _temp(workdir: Path | None, suffix: str) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=".corehandler-fleet-", suffix=suffix, dir=workdir)
     os.close(fd)
     return Path(tmp)
+
+
+def fetch_mini(client, target: Target, sc: dict, *, output: BinaryIO, identities: list | None = None) -> int:
+    """Downloads the dump's mini core (uploaded for every dump), checked against the sidecar's SHA-256 of the
+    object, then decrypted with `identities` when it went up encrypted."""
+    mini = sc.get("mini")
+    if not mini:
+        raise NoMatchError(f"{sc.get('id')} has no mini core in the bucket (uploaded before mini cores existed, "
+                           "or upload.send: metadata)")
+    where = f"s3://{target.bucket}/{mini['key']}"
+    if mini.get("encryption") == "age" and not identities:
+        raise seal.IdentityError(f"{where} is encrypted (age): pass --identity FILE")
+    data = _call(client.get_object, Bucket=target.bucket, Key=mini["key"])["Body"].read()
+    if hashlib.sha256(data).hexdigest() != mini.get("sha256"):
+        raise FleetCorruptError(f"{where} does not have the sha256 its sidecar says: the object is corrupt")
+    if mini.get("encryption") == "age":
+        data = seal.decrypt_bytes(data, identities, what=where)
+    output.write(data)
+    return len(data)

@@ -8,6 +8,7 @@ process's memory, command line, environment or maps. Objects are plain age files
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
 import threading
@@ -128,22 +129,38 @@ class EncryptingReader:
         self.close()
 
 
-def decrypt_file(src: Path, out: BinaryIO, identities: list, *, what: str) -> None:
-    """Writes the plaintext of the age file src to out; IdentityError when no identity opens it."""
+def encrypt_bytes(data: bytes, recipients: list) -> bytes:
+    """A small object (the mini core, the sealed fields) as one age file to every recipient."""
     import pyrage
 
+    return pyrage.encrypt(data, recipients)
+
+
+def decrypt_file(src: Path, out: BinaryIO, identities: list, *, what: str) -> None:
+    """Writes the plaintext of the age file src to out; IdentityError when no identity opens it."""
     with open(src, "rb") as f:
-        try:
-            pyrage.decrypt_io(f, out, identities)
-        except pyrage.DecryptError as e:
-            raise IdentityError(f"{what}: cannot decrypt with the identities given ({e}); it was encrypted to "
-                                "other recipients ([upload] recipients when it went up)") from None
+        _decrypt(f, out, identities, what)
+
+
+def decrypt_bytes(data: bytes, identities: list, *, what: str) -> bytes:
+    """The plaintext of a small age file (a mini core); IdentityError when no identity opens it."""
+    out = io.BytesIO()
+    _decrypt(io.BytesIO(data), out, identities, what)
+    return out.getvalue()
+
+
+def _decrypt(src: BinaryIO, out: BinaryIO, identities: list, what: str) -> None:
+    import pyrage
+
+    try:
+        pyrage.decrypt_io(src, out, identities)
+    except pyrage.DecryptError as e:
+        raise IdentityError(f"{what}: cannot decrypt with the identities given ({e}); it was encrypted to "
+                            "other recipients ([upload] recipients when it went up)") from None
 
 
 def seal(sidecar: dict, recipients: list) -> dict:
     """The sidecar with SENSITIVE fields moved into one age blob, `sealed: {fields, age}` (base64)."""
-    import pyrage
-
     out = json.loads(json.dumps(sidecar, default=str))  # a deep copy the caller's dict does not share
     taken = {}
     for path in SENSITIVE:
@@ -152,7 +169,7 @@ def seal(sidecar: dict, recipients: list) -> dict:
             parent = parent.get(part) if isinstance(parent, dict) else None
         if isinstance(parent, dict) and path[-1] in parent:
             taken[".".join(path)] = parent.pop(path[-1])
-    blob = pyrage.encrypt(json.dumps(taken, sort_keys=True).encode(), recipients)
+    blob = encrypt_bytes(json.dumps(taken, sort_keys=True).encode(), recipients)
     out["sealed"] = {"fields": sorted(taken), "age": base64.b64encode(blob).decode()}
     return out
 

@@ -25,6 +25,7 @@ it went up is `failed` with reason `lost` (retention's keep_free had to take it,
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -35,6 +36,7 @@ import time
 from pathlib import Path
 
 from corehandler import paths, spool
+from corehandler.analysis import minicore
 from corehandler.errors import CorehandlerError
 from corehandler.fleet import bucket, dataset, seal
 from corehandler.fleet.bucket import BucketError, Target
@@ -319,8 +321,10 @@ class Uploader(Quiet):
                         {"core": core, "size": head.get("ContentLength"), "checksum": head.get("ChecksumSHA256")}),
                         dump.id))
             _pause("core_sent")
-        doc = sidecar(dump, host=self.target.host, core=core, budget=budget, analysis=analysis,
-                      signature=signature, environ=cfg.send_environ, maps=cfg.send_maps)
+        mini = self._send_mini(store, dump) if cfg.send == "cores" else None
+        sent += mini["bytes"] if mini else 0
+        doc = dict(sidecar(dump, host=self.target.host, core=core, budget=budget, analysis=analysis,
+                           signature=signature, environ=cfg.send_environ, maps=cfg.send_maps), mini=mini)
         if self._recipients:
             doc = seal.seal(doc, self._recipients)
             doc["sealed"]["recipients"] = list(cfg.recipients)
@@ -333,6 +337,26 @@ class Uploader(Quiet):
         dataset.add(self._client, self.target, bucket.crash_day(dump.crashed_at), dataset.row(doc, sidecar_key),
                     self._sse())
         return sent + len(body), core["key"] if core else None, budget
+
+    def _send_mini(self, store: Store, dump) -> dict | None:
+        """The mini core goes up for every dump, the ones the fleet budget keeps back too (it is small): one
+        PUT of ID.mini.core (encrypted to [upload] recipients as the core is: it holds the stacks' memory),
+        checked by the server against its SHA-256. The sidecar's `mini`: {key, bytes, sha256 (of the object),
+        encryption}, or null when the dump has none."""
+        path = store.mini_path(dump)
+        try:
+            data = path.read_bytes() if path is not None else None
+        except FileNotFoundError:  # retention took it meanwhile
+            data = None
+        if data is None:
+            return None
+        encryption = "age" if self._recipients else None
+        if encryption:
+            data = seal.encrypt_bytes(data, self._recipients)
+        key = self._key(dump, minicore.SUFFIX + (seal.SUFFIX if encryption else ""))
+        self._client.put_object(Bucket=self.target.bucket, Key=key, Body=data, ContentType="application/octet-stream",
+                                ChecksumAlgorithm="SHA256", **self._sse())
+        return {"key": key, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "encryption": encryption}
 
     def _sse(self) -> dict:
         return bucket.sse_args(self.config)

@@ -19,7 +19,8 @@ STATUSES = ("ok", "truncated", "dropped", "invalid", "orphan", COMPRESSING)
 
 _COLUMNS = ("id", "crashed_at", "ingested_at", "pid", "uid", "gid", "signal", "exe", "comm", "cmdline",
             "hostname", "boot_id", "raw_bytes", "stored_bytes", "sha256", "status", "problem", "path",
-            "deleting", "record", "deleted_rule", "freed_bytes", "compress_seconds", "ingest_seconds", "corrupt")
+            "deleting", "record", "deleted_rule", "freed_bytes", "compress_seconds", "ingest_seconds", "corrupt",
+            "mini_path", "mini_bytes")
 
 
 
@@ -51,6 +52,8 @@ class Dump:
     compress_seconds: float | None = None
     ingest_seconds: float | None = None
     corrupt: str | None = None         # what a check of the stored file found wrong (schema 4)
+    mini_path: str | None = None       # the mini core's file in the store (schema 6), None when it has none
+    mini_bytes: int | None = None
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> "Dump":

@@ -24,7 +24,8 @@ from corehandler.store.match import Filter
 # of the schema (before, the daemon made it at start); the upload queue's tables come with the first upload.
 # 7: records lose proc.oci_config (_SCRUB_OCI_CONFIG). 8: ingest_attempts (store/attempts.py).
 # 9: uploads.core, the verified core in the bucket (JSON), kept so a retry does not send it again.
-SCHEMA_VERSION = 9
+# 10: the mini core's columns (mini_path, mini_bytes).
+SCHEMA_VERSION = 10
 
 _SCHEMA_TABLE = """
 CREATE TABLE IF NOT EXISTS dumps (
@@ -45,7 +46,9 @@ CREATE TABLE IF NOT EXISTS dumps (
     freed_bytes INTEGER,
     compress_seconds REAL,
     ingest_seconds REAL,
-    corrupt TEXT
+    corrupt TEXT,
+    mini_path TEXT,
+    mini_bytes INTEGER
 )"""
 _ANALYSIS_TABLE = """
 CREATE TABLE IF NOT EXISTS analysis (
@@ -119,8 +122,9 @@ _SCHEMA_INDEXES = ("CREATE INDEX IF NOT EXISTS dumps_crashed_at ON dumps (crashe
 # Added by schema 2; an index of schema 1 gets them by ALTER TABLE. Schema 4 adds corrupt: what a check of the
 # stored file found wrong (NULL: nothing found), set by whoever found it (`info`, `dump`, `debug`, `list` as
 # root), read by the daemon (errors_total{kind="corrupt"}) and the metrics (corehandler_store_corrupt_dumps).
+# Schema 9 adds the mini core (analysis/minicore.py): its file in the store and its size, NULL when it has none.
 _ADDED_COLUMNS = (("deleted_rule", "TEXT"), ("freed_bytes", "INTEGER"), ("compress_seconds", "REAL"),
-                  ("ingest_seconds", "REAL"), ("corrupt", "TEXT"))
+                  ("ingest_seconds", "REAL"), ("corrupt", "TEXT"), ("mini_path", "TEXT"), ("mini_bytes", "INTEGER"))
 # v0.2's csplice copied a container's config.json into proc.oci_config, process.env and all (where Kubernetes
 # puts secrets), for a cgroup any user could name; a user's view and the bucket carried it. Records now hold
 # proc.container, the bundle's naming annotations only (csplice/container.c).
@@ -131,6 +135,14 @@ _LIVE = "deleting = 0"
 # The rule of a deletion a schema-1 daemon started and a kill interrupted (it did not record one), and of a
 # schema-2 tombstone without one.
 UNKNOWN_RULE = "unknown"
+
+
+def _blocks(path: Path | None) -> int:
+    """The bytes a file occupies (0 when there is none, or it is gone)."""
+    try:
+        return path.stat().st_blocks * 512 if path is not None else 0
+    except FileNotFoundError:
+        return 0
 
 
 class StoreError(CorehandlerError):
@@ -248,6 +260,9 @@ class Store:
     def file_path(self, dump: Dump) -> Path | None:
         return self.store_dir / dump.path if dump.path else None
 
+    def mini_path(self, dump: Dump) -> Path | None:
+        return self.store_dir / dump.mini_path if dump.mini_path else None
+
     # The CLI reads a dump's analysis through these, from the index or (userview.UserView) a user's view.
     def analysis_for(self, dump_id: str) -> dict | None:
         return analyses.analysis_for(self, dump_id)
@@ -345,6 +360,12 @@ class Store:
             "d.path IS NULL AND d.status != ?, d.uid FROM dumps d LEFT JOIN analysis a ON a.id = d.id "
             f"WHERE d.{_LIVE} ORDER BY d.crashed_at, d.id", (COMPRESSING,))]
 
+    def minis(self) -> dict[str, tuple[bool, int]]:
+        """{id: (full core still stored, mini core bytes)} of every dump with a mini core."""
+        rows = self.db.execute(f"SELECT id, path IS NOT NULL, COALESCE(mini_bytes, 0) FROM dumps WHERE {_LIVE} "
+                               "AND mini_path IS NOT NULL")
+        return {i: (bool(full), int(size)) for i, full, size in rows}
+
     def totals(self) -> tuple[int, int]:
         """Stored bytes and number of dumps."""
         size, count = self.db.execute("SELECT COALESCE(SUM(stored_bytes), 0), COUNT(*) FROM dumps").fetchone()
@@ -372,13 +393,7 @@ class Store:
         dump untouched or a marked row that `finish_deletions` completes with the same figures, never a file
         without a row nor a deletion counted twice. Only the process whose mark took counts the deletion: a
         second mark would overwrite the size with what is left of a file being unlinked."""
-        path = self.file_path(dump)
-        freed = 0
-        if path is not None:
-            try:
-                freed = path.stat().st_blocks * 512
-            except FileNotFoundError:
-                pass
+        freed = sum(_blocks(p) for p in (self.file_path(dump), self.mini_path(dump)))
         with self.db:
             marked = self.db.execute("UPDATE dumps SET deleting = 1, deleted_rule = ?, freed_bytes = ? "
                                      "WHERE id = ? AND deleting = 0",
@@ -388,18 +403,38 @@ class Store:
         self._finish_delete(dump.id)
         return freed
 
+    def drop_full_core(self, dump: Dump, rule: str) -> int | None:
+        """Deletes a dump's full core and keeps its row and mini core, counting the core under rule; returns the
+        bytes freed, or None when there was no full core left to delete (another process took it first).
+
+        The row forgets the file first: a kill before the unlink leaves a store file whose id has a row, which
+        the daemon's recovery removes (never indexes as a stray)."""
+        path = self.file_path(dump)
+        if path is None:
+            return None
+        freed = _blocks(path)
+        with self.db:
+            taken = self.db.execute("UPDATE dumps SET path = NULL, stored_bytes = 0 WHERE id = ? AND path = ? "
+                                    "AND deleting = 0", (dump.id, dump.path)).rowcount
+            if taken:
+                self.db.execute(_COUNT_DELETIONS, (rule, 1, freed))
+        if not taken:
+            return None
+        path.unlink(missing_ok=True)
+        return freed
+
     def _finish_delete(self, dump_id: str) -> Dump | None:
         """The second half of delete: unlink the file, then drop the row and count the deletion, in one
         transaction. Idempotent. Returns the row as it was, with the rule and the bytes freed."""
         dump = self.get(dump_id)
         if dump is None or not dump.deleting:
             return None
-        path = self.file_path(dump)
         freed = dump.freed_bytes
-        if path is not None:
-            if freed is None:  # marked by a schema-1 daemon, which measured nothing beforehand
-                freed = path.stat().st_blocks * 512 if path.exists() else 0
-            path.unlink(missing_ok=True)
+        for path in (self.file_path(dump), self.mini_path(dump)):
+            if path is not None:
+                if dump.freed_bytes is None:  # marked by a schema-1 daemon, which measured nothing beforehand
+                    freed = (freed or 0) + _blocks(path)
+                path.unlink(missing_ok=True)
         done = dataclasses.replace(dump, deleted_rule=dump.deleted_rule or UNKNOWN_RULE, freed_bytes=freed or 0)
         with self.db:
             if self.db.execute("DELETE FROM dumps WHERE id = ? AND deleting = 1", (dump_id,)).rowcount:
@@ -414,7 +449,8 @@ class Store:
 
     def unindexed_files(self) -> list[Path]:
         """Store files without an index row (temp files excluded)."""
-        known = {r[0] for r in self.db.execute("SELECT path FROM dumps WHERE path IS NOT NULL")}
+        known = {r[0] for r in self.db.execute("SELECT path FROM dumps WHERE path IS NOT NULL UNION "
+                                               "SELECT mini_path FROM dumps WHERE mini_path IS NOT NULL")}
         try:
             names = os.listdir(self.store_dir)
         except FileNotFoundError:

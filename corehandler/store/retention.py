@@ -15,6 +15,10 @@ Rules, in the order they apply:
 A dump marked busy (still being ingested or read) is never deleted, though it counts toward the limits.
 A dump still waiting to upload (unsent) is deleted by keep_free only, the disk floor: the other rules pass
 over it until it is in the bucket. When keep_free takes one, the caller counts it as lost to the fleet.
+
+Mini cores (analysis/minicore.py) outlive the full ones: a dump that has one loses only its full core to
+these rules, and keeps its row and mini core. Dumps left with only a mini core are planned apart, by the
+policy's `mini` rules (mini_max_age, mini_max_count, mini_max_use, and keep_free), with the mini's size.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import logging
 import os
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Sequence
 
 from corehandler import paths, spool
@@ -32,6 +36,7 @@ log = logging.getLogger(__name__)
 
 RULES = ("max_age", "dropped_max_age", "dropped_max_count", "max_per_exe", "max_count", "max_use",
          "keep_free")
+MINI_RULES = ("mini_max_age", "mini_max_count", "mini_max_use")
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,7 @@ class Policy:
     max_per_exe: int | None = None
     dropped_max_age: float | None = None   # seconds, for coreless dumps
     dropped_max_count: int | None = None
+    mini: "Policy | None" = None     # the rules of dumps left with only their mini core
 
 
 @dataclass(frozen=True)
@@ -158,6 +164,7 @@ class Deletion:
     rule: str
     freed_bytes: int
     uid: int | None = None
+    kept_mini: bool = False   # only the full core went: the dump stays, with its mini core
 
 
 def apply(decisions: Iterable[Decision], delete: Callable[[str, str], int | None], *,
@@ -185,11 +192,14 @@ def filesystem(path) -> tuple[int, int]:
 
 def policy_from_config(retention, total_bytes: int) -> Policy:
     """Resolves the config's [retention] section (percentages against the filesystem's size)."""
-    return Policy(max_use=retention.max_use.resolve(total_bytes), keep_free=retention.keep_free.resolve(total_bytes),
+    keep_free = retention.keep_free.resolve(total_bytes)
+    mini = Policy(max_use=retention.mini_max_use.resolve(total_bytes), keep_free=keep_free,
+                  max_age=retention.mini_max_age or None, max_count=retention.mini_max_count or None)
+    return Policy(max_use=retention.max_use.resolve(total_bytes), keep_free=keep_free,
                   max_age=retention.max_age or None, max_count=retention.max_count or None,
                   max_per_exe=retention.max_per_exe or None,
                   dropped_max_age=retention.dropped_max_age or None,
-                  dropped_max_count=retention.dropped_max_count or None)
+                  dropped_max_count=retention.dropped_max_count or None, mini=mini)
 
 
 def vacuum(store, policy: Policy, *, now: float | None = None, busy: Iterable[str] = (),
@@ -205,14 +215,36 @@ def vacuum(store, policy: Policy, *, now: float | None = None, busy: Iterable[st
     # A dump still compressing has no stored file yet: the daemon completes its row.
     busy = set(busy) | set(spool.committed_ids(paths.spool_dir(store.state_dir))) | set(store.compressing())
     unsent = upload_queue.waiting_ids(store.db)
+    minis = store.minis()
+    now = time.time() if now is None else now
     items = [Item(i, t, exe, size, i in busy, i in unsent, uid, coreless)
-             for i, t, exe, size, coreless, uid in store.sizes()]
+             for i, t, exe, size, coreless, uid in store.sizes() if i not in minis or minis[i][0]]
     _, free = filesystem(store.store_dir)
-    decisions = plan(items, policy, free_bytes=free, now=time.time() if now is None else now)
-    # The store counts each deletion under its rule, for the metrics.
-    deleted = apply(decisions, lambda dump_id, rule: store.delete(store.get(dump_id), rule), dry_run=dry_run)
+    decisions = plan(items, policy, free_bytes=free, now=now)
+
+    def delete(dump_id: str, rule: str) -> int | None:
+        # The store counts each deletion under its rule, for the metrics; a dump with a mini core keeps it.
+        dump = store.get(dump_id)
+        return store.drop_full_core(dump, rule) if dump_id in minis else store.delete(dump, rule)
+
+    deleted = [replace(d, kept_mini=d.id in minis) for d in apply(decisions, delete, dry_run=dry_run)]
+    if policy.mini is not None:
+        deleted += _vacuum_minis(store, policy.mini, minis, {d.id for d in deleted}, busy, now, dry_run)
     for d in deleted:
         if d.id in unsent and not dry_run:
             log.error("Retention had to delete %s before it was uploaded (%s): lost to the fleet", d.id, d.rule)
             upload_queue.mark_lost(store.db, d.id, f"deleted by retention ({d.rule}) before it was uploaded")
     return deleted
+
+
+def _vacuum_minis(store, policy: Policy, minis: dict[str, tuple[bool, int]], demoted: set[str], busy: set[str],
+                  now: float, dry_run: bool) -> list[Deletion]:
+    """The dumps left with only a mini core (some just now), planned by the mini rules with the mini's size."""
+    if not any((policy.max_use, policy.keep_free, policy.max_age, policy.max_count)):
+        return []
+    items = [Item(i, t, exe, minis[i][1], i in busy, uid=uid) for i, t, exe, _, _, uid in store.sizes()
+             if i in minis and (not minis[i][0] or i in demoted)]
+    _, free = filesystem(store.store_dir)
+    decisions = [d for d in plan(items, policy, free_bytes=free, now=now) if not d.keep]
+    decisions = [replace(d, rule=f"mini_{d.rule}" if d.rule != "keep_free" else d.rule) for d in decisions]
+    return apply(decisions, lambda dump_id, rule: store.delete(store.get(dump_id), rule), dry_run=dry_run)

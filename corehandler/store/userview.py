@@ -202,12 +202,12 @@ def _entry(store: Store, d: Dump) -> dict:
 
 
 def _grant_stored(store: Store, d: Dump) -> None:
-    stored = store.file_path(d)
-    if stored is not None:
-        try:
-            _grant(stored, d.uid)
-        except FileNotFoundError:  # retention took it since; the view says "missing"
-            pass
+    for stored in (store.file_path(d), store.mini_path(d)):  # the core and its mini core
+        if stored is not None:
+            try:
+                _grant(stored, d.uid)
+            except FileNotFoundError:  # retention took it since; the view says "missing"
+                pass
 
 
 def _append(path: Path, data: bytes) -> bool | None:
@@ -314,6 +314,9 @@ class UserView:
 
     def file_path(self, dump: Dump) -> Path | None:
         return self.store_dir / dump.path if dump.path else None
+
+    def mini_path(self, dump: Dump) -> Path | None:
+        return self.store_dir / dump.mini_path if dump.mini_path else None
 
     def mark_corrupt(self, dump: Dump, problem: str) -> bool:
         return False  # the index is root's; root's next look marks it

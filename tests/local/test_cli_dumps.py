@@ -164,17 +164,40 @@ def test_debug_with_a_missing_debugger(capsys, filled):
 
 
 def test_vacuum_dry_run_then_real(capsys, filled, tmp_path):
+    """Retention takes the oldest full core and leaves its mini core (list: COREFILE mini; info and debug say
+    so; debug opens it); the mini rules then take the dump."""
     state, etc, _ = filled
     (etc / "corehandler.toml").write_text("[retention]\nmax_count = 3\n")
+    script = "import sys, hashlib; print(hashlib.sha256(open(sys.argv[-1], 'rb').read()).hexdigest())"
     try:
         code, out, _ = run(capsys, filled, "vacuum", "--dry-run")
         assert code == 0 and out.splitlines()[0].startswith("would delete ") and ": max_count" in out
         assert len(Store(state).all()) == 4
         code, out, _ = run(capsys, filled, "--json", "vacuum")
         result = json.loads(out)
-        assert [d["rule"] for d in result["deleted"]] == ["max_count"] and result["store_dumps"] == 3
+        assert [(d["rule"], d["kept_mini"]) for d in result["deleted"]] == [("max_count", True)]
+        assert result["store_dumps"] == 4
+        code, out, _ = run(capsys, filled, "list")
+        assert pids(out) == [3001, 3002, 3003, 3004] and out.splitlines()[1].split()[6:8] == ["ok", "mini"]
+        code, out, _ = run(capsys, filled, "info", "3001")
+        fields = dict(line.strip().split(": ", 1) for line in out.split("\n\n")[0].splitlines())
+        assert fields["Core File"] == "mini" and fields["Storage"].startswith("mini core only")
+        (dump,) = Store(state).query()[:1]
+        assert dump.path is None and dump.stored_bytes == 0 and dump.mini_bytes > 0
+        mini = state / "store" / dump.mini_path
+        proc = subprocess.run(CLI + ["--config-dir", str(etc), "--state-dir", str(state), "debug", "3001",
+                                     "--debugger", sys.executable, "-A", f"-c {script!r}"],
+                              capture_output=True, text=True, check=True)
+        assert proc.stdout.split() == [hashlib.sha256(mini.read_bytes()).hexdigest()]
+        assert "from the mini core" in proc.stderr
+        code, _, err = run(capsys, filled, "dump", "3001", "-o", str(tmp_path / "x"))
+        assert code == EXIT_NOMATCH and "only its mini core is left" in err
+        (etc / "corehandler.toml").write_text("[retention]\nmax_count = 3\nmini_max_count = 0\nmini_max_use = 1\n")
+        code, out, _ = run(capsys, filled, "--json", "vacuum")
+        assert [d["rule"] for d in json.loads(out)["deleted"]] == ["mini_max_use"] and not mini.exists()
         code, out, _ = run(capsys, filled, "list")
         assert pids(out) == [3002, 3003, 3004]
+        assert {rule: n for rule, (n, _) in Store(state).deletions().items()} == {"max_count": 1, "mini_max_use": 1}
     finally:
         (etc / "corehandler.toml").unlink()
 
@@ -271,7 +294,8 @@ def test_the_daemon_sees_what_the_cli_did_at_the_next_scrape(tmp_path, capsys):
 
     with Running(Settings(state, threads=1, sweep_interval=0.1), [metrics]):
         wait_for(lambda: sample("corehandler_store_dumps") == 3, what="three dumps indexed")
-        (etc / "corehandler.toml").write_text("[retention]\nmax_count = 2\n")
+        # max_count takes the oldest full core, mini_max_use then its mini core and row
+        (etc / "corehandler.toml").write_text("[retention]\nmax_count = 2\nmini_max_use = 1\n")
         assert main(base + ["vacuum"]) == 0
         assert sample("corehandler_store_dumps") == 2  # no daemon event in between
         with Store(state) as s:

@@ -68,7 +68,10 @@ def test_ingest_complete_truncated_and_dropped(tmp_path, state, feeder, csplice)
     with open(out, "wb") as f:
         compress.decompress_to(state / "store" / rows[ok["id"]].path, f)
     assert sha_of(out) == raw_sha
-    assert sorted(os.listdir(state / "store")) == sorted(r.path for r in rows.values() if r.path)
+    # and beside each stored core, its mini core
+    assert sorted(os.listdir(state / "store")) == sorted([r.path for r in rows.values() if r.path] +
+                                                         [r.mini_path for r in rows.values() if r.mini_path])
+    assert {r.mini_path for r in rows.values() if r.path} == {f"{r.id}.mini.core" for r in rows.values() if r.path}
 
     # Listed first (on_ingested), while the core is compressed; a dump with no core to store is final at once.
     ingested = {e[1]: e[2] for e in rec.of("ingested")}
@@ -155,11 +158,19 @@ def test_retention_after_ingest(tmp_path, state, feeder, csplice):
     settings = write_settings(tmp_path / "s.conf", state / "spool")
     records = [feed(feeder, csplice, settings, size=65536, pid=500 + i) for i in range(4)]
     rec = Recorder()
-    with Running(Settings(state, threads=1, sweep_interval=3600, policy=Policy(max_count=2)), [rec]):
+    policy = Policy(max_count=2, mini=Policy(max_count=1))
+    with Running(Settings(state, threads=1, sweep_interval=3600, policy=policy), [rec]):
         wait_for(lambda: spool_empty(state), what="spool drained")
-    assert sorted(indexed(state)) == [r["id"] for r in records[2:]]
-    assert [(e[1], e[2]) for e in rec.of("deleted")] == [(r["id"], "max_count") for r in records[:2]]
-    assert len(os.listdir(state / "store")) == 2
+    # max_count took the two oldest full cores; their mini cores stayed, the older of them until mini_max_count
+    rows = indexed(state)
+    assert sorted(rows) == [r["id"] for r in records[1:]]
+    assert [(e[1], e[2]) for e in rec.of("deleted")] == [(records[0]["id"], "max_count"),
+                                                        (records[1]["id"], "max_count"),
+                                                        (records[0]["id"], "mini_max_count")]
+    mini_only = rows[records[1]["id"]]
+    assert mini_only.path is None and mini_only.stored_bytes == 0 and mini_only.mini_path
+    assert sorted(os.listdir(state / "store")) == sorted([rows[r["id"]].path for r in records[2:]] +
+                                                         [rows[r["id"]].mini_path for r in records[1:]])
 
 
 def test_reload_applies_new_settings_and_survives_a_bad_config(tmp_path, state, feeder, csplice):
@@ -203,7 +214,7 @@ def test_100_records_dropped_at_once(tmp_path, state, feeder, csplice):
     rows = indexed(state)
     assert sorted(rows) == sorted(r["id"] for r in records)
     assert all(r.status == "ok" for r in rows.values())
-    assert spool_empty(state) and len(os.listdir(state / "store")) == 100
+    assert spool_empty(state) and len(os.listdir(state / "store")) == 200  # each core and its mini core
 
 
 def test_recovery_finishes_every_half_done_state(tmp_path, state, feeder, csplice):
@@ -241,7 +252,8 @@ def test_recovery_finishes_every_half_done_state(tmp_path, state, feeder, csplic
     with Store(state) as s:
         assert s.get(gone["id"]) is None and s.deletions() == {"max_use": (1, 4096)}
     assert rows[stray].status == "orphan" and rows[stray].raw_bytes == 65536
-    assert sorted(os.listdir(store_dir)) == sorted(r.path for r in rows.values())
+    assert sorted(os.listdir(store_dir)) == sorted([r.path for r in rows.values()] +
+                                                   [r.mini_path for r in rows.values() if r.mini_path])
     for r in rows.values():
         compress.verify(store_dir / r.path, r.raw_bytes, r.sha256)
 
@@ -279,7 +291,8 @@ def test_recovery_finishes_every_state_of_a_dump_listed_before_it_was_stored(tmp
     for r in rows.values():
         assert r.status == "ok" and r.sha256 == shas[r.id] and r.stored_bytes == (store_dir / r.path).stat().st_size
         compress.verify(store_dir / r.path, r.raw_bytes, r.sha256)
-    assert sorted(os.listdir(store_dir)) == sorted(r.path for r in rows.values())
+    assert sorted(os.listdir(store_dir)) == sorted([r.path for r in rows.values()] +
+                                                   [r.mini_path for r in rows.values() if r.mini_path])
     assert (store_dir / rows[in_place["id"]].path).stat().st_ino == kept_inode  # kept, not written again
     assert sorted(e[1] for e in rec.of("stored")) == sorted(shas) and rec.of("ingested") == []
     assert [(e[1], e[3]) for e in rec.of("error")] == [("corrupt", damaged["id"])]
@@ -292,11 +305,14 @@ def test_retention_timer_applies_a_reloaded_policy(tmp_path, state, feeder, cspl
     for i in range(2):
         feed(feeder, csplice, settings, size=65536, pid=800 + i)
     rec = Recorder()
-    tighter = Settings(state, threads=1, sweep_interval=3600, retention_interval=0.2, policy=Policy(max_age=6))
+    tighter = Settings(state, threads=1, sweep_interval=3600, retention_interval=0.2,
+                       policy=Policy(max_age=6, mini=Policy(max_age=6)))
     with Running(Settings(state, threads=1, sweep_interval=3600), [rec], lambda: tighter) as d:
         wait_for(lambda: spool_empty(state) and len(rec.of("ingested")) == 2, what="spool drained")
         d.request_reload()
         wait_for(lambda: d.settings is tighter, what="reload")
         assert rec.of("deleted") == [] and len(indexed(state)) == 2
-        wait_for(lambda: len(rec.of("deleted")) == 2, what="retention by the timer")
-    assert [e[2] for e in rec.of("deleted")] == ["max_age", "max_age"] and indexed(state) == {}
+        wait_for(lambda: len(rec.of("deleted")) == 4, what="retention by the timer")
+    # each full core, then its mini core
+    assert sorted(e[2] for e in rec.of("deleted")) == ["max_age", "max_age", "mini_max_age", "mini_max_age"]
+    assert indexed(state) == {}

@@ -107,7 +107,8 @@ def check_invariants(state_dir: Path, expected: dict[str, str]) -> None:
     with Store(state_dir) as s:
         rows = s.all(include_deleting=True)
     assert sorted(r.id for r in rows) == sorted(expected)  # each exactly once: id is the primary key
-    assert sorted(os.listdir(state_dir / "store")) == sorted(r.path for r in rows)
+    assert sorted(os.listdir(state_dir / "store")) == sorted([r.path for r in rows] +
+                                                             [r.mini_path for r in rows if r.mini_path])
     for r in rows:
         assert r.status == "ok" and r.sha256 == expected[r.id]
         compress.verify(state_dir / "store" / r.path, r.raw_bytes, r.sha256)

@@ -45,7 +45,8 @@ def setup(tmp_path):
 
 def test_counters_restart_at_zero_and_the_index_series_carry_on(tmp_path, feeder, csplice, capsys):
     state, settings, config, paths = setup(tmp_path)
-    daemon_settings = Settings(state, threads=1, sweep_interval=3600, policy=Policy(max_count=3))
+    # no mini cores: max_count then deletes whole dumps, whose counts carry on
+    daemon_settings = Settings(state, threads=1, sweep_interval=3600, policy=Policy(max_count=3), mini_core=None)
 
     def run_until(done, metrics):
         with Running(daemon_settings, [metrics]):
@@ -136,8 +137,9 @@ def test_dumps_a_kill_left_unfinished_are_finished_before_retention(tmp_path, fe
     as a new, broken dump."""
     state, settings, _, _ = setup(tmp_path)
     records = [feed(feeder, csplice, settings, size=65536, pid=730 + i) for i in range(3)]
+    # no mini cores: retention deletes whole dumps here
     texts = {r["id"]: (state / "spool" / f"{r['id']}.json").read_text() for r in records[:2]}
-    with Running(Settings(state, threads=1, sweep_interval=3600)):
+    with Running(Settings(state, threads=1, sweep_interval=3600, mini_core=None)):
         wait_for(lambda: not [n for n in os.listdir(state / "spool") if n.endswith(".json")],
                  what="the dumps ingested")
     for dump_id, text in texts.items():  # the cores are gone, the records back: as after the core_removed point
@@ -148,10 +150,31 @@ def test_dumps_a_kill_left_unfinished_are_finished_before_retention(tmp_path, fe
             (records[2]["id"], "max_count")]
         assert [d.id for d in store.all()] == list(texts)
     recorder = Recorder()
-    with Running(Settings(state, threads=1, sweep_interval=3600, policy=Policy(max_count=1)), [recorder]):
+    with Running(Settings(state, threads=1, sweep_interval=3600, policy=Policy(max_count=1), mini_core=None),
+                 [recorder]):
         wait_for(lambda: not [n for n in os.listdir(state / "spool") if n.endswith(".json")],
                  what="the cleanups redone")
     with Store(state, readonly=True) as store:
         assert [(d.id, d.status) for d in store.all()] == [(records[1]["id"], "ok")]
     assert recorder.of("ingested") == []  # announced by the daemon that indexed them
     assert [e[1] for e in recorder.of("deleted")] == [records[0]["id"]]
+
+
+def test_a_full_core_retention_dropped_before_a_kill_is_removed_at_start(tmp_path, feeder, csplice):
+    """drop_full_core forgets the file in the row, then unlinks it: a kill between the two leaves a store file
+    whose id has a row. The next start removes it (it is neither indexed as a stray nor kept)."""
+    state, settings, _, _ = setup(tmp_path)
+    r = feed(feeder, csplice, settings, size=65536, pid=740)
+    with Running(Settings(state, threads=1, sweep_interval=3600)):
+        wait_for(lambda: not [n for n in os.listdir(state / "spool") if n.endswith(".json")], what="ingested")
+    with Store(state) as store:
+        dump = store.get(r["id"])
+        full = store.file_path(dump)
+        store.db.execute("UPDATE dumps SET path = NULL, stored_bytes = 0 WHERE id = ?", (dump.id,))
+        store.db.commit()
+    assert full.exists()
+    with Running(Settings(state, threads=1, sweep_interval=3600)):
+        wait_for(lambda: not full.exists(), what="the dropped core removed")
+    with Store(state, readonly=True) as store:
+        (row,) = store.all()
+        assert (row.id, row.status, row.path, row.mini_path) == (r["id"], "ok", None, f"{r['id']}.mini.core")

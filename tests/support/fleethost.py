@@ -89,5 +89,5 @@ def sha_file(path: Path) -> str:
 
 
 def dump_keys(s3, bucket: str, dump_id: str) -> list[str]:
-    """The dump's core and sidecar keys (v2 layout), sorted."""
-    return [k for k in s3.keys(bucket, "fleet/v2/dt=") if dump_id in k]
+    """The dump's core and sidecar keys (v2 layout), sorted; its mini core, a small object of its own, left out."""
+    return [k for k in s3.keys(bucket, "fleet/v2/dt=") if dump_id in k and ".mini.core" not in k]

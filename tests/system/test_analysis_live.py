@@ -12,7 +12,7 @@ import subprocess
 import pytest
 from test_daemon_live import live, serve, stop  # noqa: F401 (live is a fixture)
 
-from support import realcore
+from support import realcore, unwound
 from support.daemon_harness import wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.live_kernel]
@@ -77,3 +77,32 @@ def test_crash_in_a_pid_namespace_shows_the_namespace_pid(live, tmp_path):
     assert ident["namespaces"]["pid"] != own and ident["namespaces"]["mnt"]
     assert "NSpid: " in cli("info", f"id={dump['id']}", text=True).stdout
     assert detail["threads"][0]["frames"][0]["function"] == "crash_segv"
+
+
+def test_mini_cores_of_kernel_cores_unwind_like_the_full_ones(live, tmp_path):
+    """The kernel's own cores (8 threads; 5000 frames deep): eu-stack and gdb unwind the mini core the daemon
+    wrote at ingest to the same frames as the full core `corehandler dump` gives back (a stack deeper than
+    the mini's per-thread cap: its first frames)."""
+    state, etc, cli, base = live
+    binary = realcore.build(tmp_path / "bin", name="analysed")
+    daemon = serve(base)
+    try:
+        for kind in ("thread", "recurse"):
+            r = subprocess.run([str(binary), kind], preexec_fn=_allow_core, capture_output=True, timeout=60)
+            assert r.returncode == -11
+        dumps = indexed(cli, 2)
+    finally:
+        stop(daemon)
+    for dump, deep in zip(dumps, (False, True)):
+        full = tmp_path / f"{dump['id']}.core"
+        assert cli("dump", f"id={dump['id']}", "-o", str(full)).returncode == 0
+        mini = state / "store" / dump["mini_path"]
+        assert 0 < dump["mini_bytes"] == mini.stat().st_size < full.stat().st_size
+        f, m = unwound.eu_stack(full), unwound.eu_stack(mini)
+        assert list(m) == list(f) and len(f) == (9 if not deep else 1)
+        for frames_f, frames_m in zip(f.values(), m.values()):
+            assert frames_m == frames_f if not deep else (len(frames_m) > 1000 and frames_m == frames_f[:len(frames_m)])
+        g_full, g_mini = unwound.gdb_bt(binary, full), unwound.gdb_bt(binary, mini)
+        assert [t for t, _ in g_mini] == [t for t, _ in g_full]
+        for (_, frames_f), (_, frames_m) in zip(g_full, g_mini):
+            assert frames_m == frames_f if not deep else (len(frames_m) > 1000 and frames_m == frames_f[:len(frames_m)])

@@ -42,6 +42,7 @@ def test_a_dump_goes_up_verified_and_comes_back_byte_identical(tmp_path, s3, fee
     assert sidecar["id"] == record["id"] and sidecar["host"] == "alpha"
     assert sidecar["core"]["key"] == base + ".zst" and sidecar["core"]["raw_sha256"] == record["_sha256"]
     assert sidecar["sha256"] == record["_sha256"]
+    assert sidecar["mini"]["key"] == base + ".mini.core" in s3.keys(bucket, "fleet/v2/dt=")
     assert sidecar["record"]["capture"] == record["capture"] and sidecar["index"]["status"] == "ok"
     head = s3.client().head_object(Bucket=bucket, Key=base + ".zst", ChecksumMode="ENABLED")
     assert head["ContentLength"] == sidecar["core"]["bytes"]
@@ -250,6 +251,15 @@ def test_the_fleet_budget_keeps_one_core_when_both_hosts_crash_the_same_way(tmp_
     kept_back = next(r for r in listed if not r["core"])
     code, _, err = alpha.cli(capsys, "fleet", "get", kept_back["id"], "-o", str(tmp_path / "x"))
     assert code != 0 and "no core in the bucket" in err
+    # ... but its mini core went up, as every dump's did, and comes back as the host stored it
+    minis = [k for k in s3.keys(bucket, "fleet/v2/dt=") if k.endswith(".mini.core")]
+    assert len(minis) == 2
+    code, _, err = alpha.cli(capsys, "fleet", "get", "--mini", kept_back["id"], "-o", str(tmp_path / "mini"))
+    assert code == 0, err
+    host = alpha if kept_back["host"] == "alpha" else beta
+    with Store(host.settings.state_dir) as store:
+        stored = store.mini_path(store.get(kept_back["id"])).read_bytes()
+    assert (tmp_path / "mini").read_bytes() == stored and stored[:4] == b"\x7fELF"
 
 
 def test_concurrent_conditional_creates_of_one_key_have_one_winner(s3):

@@ -1,0 +1,402 @@
+"""The mini core: a small ELF core written beside the stored one, from the raw spool core before it is deleted.
+
+It holds every note of the original (registers, siginfo, auxv, NT_FILE, the package notes), each thread's stack
+from its stack pointer up to `Limits.stack_bytes`, a page around every address the crashing thread's general
+registers hold, the first page of every mapped ELF image (its headers and build-id note), the vDSO, and the
+dynamic linker's list of loaded libraries (the executable's dynamic section, r_debug, each link_map entry and
+its name), which gdb walks to find the shared libraries. That is what gdb and eu-stack need to unwind each
+thread with the executable and libraries on disk: the code and the unwind tables come from those files, the
+stacks and registers from here. Memory is copied in whole pages, so every segment keeps its page alignment.
+
+The raw core is the crashed process's output and read as hostile: every header field, offset, count and
+pointer is bounded by the file's size and the caps; what does not fit or does not read is left out and said
+(`MiniCore.cut`). Only headers, notes and the chosen pages are read, so the cost does not grow with the core:
+a few hundred preads (bench/analysis.py measures it).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corehandler import elfcore
+
+SUFFIX = ".mini.core"          # <id>.mini.core beside the stored <id>.zst
+PAGE = 4096
+# Below the stack pointer: the x86-64 red zone (128 bytes) and a margin, in whole pages.
+BELOW_SP = 256
+MAX_SEGMENTS = 65000          # short of PN_XNUM, so the program header count fits e_phnum
+MAX_MODULES = 1024            # ELF images whose first page is kept
+MAX_LINK_MAP = 1024           # link_map entries followed
+MAX_VDSO = 64 << 10
+NT_AUXV = 6
+AT_PHDR, AT_PHENT, AT_PHNUM, AT_SYSINFO_EHDR = 3, 4, 5, 33
+PT_DYNAMIC, PT_PHDR = 2, 6
+DT_NULL, DT_DEBUG = 0, 21
+MAX_DYNAMIC = 512             # entries of the executable's dynamic section read
+
+# Where the general registers sit in NT_PRSTATUS (pr_reg), how many, their size, and the stack pointer's index
+# among them (Linux's elf_prstatus and each architecture's user_regs_struct / elf_gregset_t).
+@dataclass(frozen=True)
+class _Regs:
+    offset: int
+    count: int
+    word: str
+    sp: int
+
+
+_REGS = {
+    62: _Regs(112, 27, "Q", 19),    # EM_X86_64: ... rip(16) cs eflags rsp(19) ...
+    183: _Regs(112, 34, "Q", 31),   # EM_AARCH64: x0..x30, sp(31), pc, pstate
+    243: _Regs(112, 32, "Q", 2),    # EM_RISCV (64-bit): pc, ra, sp(2), ...
+    3: _Regs(72, 17, "I", 15),      # EM_386: ... eip(12) xcs eflags esp(15) xss
+    40: _Regs(72, 18, "I", 13),     # EM_ARM: r0..r12, sp(13), lr, pc, cpsr, orig_r0
+}
+
+
+class MiniCoreError(Exception):
+    """The raw core cannot give a mini core (not an ELF core, unreadable headers): nothing was written."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    stack_bytes: int = 64 << 10   # per thread, from its stack pointer up
+    max_bytes: int = 32 << 20     # the whole mini core; what does not fit is left out, crashing thread first
+
+
+@dataclass
+class MiniCore:
+    path: Path
+    bytes: int = 0
+    threads: int = 0
+    segments: int = 0
+    seconds: float = 0.0
+    cut: list[str] = field(default_factory=list)   # what was left out, and why
+
+    def as_dict(self) -> dict:
+        return {"bytes": self.bytes, "threads": self.threads, "segments": self.segments,
+                "seconds": round(self.seconds, 6), "cut": self.cut}
+
+
+@dataclass(frozen=True)
+class _Load:
+    vaddr: int
+    offset: int
+    filesz: int     # bytes the core holds, already cut to the file's size
+    flags: int
+
+
+class _Raw:
+    """The raw core's headers, notes and memory, every read bounded by the file."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.size = os.fstat(fd).st_size
+        ident = elfcore._read_at(fd, 0, 16)
+        layout = elfcore._LAYOUTS.get(ident[4]) if len(ident) == 16 and ident[:4] == elfcore.ELFMAG else None
+        if layout is None:
+            raise MiniCoreError("not an ELF file")
+        self.ident, self.layout = ident, layout
+        self.end = "<" if ident[5] == elfcore.ELFDATA2LSB else ">"
+        ehsize = struct.calcsize(self.end + layout.ehdr)
+        raw = elfcore._read_at(fd, 0, ehsize)
+        if len(raw) < ehsize:
+            raise MiniCoreError("truncated ELF header")
+        fields = struct.unpack(self.end + layout.ehdr, raw)
+        self.ehdr = fields
+        e_type, self.machine, phoff, shoff, phentsize, phnum = (fields[1], fields[2], fields[5], fields[6],
+                                                                 fields[9], fields[10])
+        if e_type != elfcore.ET_CORE:
+            raise MiniCoreError(f"not a core file (ELF type {e_type})")
+        if phnum == elfcore.PN_XNUM:
+            fmt, off = layout.shdr_info
+            sh = elfcore._read_at(fd, shoff + off, 4)
+            if len(sh) < 4:
+                raise MiniCoreError("truncated: section header 0 (segment count) is missing")
+            phnum = struct.unpack(self.end + fmt, sh)[0]
+        phsize = struct.calcsize(self.end + layout.phdr)
+        if phentsize < phsize or phnum == 0 or phnum > elfcore.MAX_PHNUM:
+            raise MiniCoreError(f"bad program header table ({phnum} entries of {phentsize} bytes)")
+        table = elfcore._read_at(fd, phoff, phnum * phentsize)
+        self.loads: list[_Load] = []
+        self.notes: list[bytes] = []
+        for i in range(len(table) // phentsize):
+            p = dict(zip(layout.phdr_fields, struct.unpack_from(self.end + layout.phdr, table, i * phentsize)))
+            if p["type"] == elfcore.PT_LOAD:
+                # A bogus offset or a truncated core: only the bytes the file holds count as held.
+                held = max(0, min(p["filesz"], p["memsz"], self.size - p["offset"]))
+                if held and p["vaddr"] + held <= 1 << 64:
+                    self.loads.append(_Load(p["vaddr"], p["offset"], held, p["flags"]))
+            elif p["type"] == elfcore.PT_NOTE and p["filesz"]:
+                data = elfcore._read_at(fd, p["offset"], min(p["filesz"], elfcore.MAX_NOTES_BYTES))
+                self.notes.append(data[:_whole_notes(data, self.end)])
+        self.loads.sort(key=lambda x: x.vaddr)
+        self._starts = [x.vaddr for x in self.loads]
+
+    def segment(self, vaddr: int) -> _Load | None:
+        i = bisect.bisect_right(self._starts, vaddr) - 1
+        if i >= 0 and vaddr < self.loads[i].vaddr + self.loads[i].filesz:
+            return self.loads[i]
+        return None
+
+    def read(self, vaddr: int, length: int) -> bytes:
+        s = self.segment(vaddr)
+        if s is None:
+            return b""
+        return elfcore._read_at(self.fd, s.offset + vaddr - s.vaddr, min(length, s.vaddr + s.filesz - vaddr))
+
+    def word(self, vaddr: int) -> int | None:
+        size = struct.calcsize(self.layout.word)
+        data = self.read(vaddr, size)
+        return struct.unpack(self.end + self.layout.word, data)[0] if len(data) == size else None
+
+    def iter_notes(self):
+        for data in self.notes:
+            yield from elfcore.iter_notes(data, self.end)
+
+
+def _whole_notes(data: bytes, end: str) -> int:
+    """The length of data's complete notes: a note segment cut inside a note stays a valid one without it."""
+    pos = 0
+    while pos + 12 <= len(data):
+        namesz, descsz, _ = struct.unpack_from(end + "III", data, pos)
+        nxt = pos + 12 + ((namesz + 3) & ~3) + ((descsz + 3) & ~3)
+        if nxt > len(data):
+            break
+        pos = nxt
+    return pos
+
+
+class _Wanted:
+    """Page ranges to copy, in the order they were asked for (which is their priority under the total cap)."""
+
+    def __init__(self, raw: _Raw, budget: int):
+        self.raw = raw
+        self.budget = budget
+        self.pages: dict[int, int] = {}       # page address -> its segment's start (insertion order = priority)
+        self.cut: list[str] = []              # what did not fit the total cap
+        self.left_out: list[str] = []         # what was left out for other reasons
+
+    def add(self, start: int, end: int, what: str) -> None:
+        """Pages of [start, end) the core holds, clipped to their segment; cut when the budget is spent."""
+        s = self.raw.segment(start)
+        if s is None:
+            return
+        end = min(end, s.vaddr + s.filesz)
+        page = max(start & ~(PAGE - 1), s.vaddr)
+        while page < end:
+            if page not in self.pages:
+                if self.budget < PAGE:
+                    self.cut.append(what)
+                    return
+                self.pages[page] = s.vaddr
+                self.budget -= PAGE
+            page = (page & ~(PAGE - 1)) + PAGE
+
+    def around(self, addr: int, what: str) -> None:
+        self.add(addr & ~(PAGE - 1), (addr & ~(PAGE - 1)) + PAGE, what)
+
+
+def _threads(raw: _Raw) -> list[list[int]]:
+    """Each thread's general registers, the thread that dumped first (as the kernel writes them)."""
+    regs = _REGS.get(raw.machine)
+    if regs is None:
+        return []
+    fmt = f"{raw.end}{regs.count}{regs.word}"
+    size = struct.calcsize(fmt)
+    out = []
+    for owner, ntype, desc in raw.iter_notes():
+        if owner == b"CORE" and ntype == elfcore.NT_PRSTATUS and len(desc) >= regs.offset + size:
+            out.append(list(struct.unpack_from(fmt, desc, regs.offset)))
+    return out
+
+
+def _auxv(raw: _Raw) -> dict[int, int]:
+    word = raw.layout.word
+    size = struct.calcsize(word)
+    for owner, ntype, desc in raw.iter_notes():
+        if owner == b"CORE" and ntype == NT_AUXV:
+            pairs = struct.iter_unpack(raw.end + word * 2, desc[:len(desc) - len(desc) % (2 * size)])
+            return {k: v for k, v in pairs}
+    return {}
+
+
+def _file_starts(raw: _Raw) -> list[int]:
+    """Start addresses of the NT_FILE mappings at file offset 0: where an ELF image's headers are mapped."""
+    word = raw.layout.word
+    size = struct.calcsize(word)
+    for owner, ntype, desc in raw.iter_notes():
+        if owner != b"CORE" or ntype != elfcore.NT_FILE or len(desc) < 2 * size:
+            continue
+        count = min(struct.unpack_from(raw.end + word, desc, 0)[0], (len(desc) - 2 * size) // (3 * size))
+        entries = struct.iter_unpack(raw.end + word * 3, desc[2 * size:2 * size + 3 * size * count])
+        return sorted({start for start, _, offset in entries if offset == 0})
+    return []
+
+
+def _link_map(raw: _Raw, auxv: dict[int, int], want: _Wanted) -> None:
+    """The memory gdb reads to list the shared libraries: the executable's program headers and dynamic section
+    (found through AT_PHDR), r_debug (DT_DEBUG), and each link_map entry with its name and dynamic section."""
+    ehdr_fmt = raw.end + raw.layout.phdr
+    phent, phnum, phdr_at = auxv.get(AT_PHENT, 0), auxv.get(AT_PHNUM, 0), auxv.get(AT_PHDR)
+    if phdr_at is None or phent < struct.calcsize(ehdr_fmt) or not 0 < phnum <= 256:
+        return
+    want.add(phdr_at, phdr_at + phent * phnum, "program headers")
+    table = raw.read(phdr_at, phent * phnum)
+    phdrs = [dict(zip(raw.layout.phdr_fields, struct.unpack_from(ehdr_fmt, table, i * phent)))
+             for i in range(len(table) // phent)]
+    bias = next((phdr_at - p["vaddr"] for p in phdrs if p["type"] == PT_PHDR), None)
+    dynamic = next((p for p in phdrs if p["type"] == PT_DYNAMIC), None)
+    if bias is None or dynamic is None:
+        return
+    mask = (1 << (8 * struct.calcsize(raw.layout.word))) - 1
+    dyn_at = (dynamic["vaddr"] + bias) & mask
+    word = struct.calcsize(raw.layout.word)
+    dyn_size = min(dynamic["memsz"], MAX_DYNAMIC * 2 * word)
+    want.add(dyn_at, dyn_at + dyn_size, "dynamic section")
+    data = raw.read(dyn_at, dyn_size)
+    r_debug = None
+    for tag, value in struct.iter_unpack(raw.end + raw.layout.word * 2, data[:len(data) - len(data) % (2 * word)]):
+        if tag == DT_NULL:
+            break
+        if tag == DT_DEBUG:
+            r_debug = value
+    if not r_debug:
+        return
+    # struct r_debug { int r_version; struct link_map *r_map; ElfW(Addr) r_brk; r_state; r_ldbase; }
+    want.add(r_debug, r_debug + 5 * word, "r_debug")
+    entry, seen = raw.word(r_debug + word), set()
+    while entry and entry not in seen and len(seen) < MAX_LINK_MAP:
+        seen.add(entry)
+        # struct link_map { l_addr; char *l_name; ElfW(Dyn) *l_ld; l_next; l_prev; }
+        want.add(entry, entry + 5 * word, "link_map")
+        name, ld, nxt = raw.word(entry + word), raw.word(entry + 2 * word), raw.word(entry + 3 * word)
+        if name:
+            want.around(name, "link_map name")
+        if ld:
+            want.around(ld, "link_map dynamic section")
+        entry = nxt
+
+
+def _choose(raw: _Raw, limits: Limits) -> tuple[_Wanted, int]:
+    notes_bytes = sum(len(n) for n in raw.notes)
+    want = _Wanted(raw, limits.max_bytes - notes_bytes)
+    threads = _threads(raw)
+    regs = _REGS.get(raw.machine)
+    if regs is None and raw.loads:
+        want.left_out.append(f"stacks: registers of ELF machine {raw.machine} not known, notes only")
+    stack = max(PAGE, limits.stack_bytes)
+
+    def stack_of(i: int, values: list[int]) -> None:
+        sp = values[regs.sp]
+        want.add(max(0, sp - BELOW_SP), sp + stack, "the crashing thread's stack" if i == 0 else "thread stacks")
+
+    if threads:
+        stack_of(0, threads[0])
+    auxv = _auxv(raw)
+    for start in _file_starts(raw)[:MAX_MODULES]:
+        if raw.read(start, 4) == elfcore.ELFMAG:
+            want.around(start, "ELF headers")
+    vdso = auxv.get(AT_SYSINFO_EHDR)
+    if vdso:
+        want.add(vdso, vdso + MAX_VDSO, "vDSO")
+    _link_map(raw, auxv, want)
+    if threads:
+        for value in threads[0]:
+            want.around(value, "a page the crashing thread's registers point into")
+    for i, values in enumerate(threads[1:], 1):
+        stack_of(i, values)
+    return want, len(threads)
+
+
+def _ranges(pages: dict[int, int]) -> list[tuple[int, int]]:
+    """Runs of adjacent pages, each inside one segment of the raw core (so one read copies it)."""
+    out: list[list[int]] = []
+    for page in sorted(pages):
+        if out and out[-1][1] == page and pages[out[-1][0]] == pages[page]:
+            out[-1][1] = min(page + PAGE, 1 << 64)
+        else:
+            out.append([page, page + PAGE])
+    return [(a, b) for a, b in out]
+
+
+def write(raw_path: Path | str, dest: Path | str, limits: Limits = Limits(), *, tmp: Path | None = None) -> MiniCore:
+    """Writes the mini core of raw_path to dest (through tmp, renamed into place). Raises MiniCoreError when
+    the raw core gives none, OSError when a file cannot be read or written; never anything else."""
+    started = time.monotonic()
+    dest = Path(dest)
+    fd = os.open(raw_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        try:
+            raw = _Raw(fd)
+            want, threads = _choose(raw, limits)
+        except (struct.error, OverflowError, ValueError) as e:  # a field no check above foresaw
+            raise MiniCoreError(f"malformed core: {e}") from None
+        ranges = _ranges(want.pages)
+        if len(ranges) + len(raw.notes) > MAX_SEGMENTS:
+            want.left_out.append(f"segments past {MAX_SEGMENTS} left out")
+            ranges = ranges[:MAX_SEGMENTS - len(raw.notes)]
+        counts = Counter(want.cut)
+        cut = [f"{what} past the total cap" + (f" ({n})" if n > 1 else "") for what, n in counts.items()]
+        result = MiniCore(dest, threads=threads, cut=cut + want.left_out)
+        _emit(raw, ranges, dest, tmp or dest.with_name(f".tmp.{dest.name}"), result)
+    finally:
+        os.close(fd)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _emit(raw: _Raw, ranges: list[tuple[int, int]], dest: Path, tmp: Path, result: MiniCore) -> None:
+    end, layout = raw.end, raw.layout
+    ehsize = struct.calcsize(end + layout.ehdr)
+    phsize = struct.calcsize(end + layout.phdr)
+    segments = len(raw.notes) + len(ranges)
+    offset = ehsize + segments * phsize
+    headers, body = [], []
+
+    def phdr(ptype: int, flags: int, off: int, vaddr: int, size: int, align: int) -> bytes:
+        values = {"type": ptype, "flags": flags, "offset": off, "vaddr": vaddr, "paddr": 0, "filesz": size,
+                  "memsz": size, "align": align}
+        return struct.pack(end + layout.phdr, *(values[f] for f in layout.phdr_fields))
+
+    for data in raw.notes:
+        offset = (offset + 3) & ~3
+        headers.append(phdr(elfcore.PT_NOTE, 0, offset, 0, len(data), 4))
+        body.append((offset, data))
+        offset += len(data)
+    for start, stop in ranges:
+        offset = (offset + PAGE - 1) & ~(PAGE - 1)
+        data = raw.read(start, stop - start)
+        # A short read (the file changed under us) keeps what it got, still whole pages where it can.
+        headers.append(phdr(elfcore.PT_LOAD, raw.segment(start).flags if data else 0, offset, start, len(data),
+                            PAGE))
+        body.append((offset, data))
+        offset += len(data)
+    fields = list(raw.ehdr)
+    # e_phoff, e_shoff, e_phnum, e_shentsize, e_shnum, e_shstrndx: program headers only, right after this header
+    fields[5], fields[6], fields[10], fields[11], fields[12], fields[13] = ehsize, 0, segments, 0, 0, 0
+    fields[8], fields[9] = ehsize, phsize
+    head = struct.pack(end + layout.ehdr, *fields) + b"".join(headers)
+    tmp.unlink(missing_ok=True)
+    out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.pwrite(out, head, 0)
+        for at, data in body:
+            view = memoryview(data)
+            while view:
+                view = view[os.pwrite(out, view, at + len(data) - len(view)):]
+        size = max([len(head)] + [at + len(data) for at, data in body])
+        os.ftruncate(out, size)
+        os.fsync(out)
+    except BaseException:
+        os.close(out)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(out)
+    os.rename(tmp, dest)
+    result.bytes, result.segments = size, segments
