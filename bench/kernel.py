@@ -302,6 +302,5 @@ def kept_findings(out: Path) -> str:
     return kept + "\n"
 
 
-
 if __name__ == "__main__":
     sys.exit(main())

@@ -60,14 +60,11 @@ def choose_strategy(proc_root: Path = Path("/proc")) -> str:
 SPECIFIERS = "%P %i %I %u %g %d %s %t %c %h %e"
 
 
-
 # %F, a pidfd of the crashed process, exists from Linux 6.16; older kernels would pass it through literally.
 PIDFD_SPECIFIER = "%F"
 
 
-
 PIDFD_SINCE = (6, 16)
-
 
 
 def csplice_version(path: Path) -> str:

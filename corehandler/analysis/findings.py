@@ -17,33 +17,25 @@ from corehandler.printable import display
 OK = "ok"                    # every thread unwound as far as the caps allow
 
 
-
 PARTIAL = "partial"          # frames found, but something was cut or failed (see `problems`)
-
 
 
 FAILED = "failed"            # the unwinder found nothing (crashed, or a core it cannot read)
 
 
-
 TIMEOUT = "timeout"          # killed at the timeout; whatever it wrote before is kept
-
 
 
 UNAVAILABLE = "unavailable"  # eu-stack is not installed
 
 
-
 SKIPPED = "skipped"          # no core to analyse (metadata only, invalid, raw core gone)
-
 
 
 STATES = (OK, PARTIAL, FAILED, TIMEOUT, UNAVAILABLE, SKIPPED)
 
 
-
 MAX_PROBLEMS = 32
-
 
 
 @dataclass(frozen=True)
@@ -59,11 +51,9 @@ class Limits:
     debuginfo_path: str | None = None   # eu-stack --debuginfo-path: where separate debug files are (debuginfod.py)
 
 
-
 def _cut(text: str, limit: int) -> str:
     """text as the unwinder wrote it (escaped only when printed: printable.py), cut at limit characters."""
     return text[:limit] + ("...[cut]" if len(text) > limit else "")
-
 
 
 def _lines(f: BinaryIO, limit: int):
@@ -82,29 +72,22 @@ def _lines(f: BinaryIO, limit: int):
         yield line[:limit].rstrip(b"\n").decode("utf-8", "surrogateescape"), cut
 
 
-
 _TID = re.compile(r"^TID (\d+):$")
-
 
 
 _FRAME = re.compile(r"^#(\d+)\s+0x([0-9a-f]+)(?: (.*))?$")
 
 
-
 _BUILD_ID = re.compile(r"^    \[([0-9a-f]*)\]@0x([0-9a-f]+)\+0x([0-9a-f]+)$")
-
 
 
 _SOURCE = re.compile(r"^    (.+?):(\d+)(?::\d+)?$")
 
 
-
 _THREAD_ERROR = re.compile(r"^(?:\S*/)?eu-stack: dwfl_thread_getframes tid (\d+) at 0x[0-9a-f]+ in .*?: (.*)$")
 
 
-
 _MAX_FRAMES = re.compile(r"^(?:\S*/)?eu-stack: tid (\d+): shown max number of frames")
-
 
 
 def _frame_fields(frame: dict, rest: str | None, limit: int) -> None:
@@ -119,7 +102,6 @@ def _frame_fields(frame: dict, rest: str | None, limit: int) -> None:
                 function, module = rest, None
     frame["function"] = _cut(function, limit) if function else None
     frame["module"] = _cut(module, limit) if module else None
-
 
 
 def parse_stack(f: BinaryIO, limits: Limits) -> dict:
@@ -171,7 +153,6 @@ def parse_stack(f: BinaryIO, limits: Limits) -> dict:
     return {"threads": threads, "threads_seen": seen, "threads_cut": seen > len(threads), "lines_cut": lines_cut}
 
 
-
 def apply_errors(stack: dict, stderr: BinaryIO, limits: Limits) -> list[str]:
     """eu-stack's complaints: per-thread unwinding errors go on the thread, frame caps set frames_cut;
     the rest comes back as problems."""
@@ -193,7 +174,6 @@ def apply_errors(stack: dict, stderr: BinaryIO, limits: Limits) -> list[str]:
         if line.strip() and len(problems) < MAX_PROBLEMS:
             problems.append(_cut(line, limits.line_chars))
     return problems
-
 
 
 def check_exe(exe_path: str | None, core_build_id: str | None, vetting: dict | None = None) -> dict:
@@ -245,11 +225,9 @@ def exe_module(modules: list[dict], exe_path: str | None) -> dict | None:
     return modules[0] if modules else None
 
 
-
 def packages(modules: list[dict]) -> dict[str, dict]:
     """The package notes (.note.package) of the mapped modules, by module name, as the core holds them."""
     return {m["name"]: m["package"] for m in modules if m.get("package")}
-
 
 
 def build_result(record: dict, stack: dict, modules: list[dict], modules_cut: bool, problems: list[str],
@@ -304,7 +282,6 @@ def build_result(record: dict, stack: dict, modules: list[dict], modules_cut: bo
             "packages": packages(modules), "identity": identity.identify(record), **keys}
 
 
-
 def frame_line(f: dict) -> str:
     """One frame as coredumpctl shows it: `#0  0x00005555555551af crash_segv (app + 0x11af) [app.c:6]`. The
     names are the crashed program's (its symbols, its files' paths): escaped (printable.py)."""
@@ -312,7 +289,6 @@ def frame_line(f: dict) -> str:
     where = f"{module} + {f['offset']:#x}" if module and f.get("offset") is not None else (module or "n/a")
     source = f" [{display(f['file'])}:{f['line']}]" if f.get("file") else ""
     return f"#{f['index']:<2} {f['pc']:#018x} {display(f.get('function')) or 'n/a'} ({where}){source}"
-
 
 
 def thread_lines(t: dict) -> list[str]:
@@ -323,7 +299,6 @@ def thread_lines(t: dict) -> list[str]:
     if t.get("error"):
         out.append(f"(unwinding stopped: {display(t['error'])})")
     return out
-
 
 
 def skipped(record: dict, reason: str, state: str = SKIPPED) -> dict:

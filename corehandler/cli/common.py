@@ -127,7 +127,6 @@ def table(rows: list[tuple[str, ...]], legend: bool = True) -> str:
                      for r in (rows if legend else rows[1:]))
 
 
-
 def write_output(output: Path | None, write: Callable[[BinaryIO], None], *, source: str | None = None) -> None:
     """Runs write(out) into output, or into stdout when output is None (refused on a terminal). A file goes
     through a temp name renamed into place, so a failed or corrupt copy never leaves a complete-looking one.

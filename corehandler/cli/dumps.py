@@ -81,7 +81,6 @@ def signal_name(number: int | None) -> str:
 # -- the stored file's state ----------------------------------------------------------------------------------
 
 
-
 def file_state(dumps: Dumps, d: Dump, verify: bool) -> tuple[str, str | None]:
     """("present"|"mini"|"missing"|"corrupt"|"unreadable"|"none"|"compressing", problem). Without verify only
     the size and the zstd frame header are checked (cheap enough for list); with it the file is decompressed and

@@ -12,9 +12,7 @@ from pathlib import Path
 SIDECAR_SCHEMA = 2
 
 
-
 CHUNK = 8 << 20
-
 
 
 def fallback_signature(dump) -> str:
@@ -23,11 +21,9 @@ def fallback_signature(dump) -> str:
     return f"{dump.exe or dump.comm or '?'}:{dump.signal}"
 
 
-
 def signature_key(signature: str) -> str:
     """The signature as a bucket key component."""
     return hashlib.sha256(signature.encode("utf-8", "surrogateescape")).hexdigest()[:32]
-
 
 
 def shareable_record(record: dict, *, environ: bool, maps: bool) -> dict:
@@ -43,7 +39,6 @@ def shareable_record(record: dict, *, environ: bool, maps: bool) -> dict:
     return out
 
 
-
 def sidecar(dump, *, host: str, core: dict | None, budget: str | None, analysis: dict | None, signature: str,
             environ: bool, maps: bool) -> dict:
     row = {k: v for k, v in dump.summary().items() if k not in ("record", "path", "deleting")}
@@ -53,7 +48,6 @@ def sidecar(dump, *, host: str, core: dict | None, budget: str | None, analysis:
             "core": core, "budget": budget, "sha256": dump.sha256,
             "index": row, "record": shareable_record(dump.record, environ=environ, maps=maps),
             "analysis": analysis}
-
 
 
 @dataclass(frozen=True)
@@ -66,7 +60,6 @@ class Digests:
     def checksum(self, part_size: int) -> str:
         """The checksum S3 keeps of the object sent in parts of part_size (one part: the full one)."""
         return self.composite_b64 if self.size > part_size else self.full_b64
-
 
 
 class Digester:
@@ -136,12 +129,10 @@ def digests(path: Path, part_size: int) -> Digests:
     return digester.result()
 
 
-
 def transfer_part_size(part_size: int, size: int) -> int:
     """The part size s3transfer really uses for a file (it grows parts to stay within 10,000)."""
     from s3transfer.utils import ChunksizeAdjuster
     return ChunksizeAdjuster().adjust_chunksize(part_size, size)
-
 
 
 def check_object(head: dict, expect: Digests, *, multipart: bool) -> str | None:

@@ -43,7 +43,6 @@ def _spool_summary(spool_dir: Path) -> dict:
     return summary
 
 
-
 def _store_summary(index_path: Path) -> dict | None:
     """Count and bytes of the stored dumps (not those whose deletion is under way), from the index opened
     read-only so status never creates it."""
@@ -56,7 +55,6 @@ def _store_summary(index_path: Path) -> dict | None:
     except (StoreError, sqlite3.Error) as e:
         return {"path": str(index_path), "error": str(e)}
     return {"path": str(index_path), "count": count, "bytes": stored, "corrupt": corrupt}
-
 
 
 def _upload_summary(config: Config, index_path: Path) -> dict | None:
@@ -75,11 +73,9 @@ def _upload_summary(config: Config, index_path: Path) -> dict | None:
     return {"url": config.upload.url, "queue": queue}
 
 
-
 def _daemon_summary(paths: Paths) -> dict:
     found = supervise.status(paths)
     return {"state": "running" if found.running else "stopped", **found.as_dict()}
-
 
 
 def _settings_summary(config: Config, paths: Paths) -> dict:
@@ -94,7 +90,6 @@ def _settings_summary(config: Config, paths: Paths) -> dict:
     return {"path": str(path), "state": "current" if current else "differs from the config (reinstall or reload)"}
 
 
-
 def capture_state(config: Config, paths: Paths) -> dict:
     """The mode the live core_pattern gives (None when it is not ours), whether the socket listener listens,
     and the socket peers refused: cheap enough for every metrics scrape."""
@@ -103,7 +98,6 @@ def capture_state(config: Config, paths: Paths) -> dict:
     mode = mode_of(pattern) if is_ours(pattern, socket_path) else None
     return {"mode": mode, "listening": mode == "socket" and listener.listening(socket_path, paths.proc_root),
             "refused_peers": spool.refused_count(paths.spool_dir)}
-
 
 
 def _listener_summary(config: Config, paths: Paths, mode: str | None) -> dict | None:
@@ -116,7 +110,6 @@ def _listener_summary(config: Config, paths: Paths, mode: str | None) -> dict | 
             "supervised": found.running, "pid": found.daemon_pid, "log_file": found.log_file,
             "restarts": found.restarts, "last_restart": found.last_restart, "last_restart_why": found.last_restart_why,
             "refused_peers": spool.refused_count(paths.spool_dir)}
-
 
 
 def status(config: Config, paths: Paths, *, csplice: Path | None = None) -> dict:

@@ -16,12 +16,10 @@ COMPRESSING = "compressing"
 STATUSES = ("ok", "truncated", "dropped", "invalid", "orphan", COMPRESSING)
 
 
-
 _COLUMNS = ("id", "crashed_at", "ingested_at", "pid", "uid", "gid", "signal", "exe", "comm", "cmdline",
             "hostname", "boot_id", "raw_bytes", "stored_bytes", "sha256", "status", "problem", "path",
             "deleting", "record", "deleted_rule", "freed_bytes", "compress_seconds", "ingest_seconds", "corrupt",
             "mini_path", "mini_bytes")
-
 
 
 @dataclass(frozen=True)
@@ -73,7 +71,6 @@ class Dump:
         return {k: getattr(self, k) for k in _COLUMNS}
 
 
-
 def _crash_time(record: dict) -> float:
     ts = record.get("timestamp")
     if isinstance(ts, (int, float)):
@@ -87,7 +84,6 @@ def _crash_time(record: dict) -> float:
         return time.time()
 
 
-
 def exact_names(values: dict) -> dict:
     """The row's exe, comm, cmdline and hostname as the process's bytes, from its record: the index columns
     hold display forms (an index of v0.1 too), the record the bytes (lone surrogates, see docs/design.md)."""
@@ -99,7 +95,6 @@ def exact_names(values: dict) -> dict:
     if isinstance(record.get("hostname"), str):
         values["hostname"] = record["hostname"]
     return values
-
 
 
 def row_from_record(record: dict, *, status: str, problem: str | None, path: str | None, raw_bytes: int,

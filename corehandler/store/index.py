@@ -96,7 +96,6 @@ _UPLOAD_TABLES = (
 )
 
 
-
 # Ingest attempts of spool records not indexed yet, counted before each attempt (store/attempts.py).
 _ATTEMPTS_TABLE = """
 CREATE TABLE IF NOT EXISTS ingest_attempts (

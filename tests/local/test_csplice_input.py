@@ -168,7 +168,6 @@ def test_hostile_names_round_trip_and_stay_in_the_spool(handler, tmp_path, name)
         {k: v for k, v in outside.items() if not k.startswith("h/spool")}
 
 
-
 CID = "ab" * 32
 SECRET = "DB_PASSWORD=hunter2-from-secretKeyRef"
 HOST_MNT, CTR_MNT, CTR_PID = "mnt:[4026531841]", "mnt:[4026532299]", "pid:[4026532300]"

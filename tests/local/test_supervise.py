@@ -239,7 +239,6 @@ def test_serve_command_runs_this_interpreter():
         sys.executable, "-m", "corehandler", "--config-dir", "/etc/x", "--state-dir", "/srv/y", "serve"]
 
 
-
 def test_concurrent_starts_end_with_one_supervisor(paths, tmp_path):
     command = script(tmp_path, "sleeper.py", SLEEPER)
     with ThreadPoolExecutor(4) as pool:

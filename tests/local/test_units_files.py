@@ -190,7 +190,6 @@ def test_tmpfiles_creates_the_state_dirs_root_only(tmp_path):
         assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == DIR_MODES[kind] and st.st_uid == 0, sub
 
 
-
 def test_the_wheel_holds_csplice_in_one_place_and_no_test_program():
     """csplice in the environment's libexec/corehandler (where corehandler.paths looks), nothing inside the
     package, and no feeder anywhere: tests build it themselves (support/cbuild.py)."""

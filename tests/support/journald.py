@@ -192,7 +192,6 @@ def field_bytes(entry: dict, key: str) -> bytes | None:
     return value.encode()
 
 
-
 def expected_dump_fields(record: dict, stored: dict) -> dict[str, bytes]:
     """The journal fields a dump's entry must carry, worked out from the record on their own."""
     def b(value) -> bytes:

@@ -25,7 +25,6 @@ def aws_home(tmp_path, monkeypatch):
     return awsenv.isolate(monkeypatch, tmp_path)
 
 
-
 def round_trip(s3, name: str | None = None, **upload) -> None:
     name = name or s3.new_bucket()
     cfg = UploadConfig.model_validate({"url": f"s3://{name}/fleet", "endpoint": s3.endpoint, "region": "us-east-1",

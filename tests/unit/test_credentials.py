@@ -23,7 +23,6 @@ def aws_home(tmp_path, monkeypatch):
     return awsenv.isolate(monkeypatch, tmp_path)
 
 
-
 def used_key(client) -> str:
     creds = client._request_signer._credentials.get_frozen_credentials()
     return creds.access_key
