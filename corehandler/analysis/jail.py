@@ -159,6 +159,16 @@ def _place(root: str, path: str) -> str:
     return target
 
 
+def _place_dir(root: str, path: str) -> str:
+    """root + path, a directory the analyser can cross: makedirs' mode passes through the umask."""
+    target = root + path
+    os.makedirs(target, exist_ok=True)
+    while target != root:
+        os.chmod(target, 0o755)
+        target = os.path.dirname(target)
+    return root + path
+
+
 def _readable_by_analyser(st: os.stat_result, uid: int | None) -> bool:
     return bool(st.st_mode & stat.S_IROTH) or st.st_uid == uid
 
@@ -192,8 +202,7 @@ def build_view(spec: dict, vetted: dict[str, int], report: dict) -> str:
     # eu-stack's --debuginfo-path names beside its relative and system entries.
     for directory in (spec.get("debuginfo") or "").split(":"):
         if directory.startswith("/") and not _under_system_tree(directory) and os.path.isdir(directory):
-            os.makedirs(root + directory, 0o755, exist_ok=True)
-            _bind_ro(directory, root + directory, MS_NOEXEC)
+            _bind_ro(directory, _place_dir(root, directory), MS_NOEXEC)
     if tool_fd is not None:
         open(_place(root, tool), "w").close()
         _bind_ro(f"/proc/self/fd/{tool_fd}", root + tool)

@@ -178,7 +178,7 @@ def test_vacuum_dry_run_then_real(capsys, filled, tmp_path):
         assert [(d["rule"], d["kept_mini"]) for d in result["deleted"]] == [("max_count", True)]
         assert result["store_dumps"] == 4
         code, out, _ = run(capsys, filled, "list")
-        assert pids(out) == [3001, 3002, 3003, 3004] and out.splitlines()[1].split()[6:8] == ["ok", "mini"]
+        assert pids(out) == [3001, 3002, 3003, 3004] and out.splitlines()[1].split()[7:9] == ["ok", "mini"]
         code, out, _ = run(capsys, filled, "info", "3001")
         fields = dict(line.strip().split(": ", 1) for line in out.split("\n\n")[0].splitlines())
         assert fields["Core File"] == "mini" and fields["Storage"].startswith("mini core only")

@@ -115,7 +115,9 @@ def test_crashes_are_ingested_listed_dumped_and_debuggable(live, tmp_path):
         # A second crash while the daemon runs: picked up through inotify.
         r2 = crash(crasher, "abort", mib=4)
         assert r2.returncode == -signal.SIGABRT
-        wait_for(lambda: len(json.loads(cli("--json", "list").stdout or "[]")) == 2, what="second dump indexed")
+        # Listed as soon as it is analysed, then stored: wait for both to be stored.
+        wait_for(lambda: [d["status"] for d in json.loads(cli("--json", "list").stdout or "[]")] == ["ok", "ok"],
+                 what="second dump indexed and stored")
     finally:
         log = stop(proc)
     assert "Ingested" in log
