@@ -11,7 +11,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 # import name -> distribution name, where they differ
-DISTRIBUTIONS = {"prometheus_client": "prometheus-client", "yaml": "pyyaml", "systemd": "systemd-python"}
+DISTRIBUTIONS = {"prometheus_client": "prometheus-client", "yaml": "pyyaml", "systemd": "systemd-python",
+                 "helm_python": "helm-python-sdk", "kubernetes_validate": "kubernetes-validate"}
 # Names first available in a version of a dependency: (import name, attribute) -> minimum version.
 INTRODUCED = {("prometheus_client", "disable_created_metrics"): (0, 18)}
 LOCAL = {"corehandler", "support", "fakehost", "kernel_matrix", "kernel_profile", "common", "conftest"}

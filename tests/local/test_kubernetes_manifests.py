@@ -1,0 +1,364 @@
+"""The node agent's manifests (packaging/kubernetes/): the Helm chart rendered by Helm's own engine (helm-python-sdk
+binds Helm's Go SDK) with its defaults and with the values an admin changes, the kustomize base and monitoring
+component generated from it (equal to a fresh rendering) and built by kubectl's own kustomize, all valid for the
+Kubernetes API's schema (kubernetes-validate bundles it: nothing is fetched), the ConfigMap's corehandler.toml
+accepted by corehandler's own config models, and the pod's paths, arguments and environment those of the agent
+(corehandler.host.agent holds them once it is in the tree)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import helm_python
+import kubernetes_validate
+import pyrage
+import pytest
+import yaml
+
+from corehandler import config, paths
+
+ROOT = Path(__file__).resolve().parents[2]
+KUBERNETES = ROOT / "packaging/kubernetes"
+ALERTS = ROOT / "packaging/prometheus/corehandler-alerts.yml"
+DOC = ROOT / "docs/kubernetes.md"
+AGENT = ROOT / "corehandler" / "host" / "agent.py"  # the agent's module, corehandler.host.agent
+
+# The agent's words, as agreed with it: its module names them once it is in the tree (contract()).
+LIBEXEC_DIR = "/var/lib/corehandler-agent/libexec"
+RUN_DIR = "/run/corehandler"
+CONFIG_FILE = "/etc/corehandler/corehandler.toml"
+ENV_FORCE = "COREHANDLER_AGENT_FORCE"
+ENV_KEEP_ON_STOP = "COREHANDLER_AGENT_KEEP_ON_STOP"
+ENV_NODE_NAME = "NODE_NAME"
+# The oldest Kubernetes the chart admits (Chart.yaml's kubeVersion) and the newest kubernetes-validate knows.
+OLDEST = "1.25"
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+render = _load("k8s_render", KUBERNETES / "render.py")
+
+AGE_KEY = pyrage.x25519.Identity.generate().to_public()
+# Every value the chart's values.yaml names as one admins change, set to something other than its default.
+CHANGED = {
+    "image": {"repository": "registry.example.com/tools/corehandler", "tag": "0.1.0-rc1", "pullPolicy": "Always"},
+    "imagePullSecrets": [{"name": "registry"}],
+    "bucket": "crashes",
+    "prefix": "/k8s/prod/",
+    "endpoint": "https://s3.example.com",
+    "region": "eu-west-1",
+    "recipients": [str(AGE_KEY)],
+    "fleetBudget": 3,
+    "retention": {"max_use": "5G", "max_age": "2w"},
+    "config": {"capture": {"max_dump_size": "8G"}, "retention": {"max_count": 100, "max_age": "1d"},
+               "upload": {"send": "cores", "region": "overridden"}},
+    "credentials": {"create": True, "accessKeyId": "AKIAEXAMPLE", "secretAccessKey": "secret/example+key"},
+    "webIdentity": {"roleArn": "arn:aws:iam::123456789012:role/corehandler"},
+    "forceReplace": True,
+    "keepOnStop": True,
+    "hostPaths": {"libexec": "/home/kubernetes/bin/corehandler"},
+    "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"cpu": "2", "memory": "4Gi"}},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "batch", "effect": "NoSchedule"}],
+    "nodeSelector": {"node.example.com/pool": "batch"},
+    "priorityClassName": "system-node-critical",
+    "criticalPodsQuota": True,
+    "terminationGracePeriodSeconds": 600,
+    "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/x"}},
+    "namespace": {"create": True},
+    "serviceMonitor": {"enabled": True, "interval": "1m", "labels": {"release": "prometheus"}},
+    "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
+}
+
+
+def by_kind(objects: list[dict]) -> dict[str, dict]:
+    kinds = {}
+    for obj in objects:
+        assert obj["kind"] not in kinds, f"two {obj['kind']} objects"
+        kinds[obj["kind"]] = obj
+    return kinds
+
+
+@pytest.fixture(scope="module")
+def default() -> dict[str, dict]:
+    return by_kind(render.render())
+
+
+@pytest.fixture(scope="module")
+def changed() -> dict[str, dict]:
+    return by_kind(render.render(CHANGED, name="crash-agent", namespace="observe"))
+
+
+def versions() -> list[str]:
+    """The Kubernetes versions to validate against: the oldest the chart admits and the newest known."""
+    known = sorted(set(kubernetes_validate.utils.all_versions()), key=lambda v: tuple(map(int, v.split("."))))
+    oldest = [v for v in known if v.startswith(OLDEST + ".")]
+    assert oldest, f"kubernetes-validate knows no {OLDEST}: {known}"
+    return [oldest[0], known[-1]]
+
+
+def validate(objects: list[dict]) -> None:
+    """Each object against the API's schema (strict: an unknown field is an error) of every version in versions();
+    the Prometheus Operator's kinds against their CRDs' schema, which the Kubernetes API does not hold."""
+    for obj in objects:
+        for version in versions():
+            if obj["apiVersion"].startswith(render.MONITORING_GROUP):
+                validate_monitoring(obj)
+                continue
+            try:
+                kubernetes_validate.validate(obj, version, strict=True)
+            except kubernetes_validate.ValidationError as e:
+                pytest.fail(f"{obj['kind']} {obj['metadata']['name']} on Kubernetes {version}: {e.message} at "
+                            f"{'.'.join(str(p) for p in e.path)}")
+
+
+def validate_monitoring(obj: dict) -> None:
+    spec = obj["spec"]
+    if obj["kind"] == "PrometheusRule":
+        assert set(spec) == {"groups"}
+        return
+    assert obj["kind"] == "ServiceMonitor", obj["kind"]
+    assert set(spec) <= {"jobLabel", "selector", "endpoints", "namespaceSelector"}
+    for endpoint in spec["endpoints"]:
+        assert set(endpoint) <= {"port", "path", "interval", "relabelings"}
+        for relabeling in endpoint.get("relabelings", []):
+            assert set(relabeling) <= {"sourceLabels", "targetLabel", "action", "regex", "replacement"}
+
+
+def container(daemonset: dict, name: str) -> dict:
+    spec = daemonset["spec"]["template"]["spec"]
+    (found,) = [c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] == name]
+    return found
+
+
+def host_paths(daemonset: dict) -> dict[str, str]:
+    return {v["name"]: v["hostPath"]["path"] for v in daemonset["spec"]["template"]["spec"]["volumes"]
+            if "hostPath" in v}
+
+
+def mounts(c: dict) -> dict[str, dict]:
+    return {m["name"]: m for m in c.get("volumeMounts", [])}
+
+
+def env(c: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in c.get("env", [])}
+
+
+def config_of(configmap: dict, tmp_path: Path) -> config.Config:
+    """The ConfigMap's corehandler.toml as the agent loads it: corehandler's own loader and models."""
+    (tmp_path / "corehandler.toml").write_text(configmap["data"]["corehandler.toml"])
+    return config.load_config(paths.Paths(config_dir=tmp_path))
+
+
+# --- one source: the kustomize trees are the chart's rendering --------------------------------------------------
+
+def test_the_kustomize_base_and_monitoring_are_the_chart_rendered():
+    assert render.stale() == [], "run packaging/kubernetes/render.py"
+
+
+def test_the_chart_lints_clean_and_follows_the_package_version():
+    report = helm_python.lint(render.CHART, strict=True)
+    assert report["errors"] == [] and [m for m in report["messages"] if m["severity"] >= 2] == [], report
+    chart = yaml.safe_load((render.CHART / "Chart.yaml").read_text())
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert chart["version"] == chart["appVersion"] == version
+
+
+def test_the_prometheus_rule_is_the_shipped_alerts_file(changed):
+    assert changed["PrometheusRule"]["spec"] == yaml.safe_load(ALERTS.read_text())
+
+
+@pytest.mark.parametrize("values", [{"buckett": "crashes"}, {"fleetBudget": -1}, {"bucket": "Crashes!"},
+                                    {"recipients": ["ssh-ed25519 AAAA"]}, {"hostPaths": {"libexec": "relative"}}])
+def test_a_misspelt_or_wrong_value_is_refused_before_anything_renders(values):
+    with pytest.raises(helm_python.HelmError, match="values don't meet the specifications of the schema|schema"):
+        render.render(values)
+
+
+# --- valid for the Kubernetes API -------------------------------------------------------------------------------
+
+def test_the_chart_rendered_with_defaults_and_changed_values_is_valid(default, changed):
+    validate(list(default.values()))
+    validate(list(changed.values()))
+    assert set(default) == {"ServiceAccount", "ConfigMap", "Service", "DaemonSet"}
+    assert set(changed) == set(default) | {"Namespace", "Secret", "ResourceQuota", "ServiceMonitor",
+                                           "PrometheusRule"}
+
+
+def test_an_invalid_manifest_is_refused_by_the_validator(default):
+    """The validator is strict, so the tests above would see a misspelt field."""
+    broken = yaml.safe_load(yaml.safe_dump(default["DaemonSet"]))
+    broken["spec"]["template"]["spec"]["containers"][0]["securityContext"]["privilegd"] = True
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, versions()[-1], strict=True)
+
+
+def kustomize(tree: Path) -> list[dict]:
+    built = subprocess.run(["kubectl", "kustomize", str(tree)], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    return [obj for obj in yaml.safe_load_all(built.stdout) if obj]
+
+
+def test_kubectl_kustomize_builds_the_base_monitoring_and_the_example_validly(tmp_path):
+    base = kustomize(KUBERNETES / "base")
+    assert {o["kind"] for o in base} == {"Namespace", "ServiceAccount", "ConfigMap", "Service", "DaemonSet"}
+    validate(base)
+    monitoring = kustomize(KUBERNETES / "monitoring")
+    assert {o["kind"] for o in monitoring} == {"ServiceMonitor", "PrometheusRule"}
+    validate(monitoring)
+    example = by_kind(kustomize(KUBERNETES / "example"))
+    validate(list(example.values()))
+    # kustomize's generated names reach the pod: the example's config and credentials are the ones it mounts
+    pod = example["DaemonSet"]["spec"]["template"]["spec"]
+    assert {v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v} == \
+           {example["ConfigMap"]["metadata"]["name"]}
+    assert container(example["DaemonSet"], "agent")["envFrom"][0]["secretRef"]["name"] == \
+           example["Secret"]["metadata"]["name"]
+    example_config = config_of(example["ConfigMap"], tmp_path)
+    assert example_config.metrics.listen == "0.0.0.0" and example_config.upload.url.startswith("s3://")
+
+
+# --- the ConfigMap is a corehandler.toml corehandler accepts ---------------------------------------------------
+
+def test_the_default_config_is_corehandlers_defaults_but_for_the_metrics_address(default, tmp_path):
+    loaded = config_of(default["ConfigMap"], tmp_path)
+    assert loaded.metrics.listen == "0.0.0.0" and loaded.metrics.port == 9577
+    assert loaded.model_copy(update={"metrics": config.Config().metrics}) == config.Config()
+
+
+def test_the_values_an_admin_changes_reach_corehandler_toml(changed, tmp_path):
+    loaded = config_of(changed["ConfigMap"], tmp_path)
+    assert loaded.upload.url == "s3://crashes/k8s/prod"
+    assert (loaded.upload.endpoint, loaded.upload.region) == ("https://s3.example.com", "eu-west-1")
+    assert loaded.upload.recipients == [str(AGE_KEY)] and loaded.upload.fleet_budget == 3
+    assert loaded.retention.max_use.bytes == 5 << 30
+    assert loaded.retention.max_age == 14 * 86400 and loaded.retention.max_count == 100  # values over config
+    assert loaded.capture.max_dump_size == 8 << 30 and loaded.upload.send == "cores"
+    assert loaded.metrics.listen == "0.0.0.0"
+
+
+def test_a_changed_config_rolls_the_pods(default):
+    other = by_kind(render.render({"retention": {"max_age": "1w"}}))
+    annotation = "checksum/config"
+    assert other["DaemonSet"]["spec"]["template"]["metadata"]["annotations"][annotation] != \
+           default["DaemonSet"]["spec"]["template"]["metadata"]["annotations"][annotation]
+
+
+# --- the pod is the contract's --------------------------------------------------------------------------------
+
+def contract() -> dict:
+    """The agent's own constants where its module is in the tree, else the contract's words."""
+    words = {"LIBEXEC_DIR": LIBEXEC_DIR, "RUN_DIR": RUN_DIR, "CONFIG_FILE": CONFIG_FILE, "ENV_FORCE": ENV_FORCE,
+             "ENV_KEEP_ON_STOP": ENV_KEEP_ON_STOP, "ENV_NODE_NAME": ENV_NODE_NAME}
+    if AGENT.exists():
+        from corehandler.host import agent
+
+        words = {name: str(getattr(agent, name)) for name in words}
+    return words
+
+
+def test_the_pods_paths_and_arguments_are_the_agents(default):
+    words = contract()
+    ds = default["DaemonSet"]
+    assert host_paths(ds) == {"state": str(paths.DEFAULT_STATE_DIR), "libexec": words["LIBEXEC_DIR"],
+                              "run": words["RUN_DIR"]}
+    init, agent = container(ds, "install-csplice"), container(ds, "agent")
+    assert init["args"] == ["agent", "install-csplice", "--dir", words["LIBEXEC_DIR"]]
+    assert agent["args"] == ["agent", "run", "--dir", words["LIBEXEC_DIR"]]
+    assert init["image"] == agent["image"] == "localhost/corehandler:" + yaml.safe_load(
+        (render.CHART / "Chart.yaml").read_text())["appVersion"]
+    # each host directory at its own path; csplice's directory writable by the init container only
+    for c in (init, agent):
+        for name, mount in mounts(c).items():
+            if name in host_paths(ds):
+                assert mount["mountPath"] == host_paths(ds)[name]
+    assert set(mounts(init)) == {"libexec"} and not mounts(init)["libexec"].get("readOnly")
+    assert mounts(agent)["libexec"]["readOnly"] is True
+    assert not mounts(agent)["state"].get("readOnly") and not mounts(agent)["run"].get("readOnly")
+    assert mounts(agent)["config"]["mountPath"] == str(Path(words["CONFIG_FILE"]).parent)
+    assert mounts(agent)["config"]["readOnly"] is True
+    assert env(agent)[words["ENV_NODE_NAME"]]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert words["ENV_FORCE"] not in env(agent) and words["ENV_KEEP_ON_STOP"] not in env(agent)
+    assert agent["securityContext"] == {"privileged": True}
+    assert init["securityContext"]["privileged"] is False and init["securityContext"]["readOnlyRootFilesystem"]
+
+
+def test_force_keep_on_stop_and_a_moved_libexec_reach_the_agent(changed):
+    words = contract()
+    ds = changed["DaemonSet"]
+    init, agent = container(ds, "install-csplice"), container(ds, "agent")
+    assert init["args"][-1] == agent["args"][3] == host_paths(ds)["libexec"] == "/home/kubernetes/bin/corehandler"
+    assert agent["args"][4:] == ["--force", "--keep-on-stop"]
+    assert env(agent)[words["ENV_FORCE"]]["value"] == env(agent)[words["ENV_KEEP_ON_STOP"]]["value"] == "1"
+    assert agent["image"] == "registry.example.com/tools/corehandler:0.1.0-rc1"
+    assert agent["resources"]["limits"] == {"cpu": "2", "memory": "4Gi"}
+
+
+def test_credentials_from_a_secret_or_a_web_identity(default, changed):
+    assert container(default["DaemonSet"], "agent")["envFrom"] == [
+        {"secretRef": {"name": "corehandler-s3", "optional": True}}]
+    secret = changed["Secret"]
+    assert secret["stringData"] == {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": "secret/example+key"}
+    agent = container(changed["DaemonSet"], "agent")
+    assert agent["envFrom"][0]["secretRef"]["name"] == secret["metadata"]["name"]
+    token_file = env(agent)["AWS_WEB_IDENTITY_TOKEN_FILE"]["value"]
+    assert env(agent)["AWS_ROLE_ARN"]["value"] == "arn:aws:iam::123456789012:role/corehandler"
+    (volume,) = [v for v in changed["DaemonSet"]["spec"]["template"]["spec"]["volumes"] if "projected" in v]
+    (source,) = volume["projected"]["sources"]
+    assert source["serviceAccountToken"]["audience"] == "sts.amazonaws.com"
+    assert str(Path(mounts(agent)[volume["name"]]["mountPath"]) / source["serviceAccountToken"]["path"]) == token_file
+    with pytest.raises(helm_python.HelmError, match="credentials.accessKeyId"):
+        render.render({"credentials": {"create": True}})
+
+
+def test_every_node_gets_an_agent_that_outlives_pressure_and_updates_one_at_a_time(default):
+    pod = default["DaemonSet"]["spec"]["template"]["spec"]
+    assert {"operator": "Exists"} in pod["tolerations"]  # every taint: control plane, NoExecute, ...
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["terminationGracePeriodSeconds"] >= 60
+    assert default["DaemonSet"]["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == 0
+    agent = container(default["DaemonSet"], "agent")
+    assert agent["resources"]["requests"] and agent["resources"]["limits"]["memory"]
+    assert agent["ports"] == [{"name": "metrics", "containerPort": 9577, "protocol": "TCP"}]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert agent[probe]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    assert default["Service"]["spec"]["clusterIP"] == "None"
+    assert default["Service"]["spec"]["selector"] == default["DaemonSet"]["spec"]["selector"]["matchLabels"]
+
+
+def test_the_service_monitor_scrapes_the_service_as_the_alerts_expect(changed):
+    monitor = changed["ServiceMonitor"]["spec"]
+    service = changed["Service"]
+    assert monitor["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert [e["port"] for e in monitor["endpoints"]] == [p["name"] for p in service["spec"]["ports"]]
+    # the alerts' CorehandlerMetricsDown reads up{job="corehandler"}, whatever the release is called
+    assert service["metadata"]["labels"][monitor["jobLabel"]] == "corehandler"
+    assert 'up{job="corehandler"}' in ALERTS.read_text()
+
+
+# --- the documentation names what is there --------------------------------------------------------------------
+
+def test_the_kubernetes_doc_names_files_and_values_that_exist():
+    text = DOC.read_text()
+    named = set(re.findall(r"\b(packaging/kubernetes/[\w./-]+[\w/])", text))
+    if not AGENT.exists():  # the image comes with the agent (k8sagent's branch): both or neither
+        named -= {"packaging/kubernetes/image/build.sh"}
+    assert named and sorted(p for p in named if not (ROOT / p).exists()) == []
+    values = yaml.safe_load((render.CHART / "values.yaml").read_text())
+    for setting in re.findall(r"--set ([\w.]+)=", text):
+        node = values
+        for part in setting.split("."):
+            if node == {}:  # a free-form map (labels, retention): any key
+                break
+            assert isinstance(node, dict) and part in node, f"docs/kubernetes.md sets {setting}, not a value"
+            node = node[part]
