@@ -182,7 +182,7 @@ def test_the_prometheus_rule_is_the_shipped_alerts_file(changed):
                                     {"recipients": ["ssh-ed25519 AAAA"]}, {"hostPaths": {"libexec": "relative"}},
                                     {"hostPaths": {"state": "/mnt/corehandler"}}, {"config": {"state_dir": "/mnt"}}])
 def test_a_misspelt_or_wrong_value_is_refused_before_anything_renders(values):
-    with pytest.raises(helm_python.HelmError, match="values don't meet the specifications of the schema|schema"):
+    with pytest.raises(helm_python.HelmError, match="values don.t meet the specifications of the schema"):
         render.render(values)
 
 
