@@ -62,9 +62,12 @@ CHANGED = {
     "fleetBudget": 3,
     "retention": {"max_use": "5G", "max_age": "2w"},
     "config": {"capture": {"max_dump_size": "8G"}, "retention": {"max_count": 100, "max_age": "1d"},
-               "upload": {"send": "cores", "region": "overridden"}},
+               "upload": {"send": "cores", "region": "overridden", "ca_bundle": "/etc/corehandler-ca/ca.pem"}},
     "credentials": {"create": True, "accessKeyId": "AKIAEXAMPLE", "secretAccessKey": "secret/example+key"},
     "webIdentity": {"roleArn": "arn:aws:iam::123456789012:role/corehandler"},
+    "env": [{"name": "HTTPS_PROXY", "value": "http://proxy.example.com:3128"}],
+    "extraVolumes": [{"name": "ca", "secret": {"secretName": "s3-ca"}}],
+    "extraVolumeMounts": [{"name": "ca", "mountPath": "/etc/corehandler-ca", "readOnly": True}],
     "forceReplace": True,
     "keepOnStop": True,
     "hostPaths": {"libexec": "/home/kubernetes/bin/corehandler"},
@@ -259,6 +262,7 @@ def test_the_values_an_admin_changes_reach_corehandler_toml(changed, tmp_path):
     assert loaded.retention.max_use.bytes == 5 << 30
     assert loaded.retention.max_age == 14 * 86400 and loaded.retention.max_count == 100  # values over config
     assert loaded.capture.max_dump_size == 8 << 30 and loaded.upload.send == "cores"
+    assert loaded.upload.ca_bundle == "/etc/corehandler-ca/ca.pem"
     assert loaded.metrics.listen == "0.0.0.0"
 
 
@@ -317,6 +321,10 @@ def test_force_keep_on_stop_and_a_moved_libexec_reach_the_agent(changed):
     assert env(agent)[words["ENV_FORCE"]]["value"] == env(agent)[words["ENV_KEEP_ON_STOP"]]["value"] == "1"
     assert agent["image"] == "registry.example.com/tools/corehandler:0.1.0-rc1"
     assert agent["resources"]["limits"] == {"cpu": "2", "memory": "4Gi"}
+    # an admin's own environment and volumes: a proxy, the endpoint's CA where [upload] ca_bundle names it
+    assert env(agent)["HTTPS_PROXY"]["value"] == "http://proxy.example.com:3128"
+    assert mounts(agent)["ca"]["mountPath"] == "/etc/corehandler-ca"
+    assert {"name": "ca", "secret": {"secretName": "s3-ca"}} in ds["spec"]["template"]["spec"]["volumes"]
 
 
 def test_credentials_from_a_secret_or_a_web_identity(default, changed):
