@@ -210,12 +210,16 @@ def test_the_chart_rendered_with_defaults_and_changed_values_is_valid(default, c
                                            "PrometheusRule"}
 
 
-def test_an_invalid_manifest_is_refused_by_the_validator(default):
-    """The validator is strict, so the tests above would see a misspelt field."""
+def test_an_invalid_manifest_is_refused_by_the_validators(default, changed):
+    """The validators are strict, so the tests above would see a misspelt field."""
     broken = yaml.safe_load(yaml.safe_dump(default["DaemonSet"]))
     broken["spec"]["template"]["spec"]["containers"][0]["securityContext"]["privilegd"] = True
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, versions()[-1], strict=True)
+    monitor = yaml.safe_load(yaml.safe_dump(changed["ServiceMonitor"]))
+    monitor["spec"]["endpoints"][0]["intervall"] = "1m"
+    with pytest.raises(AssertionError):
+        validate_monitoring(monitor)
 
 
 def kustomize(tree: Path) -> list[dict]:
