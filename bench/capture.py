@@ -76,7 +76,7 @@ def default_tuning(state: paths.Paths) -> dict:
     """csplice.conf's capture keys as the default config renders them on this kernel, with the write rates
     measured into state (the bench's own state dir: install and the daemon measure the same way)."""
     rendered = render_csplice_settings(Config(), state)
-    keys = ("strategy", "chunk_size", "pipe_size", "direct_above", "sparse")
+    keys = ("strategy", "chunk_size", "pipe_size", "direct_above", "direct_rate", "sparse")
     values = dict(line.split("=", 1) for line in rendered.splitlines() if line and not line.startswith("#"))
     return {k: values[k] for k in keys}
 
@@ -98,8 +98,10 @@ CSPLICE = {
 
 
 def default_label(tuning: dict) -> str:
-    above = int(tuning["direct_above"])
+    above, rate = int(tuning["direct_above"]), int(tuning.get("direct_rate", 0))
     direct = f"direct from {above // MiB} MiB resident" if above else "direct_above off"
+    if rate:
+        direct = f"moving to direct within a dump below 3/4 of {rate // MiB} MiB/s, {direct}"
     return f"**csplice default** (auto: {tuning['strategy']}, {direct})"
 
 
@@ -177,6 +179,8 @@ class Tools:
             cap = wait_for(mine, 30, f"{method}'s record", interval=0.002)["capture"]
             if not cap["complete"] or cap["bytes"] < size:
                 raise SystemExit(f"{method}: capture incomplete: {cap}")
+            if cap.get("direct_from") is not None:
+                return f"{cap['strategy']}→direct at {cap['direct_from'] // MiB} MiB"
             return cap["strategy"]
         if method == RW_LOOP:
             files = list(self.out.iterdir())
@@ -286,7 +290,7 @@ def live(tools: Tools, workloads, methods, runs: int, tiny_runs: int, states) ->
                             hold, strategy = measure(tools, method, mib, half, sdcd)
                             samples[method].append(hold)
                             if strategy:
-                                res["strategies"].setdefault(label, {}).setdefault(method, strategy)
+                                res["strategies"].setdefault(label, {}).setdefault(method, []).append(strategy)
                             tools.clean()
                 res.setdefault("round_loads", []).append(round(os.getloadavg()[0], 2))
                 print(f"live {state} round {run + 1}/{runs} done, load {os.getloadavg()[0]:.2f}", file=sys.stderr)
@@ -360,6 +364,22 @@ def why(label: str, ran: str, mib: int, half: bool, direct_above: int) -> str:
     return f"{ran} (~{resident} MiB resident {side} {direct_above // MiB} MiB)"
 
 
+def ran_summary(ran: list[str]) -> str:
+    """What the default ran over the rounds: "rw→direct at 16–18 MiB ×4, rw ×1"."""
+    if not ran:
+        return "?"
+    kinds: dict[str, list[int]] = {}
+    for text in ran:
+        head, _, at = text.partition(" at ")
+        kinds.setdefault(head, []).append(int(at.split()[0]) if at else -1)
+    parts = []
+    for head, where in kinds.items():
+        at = [w for w in where if w >= 0]
+        span = f" at {min(at)}–{max(at)} MiB" if at and min(at) != max(at) else f" at {at[0]} MiB" if at else ""
+        parts.append(f"{head}{span} ×{len(where)}")
+    return ", ".join(parts)
+
+
 def live_table(res: dict, methods, workloads, direct_above: int) -> tuple[str, list[str]]:
     """The issue's table for one page-cache state, and the goals it misses."""
     header = ["crash"] + [SHORT.get(m, m) + " ms (min–max)" for m in methods] + [
@@ -376,7 +396,7 @@ def live_table(res: dict, methods, workloads, direct_above: int) -> tuple[str, l
         x_physical, worst = median(ratios), max(ratios)
         x_floor = paired_ratio(d, samples[FLOOR])
         vs_sdcd = paired_ratio(samples[SDCD], d) if SDCD in samples else float("nan")
-        ran = res["strategies"].get(label, {}).get(DEFAULT, "?")
+        ran = ran_summary(res["strategies"].get(label, {}).get(DEFAULT, []))
         rows.append([label] + [ms(samples[m]) for m in methods] +
                     [ms(physical), x_physical, worst, x_floor, vs_sdcd, why(label, ran, *shape[label], direct_above)])
         if x_physical > 1.1:

@@ -125,6 +125,10 @@ class CaptureConfig(_Section):
     direct_above: SizeOrAuto = Field("auto", description="with strategy auto, a process with this much resident "
                                      "memory (VmRSS) or more is dumped with O_DIRECT writes (strategy direct); 0 = "
                                      "never; auto = from the spool's write rates measured on this host")
+    direct_rate: SizeOrAuto = Field("auto", description="with strategy auto, bytes per second the spool takes "
+                                    "O_DIRECT writes: a dump written through the page cache moves to O_DIRECT for "
+                                    "the rest once 16 MiB of it ran below 3/4 of this; 0 = never; auto = as "
+                                    "measured on this host")
     min_free: SizeOrPercent = Field(units.SizeOrPercent(percent=15.0), description="stop writing when the spool's"
                                     " filesystem has less free: a size or a percentage of it")
     max_pending: Count = Field(64, description="records waiting in the spool beyond which crashes are kept as "
@@ -452,11 +456,15 @@ def csplice_settings(config: Config, paths: Paths) -> dict[str, str]:
     settings |= {name: _csplice_value(getattr(capture, name)) for name in type(capture).model_fields}
     if capture.strategy == "auto":
         settings["strategy"] = choose_strategy(paths.proc_root)
+        choice = writerates.choose(writerates.load(paths))
         if capture.direct_above == "auto":
-            settings["direct_above"] = str(writerates.choose(writerates.load(paths)).direct_above)
+            settings["direct_above"] = str(choice.direct_above)
+        if capture.direct_rate == "auto":
+            settings["direct_rate"] = str(choice.direct_rate)
     else:
-        # An explicit strategy is used for every dump; only auto also chooses by the process's size.
-        settings["direct_above"] = "0"
+        # An explicit strategy is used for every dump, whole; only auto also chooses by the process's size and
+        # its own write rate.
+        settings["direct_above"] = settings["direct_rate"] = "0"
     return settings
 
 

@@ -10,9 +10,10 @@ of kernel matter, because they fill the core pipe differently:
   copy left.
 
 The per-kernel choice is for ordinary dumps. `direct` (O_DIRECT writes from a ring, two in flight) is chosen per
-crash by csplice itself, from the process's VmRSS against capture.direct_above, which is rendered from this
-host's measured write rates (host/writerates.py): whether O_DIRECT or the page cache is faster is the host's,
-not the kernel's.
+crash by csplice itself, from the process's VmRSS against capture.direct_above, and within a dump by rw when
+its own write rate falls below capture.direct_rate; both are rendered from this host's measured write rates
+(host/writerates.py): whether O_DIRECT or the page cache is faster is the host's and the moment's, not the
+kernel's.
 
 STRATEGIES is the Python side's one list of the strategy names; csplice's (strategy_table in
 csplice/settings.c, printed by `csplice --list-strategies`) is compared with it by a test.

@@ -128,23 +128,43 @@ static void set_failure(Capture *c, const char *why, int err) {
 
 /* ---- read()/write(), one thread ---- */
 
-static int capture_rw(Capture *c) {
+/* rw hands the rest of a dump to direct when the page cache takes it slower than the spool takes O_DIRECT writes
+ * (direct_rate: host/writerates.py measures it). How fast the page cache is belongs to the moment, not to the
+ * host: on a VM that returns free memory to its host a fresh page costs a round trip and a recycled one does
+ * not, so the same host wrote 1 GiB buffered in 0.2-1.8 s, and a probe before the crash cannot tell which it
+ * will be (bench/results/capture.md, 2026-12-03: the probe chose the page cache, which then held 1 GiB 2.4x and
+ * 4 GiB 3.3x the floor where direct held 1.3x and 1.0x). So rw measures itself, per window of the dump, wall
+ * time with the pipe's reads (direct overlaps them), and moves when a window ran below 3/4 of direct_rate:
+ * direct's threads and buffers cost something, and small dumps that the page cache takes fast stay there. */
+#define ADAPT_WINDOW (16ULL << 20)
+
+static bool rw_slower_than_direct(const Settings *s, uint64_t bytes, uint64_t ns) {
+        return s->direct_rate > 0 && ns > 0 && (double) bytes * 1e9 / (double) ns < (double) s->direct_rate * 0.75;
+}
+
+/* Copies until EOF or a stop; with adapt, returns early with *ret_handoff set once a window was slower than
+ * direct and the file offset is block-aligned (O_DIRECT writes need it). */
+static void rw_loop(Capture *c, char *buf, bool adapt, bool *ret_handoff) {
         size_t chunk = (size_t) c->settings->chunk_size;
-        uint64_t next_check = 0;
-        char *buf;
+        uint64_t next_check = 0, window_start = c->raw_bytes, window_ns = now_ns(CLOCK_MONOTONIC);
+        bool slow = false;
 
-        buf = aligned_alloc(BLOCK, (chunk + BLOCK - 1) / BLOCK * BLOCK);
-        if (!buf)
-                return -ENOMEM;
-
-        c->strategy = strategy_to_string(STRATEGY_RW);
+        *ret_handoff = false;
         for (;;) {
                 size_t want = next_len(c, c->raw_bytes, chunk);
-                const char *stop = stop_reason(c, c->raw_bytes, &next_check, want);
+                const char *stop;
                 size_t done;
                 ssize_t n;
                 int r;
 
+                if (slow) {
+                        if (c->raw_bytes % BLOCK == 0) {
+                                *ret_handoff = true;
+                                break;
+                        }
+                        want = MIN(want, (size_t) (BLOCK - c->raw_bytes % BLOCK));
+                }
+                stop = stop_reason(c, c->raw_bytes, &next_check, want);
                 if (stop) {
                         set_failure(c, stop, 0);
                         break;
@@ -162,6 +182,40 @@ static int capture_rw(Capture *c) {
                         set_failure(c, "write_error", r);
                         c->drained_bytes += (uint64_t) n - done; /* read, not kept */
                         break;
+                }
+                if (adapt && !slow && c->raw_bytes - window_start >= ADAPT_WINDOW) {
+                        uint64_t t = now_ns(CLOCK_MONOTONIC);
+
+                        slow = rw_slower_than_direct(c->settings, c->raw_bytes - window_start, t - window_ns);
+                        window_start = c->raw_bytes;
+                        window_ns = t;
+                }
+        }
+}
+
+static int capture_direct(Capture *c);
+
+static int capture_rw(Capture *c) {
+        char *buf;
+        bool handoff;
+
+        buf = aligned_alloc(BLOCK, (c->settings->chunk_size + BLOCK - 1) / BLOCK * BLOCK);
+        if (!buf)
+                return -ENOMEM;
+
+        c->strategy = strategy_to_string(STRATEGY_RW);
+        rw_loop(c, buf, c->settings->direct_rate > 0, &handoff);
+        if (handoff) {
+                uint64_t from = c->raw_bytes;
+                int r = capture_direct(c);
+
+                c->strategy = strategy_to_string(STRATEGY_RW);
+                if (r >= 0)
+                        c->direct_from = from;
+                else {
+                        /* Refused before a byte moved (a filesystem without O_DIRECT): rw goes on as it was. */
+                        (void) log_errno(LOG_NOTICE, r, "Moving to O_DIRECT writes refused (%m), staying with rw");
+                        rw_loop(c, buf, false, &handoff);
                 }
         }
         free(buf);
@@ -322,7 +376,8 @@ static void *ring_writer(void *userdata) {
 /* The reader side, shared by rw2 and direct: fills whole slots from the pipe and hands them to the writers. */
 static int ring_capture(Capture *c, Ring *ring) {
         size_t chunk = (size_t) c->settings->chunk_size;
-        uint64_t queued = 0, next_check = 0;
+        /* rw may have written the dump's start already (capture_rw's hand-off). */
+        uint64_t queued = c->raw_bytes, next_check = 0;
         pthread_t writer[RING_MAX_WRITERS];
         unsigned started = 0;
         int r = 0;

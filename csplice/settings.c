@@ -40,6 +40,7 @@ const SettingDef setting_table[] = {
         SETTING(pipe_size, SETTING_U64),
         SETTING(max_dump_size, SETTING_U64),
         SETTING(direct_above, SETTING_U64),
+        SETTING(direct_rate, SETTING_U64),
         SETTING(min_free, SETTING_SIZE_OR_PERCENT),
         SETTING(max_pending, SETTING_U64),
         SETTING(max_per_exe_per_minute, SETTING_U64),

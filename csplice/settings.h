@@ -37,6 +37,7 @@ typedef struct Settings {
         uint64_t pipe_size;        /* bytes, F_SETPIPE_SZ on the core pipe; 0 leaves the kernel's size */
         uint64_t max_dump_size;    /* bytes; 0: no limit */
         uint64_t direct_above;     /* bytes: a process with at least this VmRSS is captured with direct; 0: never */
+        uint64_t direct_rate;      /* bytes/s the spool takes O_DIRECT: rw moves to direct when slower; 0: never */
         SizeOrPercent min_free;    /* free-space floor of the spool's filesystem */
         uint64_t max_pending;      /* records in the spool not yet ingested; 0: no limit */
         uint64_t max_per_exe_per_minute; /* 0: no limit */

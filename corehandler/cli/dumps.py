@@ -183,6 +183,15 @@ def _ordered(args: argparse.Namespace, found: list[Dump]) -> list[Dump]:
 
 # -- info ------------------------------------------------------------------------------------------------------
 
+
+def _capture_line(capture: dict) -> str | None:
+    if not capture.get("strategy"):
+        return None
+    how = capture["strategy"]
+    if isinstance(capture.get("direct_from"), int):
+        how += f", O_DIRECT from {human_size(capture['direct_from'])}"
+    return f"{how}, {human_size(capture.get('bytes') or 0)} in {(capture.get('ns') or 0) / 1e6:.1f} ms"
+
 def _info_lines(dumps: Dumps, d: Dump, state: str, problem: str | None, all_threads: bool = False) -> list[str]:
     r = d.record
     proc = r.get("proc") or {}
@@ -198,8 +207,7 @@ def _info_lines(dumps: Dumps, d: Dump, state: str, problem: str | None, all_thre
         ("Control Group", _cgroup(proc.get("cgroup"))),
         ("Hostname", d.hostname), ("Boot ID", d.boot_id),
         ("Status", _status(d, state)), ("Problem", d.problem),
-        ("Capture", f"{capture.get('strategy')}, {human_size(capture.get('bytes') or 0)} in "
-                    f"{(capture.get('ns') or 0) / 1e6:.1f} ms" if capture.get("strategy") else None),
+        ("Capture", _capture_line(capture)),
         ("Ingested", _time(d.ingested_at)),
     ]
     path, mini = dumps.file_path(d), dumps.mini_path(d)

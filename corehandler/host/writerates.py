@@ -3,11 +3,14 @@
 csplice writes a dump either through the page cache (every page of the dump needs a fresh page of memory: on
 a VM that returns freed memory to its host, free page reporting, each one costs a round trip to the host) or
 with O_DIRECT from a few reused buffers (strategy `direct`: the disk's rate). Which one holds a crashed process
-shorter is the host's: on the VMs of bench/results/capture.md O_DIRECT held 1 GiB 3-5x shorter, on bare metal
-with a slow disk the page cache wins up to the dirty limit. No constant can be right on both, so
-`corehandler install` and the daemon (at start, when the last measurement is missing, older than MAX_AGE or
-from another machine) measure both rates on the spool's filesystem, off the crash path, and csplice.conf's
-`direct_above` is rendered from the result (choose(); config.csplice_settings). `doctor` shows both.
+shorter is the host's, and on a VM the moment's: on the VMs of bench/results/capture.md O_DIRECT held 1 GiB
+3-5x shorter on fresh pages and the page cache won on recycled ones, on bare metal with a slow disk the page
+cache wins up to the dirty limit. No constant can be right on all of them, and neither can a probe taken before
+the crash, so `corehandler install` and the daemon (at start, when the last measurement is missing, older than
+MAX_AGE or from another machine) measure the spool's O_DIRECT rate off the crash path and render it into
+csplice.conf as `direct_rate`: csplice writes each dump through the page cache and moves to O_DIRECT as soon
+as its own dump runs slower than that (csplice/capture.c), and writes O_DIRECT from the start past the dirty
+limit (`direct_above`; choose(), config.csplice_settings). `doctor` shows both.
 
 The measurement: ROUNDS rounds of PROBE_BYTES written into new, already unlinked files in the spool, buffered
 (256 KiB write() calls and no fsync: csplice's hold ends when its last write() returns) then O_DIRECT (2 MiB
@@ -50,9 +53,6 @@ UNMEASURED_DIRECT_ABOVE = 2 << 30
 # Below this a dump is over before two writer threads and their buffers pay off: a tiny crash's hold is the
 # kernel's start of the handler, and the page cache takes a few MiB at memory speed.
 DIRECT_MIN = 16 * MiB
-# Within this share of the page cache's rate, direct still wins: it is the steadier of the two, and it leaves the
-# server's page cache to its working set.
-DIRECT_TIE = 0.9
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,7 @@ class Measurement:
 @dataclass(frozen=True)
 class Choice:
     direct_above: int  # bytes of VmRSS from which csplice uses direct; 0 never
+    direct_rate: int  # bytes/s: rw moves to direct within a dump that runs slower (csplice/capture.c); 0 never
     reason: str
 
 
@@ -188,19 +189,20 @@ def _mib_s(bps: float) -> str:
 
 
 def choose(m: Measurement | None) -> Choice:
-    """csplice's direct_above for a measurement (None: not measured yet)."""
+    """csplice's direct_above and direct_rate for a measurement (None: not measured yet)."""
     if m is None:
-        return Choice(UNMEASURED_DIRECT_ABOVE, "write rates not measured yet (install and the daemon's start "
+        return Choice(UNMEASURED_DIRECT_ABOVE, 0, "write rates not measured yet (install and the daemon's start "
                       "measure them): csplice's built-in 2 GiB")
     if m.direct_bps is None:
-        return Choice(0, f"never direct: {m.note or 'no O_DIRECT rate'}")
-    rates = f"O_DIRECT {_mib_s(m.direct_bps)}, page cache {_mib_s(m.buffered_bps)}"
-    if m.direct_bps >= DIRECT_TIE * m.buffered_bps:
-        return Choice(DIRECT_MIN, f"{rates}: direct from {DIRECT_MIN // MiB} MiB resident (below, a dump is "
-                      "over before threads and buffers pay off)")
+        return Choice(0, 0, f"never direct: {m.note or 'no O_DIRECT rate'}")
+    # The probe's buffered rate is the moment's (fresh or recycled pages), so it does not decide: csplice
+    # starts every dump through the page cache and moves to direct when its own dump runs slower
+    # (capture.c's ADAPT_WINDOW); past the dirty limit the page cache waits for the disk anyway.
     limit = max(DIRECT_MIN, m.dirty_limit_bytes // MiB * MiB)
-    return Choice(limit, f"{rates}: the page cache is faster until the dirty limit, direct from "
-                  f"{limit // MiB} MiB resident")
+    return Choice(limit, round(m.direct_bps),
+                  f"O_DIRECT {_mib_s(m.direct_bps)}, page cache {_mib_s(m.buffered_bps)} at the probe: rw, moving "
+                  f"to direct within a dump once 16 MiB of it ran below 3/4 of {_mib_s(m.direct_bps)}; direct from "
+                  f"the start at {limit // MiB} MiB resident (the dirty limit)")
 
 
 def load(paths: Paths) -> Measurement | None:
@@ -246,7 +248,7 @@ def refresh(paths: Paths, force: bool = False) -> tuple[Measurement | None, str 
 def describe(m: Measurement | None) -> dict:
     """doctor's and status's view: the rates, when and the choice with its reason."""
     choice = choose(m)
-    found = {"direct_above": choice.direct_above, "reason": choice.reason}
+    found = {"direct_above": choice.direct_above, "direct_rate": choice.direct_rate, "reason": choice.reason}
     if m is not None:
         found |= {"buffered_bps": round(m.buffered_bps), "direct_bps": m.direct_bps and round(m.direct_bps),
                   "dirty_limit_bytes": m.dirty_limit_bytes, "measured_at": m.measured_at}

@@ -294,6 +294,13 @@ def test_the_daemon_sees_what_the_cli_did_at_the_next_scrape(tmp_path, capsys):
 
     with Running(Settings(state, threads=1, sweep_interval=0.1), [metrics]):
         wait_for(lambda: sample("corehandler_store_dumps") == 3, what="three dumps indexed")
+
+        def all_stored():
+            with Store(state) as s:
+                return all(d.path for d in s.all())
+
+        # Listed before stored (status compressing): vacuum and the corruption need the stored files.
+        wait_for(all_stored, what="three dumps stored")
         # max_count takes the oldest full core, mini_max_use then its mini core and row
         (etc / "corehandler.toml").write_text("[retention]\nmax_count = 2\nmini_max_use = 1\n")
         assert main(base + ["vacuum"]) == 0

@@ -59,6 +59,7 @@ def test_the_rendered_file_is_read_back_as_written(csplice, tmp_path):
     assert settings["error"] is None and settings["from_file"]
     assert {k: settings[k] for k in config.CaptureConfig.model_fields} == {
         "strategy": "splice", "chunk_size": 128 << 10, "pipe_size": 0, "max_dump_size": 5 << 20, "direct_above": 0,
+        "direct_rate": 0,
         "min_free": "1%", "max_pending": 0, "max_per_exe_per_minute": 0, "timeout": 90, "fsync": True, "sparse": False,
         "collect_environ": False, "collect_maps": False}
 

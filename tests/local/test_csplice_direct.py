@@ -1,5 +1,6 @@
-"""The direct strategy: chosen by the crashed process's resident size, written past the page cache with
-O_DIRECT, and refused gracefully where the filesystem has no direct I/O. Byte-identity, limits, holes and full
+"""The direct strategy: chosen by the crashed process's resident size or, within a dump written with rw, by how
+fast that dump goes (direct_rate), written past the page cache with O_DIRECT, and refused gracefully where the
+filesystem has no direct I/O. Byte-identity, limits, holes and full
 disks are checked for it with every other strategy (test_csplice_feed, test_csplice_limits, test_csplice_spool)."""
 
 from __future__ import annotations
@@ -94,6 +95,46 @@ def test_direct_leaves_the_page_cache_alone(tmp_path, pause):
     assert cached_pages(rw.spool / record["core"]) > 40 * MiB // 4096, "the page cache comparison means nothing"
 
 
+# Faster than any disk: every 16 MiB window of rw is "slower than direct", so the hand-off comes after the first.
+UNREACHABLE_RATE = 1 << 50
+
+
+@pytest.mark.parametrize("mode", ("write", "vmsplice"))
+def test_rw_hands_a_slow_dump_to_direct_at_an_aligned_offset(tmp_path, mode):
+    """The feeder writes odd-sized pieces, so rw's reads leave the file offset unaligned: rw aligns it before
+    O_DIRECT takes over, and the file is byte-identical, holes included."""
+    handler = Handler(tmp_path / "h", settings={"strategy": "rw", "direct_rate": UNREACHABLE_RATE})
+    size = 40 * MiB + 4099
+    result = handler.feed(size, mode=mode, zero_regions=True, chunk=65537 if mode == "write" else None)
+    assert_identical(result, size, zero_regions=True)
+    cap = result.capture
+    assert cap["strategy"] == "rw" and cap["direct_from"] is not None, cap
+    assert 16 * MiB <= cap["direct_from"] <= 17 * MiB and cap["direct_from"] % 4096 == 0, cap
+    assert result.record["handler"]["settings"]["direct_rate"] == UNREACHABLE_RATE
+
+
+def test_rw_keeps_a_dump_that_runs_fast_enough_and_a_small_one(tmp_path):
+    slow_disk = Handler(tmp_path / "slow", settings={"strategy": "rw", "direct_rate": 1})
+    result = slow_disk.feed(40 * MiB + 1)
+    assert_identical(result, 40 * MiB + 1)
+    assert result.capture["direct_from"] is None
+    # Shorter than one window: never measured, never moved.
+    small = Handler(tmp_path / "small", settings={"strategy": "rw", "direct_rate": UNREACHABLE_RATE})
+    result = small.feed(15 * MiB)
+    assert_identical(result, 15 * MiB)
+    assert result.capture["direct_from"] is None
+
+
+def test_the_hand_off_respects_the_size_limit(tmp_path):
+    handler = Handler(tmp_path / "h", settings={"strategy": "rw", "direct_rate": UNREACHABLE_RATE,
+                                                "max_dump_size": 24 * MiB + 5})
+    result = handler.feed(40 * MiB)
+    cap = result.capture
+    assert cap["direct_from"] is not None and cap["truncated_reason"] == "max_dump_size", cap
+    assert cap["bytes"] == result.core.stat().st_size == 24 * MiB + 5
+    assert cap["bytes"] + cap["drained_bytes"] == 40 * MiB
+
+
 @pytest.mark.root
 @pytest.mark.parametrize("mode", ("write", "vmsplice"))
 def test_direct_falls_back_to_rw_where_the_filesystem_refuses_o_direct(tmp_path, mode):
@@ -107,5 +148,12 @@ def test_direct_falls_back_to_rw_where_the_filesystem_refuses_o_direct(tmp_path,
         assert_identical(result, 9 * MiB + 1, zero_regions=True)
         assert result.capture["strategy"] == "rw"
         assert "Strategy direct refused" in result.stderr
+
+        # A hand-off from rw is refused the same way, before a byte moved: rw goes on where it was.
+        handler = Handler(mnt / "handoff", settings={"strategy": "rw", "direct_rate": UNREACHABLE_RATE})
+        result = handler.feed(20 * MiB + 1, mode=mode, zero_regions=True)
+        assert_identical(result, 20 * MiB + 1, zero_regions=True)
+        assert result.capture["strategy"] == "rw" and result.capture["direct_from"] is None
+        assert "Moving to O_DIRECT writes refused" in result.stderr
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=True)

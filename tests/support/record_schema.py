@@ -105,6 +105,9 @@ def check_record(rec: dict) -> None:
     cap = rec["capture"]
     _typed(cap, "strategy", OptStr, "capture")
     _check(cap["strategy"] in STRATEGIES + (None,), f"strategy {cap['strategy']!r}")
+    _typed(cap, "direct_from", (int, type(None)), "capture")
+    _check(cap["direct_from"] is None or (cap["strategy"] == "rw" and cap["direct_from"] % 4096 == 0),
+           f"capture.direct_from {cap['direct_from']!r} with strategy {cap['strategy']!r}")
     for key in ("bytes", "drained_bytes", "timeout_seconds", "ns", "ended_realtime_ns"):
         _typed(cap, key, int, "capture")
         _check(cap[key] >= 0, f"capture.{key} < 0")

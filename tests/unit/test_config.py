@@ -247,7 +247,7 @@ def test_render_csplice_settings(paths):
     assert s == {
         "spool_dir": "/var/lib/corehandler/spool", "strategy": "splice", "chunk_size": str(256 << 10),
         "pipe_size": str(1 << 20),
-        "max_dump_size": str(1 << 30), "direct_above": "0", "min_free": "13%", "max_pending": "64",
+        "max_dump_size": str(1 << 30), "direct_above": "0", "direct_rate": "0", "min_free": "13%", "max_pending": "64",
         "max_per_exe_per_minute": "16", "timeout": "2", "fsync": "no", "sparse": "yes",
         "collect_environ": "no", "collect_maps": "yes",
     }
