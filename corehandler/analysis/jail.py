@@ -12,9 +12,12 @@ In order, each step with why:
 2. A mount, network and IPC namespace of its own. A tmpfs becomes its root, holding: the system's program
    trees read-only (/usr and the merged-/usr links: the unwinder's own libraries and /usr/lib/debug),
    /etc/ld.so.cache, a /proc showing its own process only (the core is its inherited fd, opened as
-   /proc/self/fd/N), and each vetted file at its own path (bound read-only, or copied when the analyser's uid
-   could not read it: a user's private binary, up to a cap). Nothing of the state dir, /home, /tmp or /dev is
-   there, so an unvetted path names nothing.
+   /proc/self/fd/N), the debug files the daemon fetched (<state>/debuginfo, read-only), and each vetted file
+   at its own path (bound read-only, or copied when the analyser's uid could not read it: a user's private
+   binary, up to a cap). Nothing else of the state dir, /home, /tmp or /dev is there, so an unvetted path
+   names nothing. The tmpfs is mounted over /tmp first, so each source is an fd taken before (a state dir or
+   a program under the host's /tmp is reachable by nothing else), and it is built with umask 022 whatever the
+   daemon's, so the analyser's uid can cross every directory of it.
 3. Every capability out of the bounding set, no groups, the analyser's own uid and gid (a system user that
    owns nothing: `corehandler install` makes it), PR_SET_NO_NEW_PRIVS, the rlimits, low priority, exec.
 Where the host refuses namespaces (a unit's RestrictNamespaces), step 2 is skipped and said so; the unwinder
@@ -153,20 +156,27 @@ def _under_system_tree(path: str) -> bool:
     return path.split("/")[1] in SYSTEM_TREES
 
 
-def _place(root: str, path: str) -> str:
+def _place(root: str, path: str, *, directory: bool = False) -> str:
+    """root + path, with the directories leading to it (0755: main() set the umask, whatever the daemon's)."""
     target = root + path
-    os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+    os.makedirs(target if directory else os.path.dirname(target), mode=0o755, exist_ok=True)
     return target
 
 
-def _place_dir(root: str, path: str) -> str:
-    """root + path, a directory the analyser can cross: makedirs' mode passes through the umask."""
-    target = root + path
-    os.makedirs(target, exist_ok=True)
-    while target != root:
-        os.chmod(target, 0o755)
-        target = os.path.dirname(target)
-    return root + path
+def _hold(paths, report: dict) -> dict[str, int]:
+    """An O_PATH fd of each existing directory of paths, taken before the tmpfs covers MOUNT_POINT: a state
+    dir under /tmp is reachable only through it afterwards. One not there yet (nothing fetched) is skipped."""
+    held = {}
+    for directory in paths:
+        if not directory.startswith("/") or _under_system_tree(directory) or directory in held:
+            continue
+        try:
+            held[directory] = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            report["notes"].append(f"debug directory {directory} not shown to the unwinder: {e.strerror}")
+    return held
 
 
 def _readable_by_analyser(st: os.stat_result, uid: int | None) -> bool:
@@ -179,6 +189,7 @@ def build_view(spec: dict, vetted: dict[str, int], report: dict) -> str:
     tool = spec["argv"][0]
     # A test's stand-in unwinder, outside the system trees: held open now, as the tmpfs may cover its path.
     tool_fd = None if _under_system_tree(tool) else os.open(tool, os.O_PATH | os.O_CLOEXEC)
+    debug_dirs = _hold((spec.get("debuginfo") or "").split(":"), report)
     _mount("corehandler-analysis", root, "tmpfs", MS_NOSUID | MS_NODEV,
            f"mode=0755,size={copy_budget + (4 << 20)}")
     for name in SYSTEM_TREES:
@@ -200,9 +211,13 @@ def build_view(spec: dict, vetted: dict[str, int], report: dict) -> str:
     _mount("proc", f"{root}/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible,subset=pid")
     # The debug files the daemon fetched by build-id (analysis/debuginfod.py), read-only at their path, which
     # eu-stack's --debuginfo-path names beside its relative and system entries.
-    for directory in (spec.get("debuginfo") or "").split(":"):
-        if directory.startswith("/") and not _under_system_tree(directory) and os.path.isdir(directory):
-            _bind_ro(directory, _place_dir(root, directory), MS_NOEXEC)
+    for directory, fd in debug_dirs.items():
+        try:
+            _bind_ro(f"/proc/self/fd/{fd}", _place(root, directory, directory=True), MS_NOEXEC)
+        except OSError as e:
+            report["notes"].append(f"debug directory {directory} not shown to the unwinder: {e.strerror}")
+        finally:
+            os.close(fd)
     if tool_fd is not None:
         open(_place(root, tool), "w").close()
         _bind_ro(f"/proc/self/fd/{tool_fd}", root + tool)
@@ -310,6 +325,9 @@ def main(argv: list[str]) -> int:
     if spec.get("report_fd") is not None:  # the unwinder must not write our report
         os.set_inheritable(spec["report_fd"], False)
     report = {"applied": [], "refused": [], "refused_count": 0, "copied": 0, "notes": [], "error": None}
+    # What the view's tmpfs gets must be crossable by the analyser's uid: the daemon runs with UMask=0077
+    # (corehandler.service), which would make every directory leading to a vetted file root's alone.
+    os.umask(0o022)
     try:
         run(spec, report)
     except OSError as e:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from corehandler.analysis import account, findings, unwind
-from support import realcore
+from corehandler.analysis import account, debuginfod, findings, unwind
+from support import debuginfod_server, realcore
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.root
@@ -89,6 +89,37 @@ def test_a_users_private_binary_is_still_symbolised(open_dir):
     os.chmod(c.binary, 0o700)  # the user's, unreadable by the analyser's uid: copied into its view
     r = unwind.analyse(c.core, _as_user(c))
     assert "crash_segv" in _functions(r) and r["exe"]["state"] == "same"
+
+
+def test_fetched_debug_files_under_tmp_reach_the_unwinder(open_dir):
+    """The debug-file cache of a state dir under /tmp, where the view's tmpfs is mounted: bound from an fd taken
+    before, so the stripped program's frames get their names (a path looked up afterwards names nothing)."""
+    disk, served, build_id = debuginfod_server.stripped_with_debug_file(open_dir)
+    c = realcore.crash(disk, open_dir / "core", "segv")
+    cache = open_dir / "state" / debuginfod.CACHE_DIR
+    limits = findings.Limits(timeout=60, debuginfo_path=debuginfod.search_path(cache.parent))
+    assert "crash_segv" not in _functions(unwind.analyse(c.core, _as_user(c), limits))
+    debug_file = debuginfod.cached(cache, build_id)
+    debug_file.parent.mkdir(parents=True)
+    shutil.copyfile(served / "analysed.debug", debug_file)
+    for path in (debug_file, *debug_file.parents):
+        if path == open_dir:
+            break
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    r = unwind.analyse(c.core, _as_user(c), limits)
+    assert "crash_segv" in _functions(r), (r["threads"][0]["frames"][:2], r["problems"])
+
+
+def test_under_the_units_umask_a_program_outside_the_system_trees_keeps_its_symbols(open_dir):
+    """corehandler.service runs the daemon with UMask=0077: the view's directories leading to a vetted file
+    are still crossable by the analyser's uid."""
+    c = _crash(open_dir)
+    old = os.umask(0o077)
+    try:
+        r = unwind.analyse(c.core, _as_user(c), findings.Limits(timeout=60))
+    finally:
+        os.umask(old)
+    assert "crash_segv" in _functions(r), (r["threads"][0]["frames"][:2], r["problems"])
 
 
 def test_the_analyser_runs_as_its_own_user_without_privileges_or_our_files(open_dir, tmp_path, monkeypatch):

@@ -52,9 +52,6 @@ def top(result):
     return result["threads"][0]["frames"][0]
 
 
-@pytest.mark.xfail(strict=True, reason="known defect (issue 23 open): inside the analyser's jail eu-stack does not "
-                   "pick up the fetched debug file although <state>/debuginfo is bound read-only at its path; "
-                   "outside the jail the same --debuginfo-path symbolises")
 def test_server_down_then_up_resymbolises_with_the_same_exact_key(tmp_path, program):
     disk, served, build_id = program
     state, etc = setup_state(tmp_path)
@@ -86,9 +83,6 @@ def test_server_down_then_up_resymbolises_with_the_same_exact_key(tmp_path, prog
     assert "Analysed From: the mini core" in info["stdout"]
 
 
-@pytest.mark.xfail(strict=True, reason="known defect (issue 23 open): inside the analyser's jail eu-stack does not "
-                   "pick up the fetched debug file although <state>/debuginfo is bound read-only at its path; "
-                   "outside the jail the same --debuginfo-path symbolises")
 def test_the_daemon_fetches_beside_ingest_and_resymbolises(tmp_path, program, host_core_settings):
     disk, served, build_id = program
     state, etc = setup_state(tmp_path)
