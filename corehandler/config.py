@@ -58,6 +58,18 @@ def Duration(lo: float = 0.0, hi: float = units.MAX_DURATION):  # noqa: N802
                      _Human(units.format_duration)]
 
 
+def Durations(lo: float, hi: float, most: int):  # noqa: N802
+    """A list of at most `most` durations, each between lo and hi."""
+    check = _checked(units.parse_duration, units.format_duration, lo, hi)
+
+    def each(value):
+        if not isinstance(value, (list, tuple)) or len(value) > most:
+            raise ValueError(f"must be a list of at most {most} durations")
+        return [check(v) for v in value]
+
+    return Annotated[list[float], BeforeValidator(each), _Human(lambda v: [units.format_duration(x) for x in v])]
+
+
 def _size_or_auto(value):
     return value if value == "auto" else units.parse_size(value)
 
@@ -331,6 +343,10 @@ class AnalysisConfig(_Section):
                                                  "may take")
     debuginfod_cache_max: Size(0, units.MAX_SIZE) = Field(2 << 30, description="most the fetched debug files "
                                                           "may use under the state dir (least recently used go)")
+    resymbolise_after: Durations(1, 365 * 86400, 16) = Field(
+        [3600.0, 21600.0, 86400.0], description="when the daemon looks again for the debug info of a dump whose "
+        "trace lacks symbols (debuginfod, a -dbgsym package installed since), each try counted from the one "
+        "before; then it stops; [] = never")
     mini_core: bool = Field(True, description="write a mini core beside every stored core (notes, each thread's "
                             "stack, the pages the crashing thread points into), which outlives the full one")
     mini_core_stack: Size(4096, 64 << 20) = Field(64 << 10, description="stack kept per thread in the mini core, "

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from corehandler import elfcore, paths, spool, steps
-from corehandler.analysis import debuginfod, findings, minicore, symbols, unwind
+from corehandler.analysis import debuginfod, findings, minicore, resymbolise, symbols, unwind
 from corehandler.errors import CorehandlerError
 from corehandler.inotify import IN_Q_OVERFLOW, Watch
 from corehandler.observe.observer import Observer, Stored
@@ -86,20 +86,23 @@ def settings_from_config(config, paths, **overrides) -> Settings:
                     threads=config.compression.threads,
                     policy=retention.policy_from_config(config.retention, total),
                     retention_interval=config.retention.interval, analysis_enabled=config.analysis.enabled,
-                    analysis_limits=findings.Limits(timeout=config.analysis.timeout,
-                                                    memory_bytes=config.analysis.max_memory,
-                                                    threads=config.analysis.max_threads,
-                                                    frames=config.analysis.max_frames,
-                                                    source_lines=config.analysis.source_lines),
+                    analysis_limits=analysis_limits(config),
                     mini_core=minicore.Limits(config.analysis.mini_core_stack, config.analysis.mini_core_max)
                     if config.analysis.mini_core else None,
                     debuginfod=debuginfod_settings(config), **overrides)
 
 
+def analysis_limits(config) -> findings.Limits:
+    a = config.analysis
+    return findings.Limits(timeout=a.timeout, memory_bytes=a.max_memory, threads=a.max_threads, frames=a.max_frames,
+                           source_lines=a.source_lines)
+
+
 def debuginfod_settings(config) -> debuginfod.Settings:
     a = config.analysis
     return debuginfod.Settings(urls=debuginfod.urls(a.debuginfod_urls), timeout=a.debuginfod_timeout,
-                               budget=a.debuginfod_budget, cache_max=a.debuginfod_cache_max)
+                               budget=a.debuginfod_budget, cache_max=a.debuginfod_cache_max,
+                               retry_after=tuple(a.resymbolise_after))
 
 
 class Stopping(Exception):
@@ -161,7 +164,7 @@ class Daemon:
         self.observer_failures = 0
         self._retry_at: dict[str, float] = {}
         self._analysing: unwind.Running | None = None
-        self._fetcher: debuginfod.Fetcher | None = None
+        self._symbols = resymbolise.Resymboliser(self._wake, self._publish)
         self._stop = threading.Event()
         self._reload_pending = False
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -402,39 +405,13 @@ class Daemon:
             result = findings.skipped(record, f"no core to analyse ({status})")
         symbols.annotate(result, self.settings.state_dir)
         analyses.put(self.store, dump_id, result)
-        self._want_symbols(dump_id, result)
+        self._symbols.analysed(self.store, self.settings, dump_id, result)
         if result["state"] == findings.TIMEOUT:  # a failed unwind is a fact of the dump, a hang is ours
             self.report_error("analysis", f"Analysis of {dump_id}: {result['state']}: "
                               f"{'; '.join(result['problems'][:3]) or 'no frames'}; the dump is kept", dump_id)
 
     def _analysis_limits(self) -> findings.Limits:
-        return replace(self.settings.analysis_limits, debuginfo_path=debuginfod.search_path(self.settings.state_dir))
-
-    def _want_symbols(self, dump_id: str, result: dict) -> None:
-        """Asks the fetcher thread for the debug info the trace lacks; it calls back when some arrived."""
-        wanted = symbols.wanted(result)
-        if not wanted or not self.settings.debuginfod.urls:
-            return
-        if self._fetcher is None:
-            self._fetcher = debuginfod.Fetcher(debuginfod.cache_dir(self.settings.state_dir), self._wake)
-        self._fetcher.want(dump_id, wanted, self.settings.debuginfod)
-
-    def _resymbolise(self) -> None:
-        """Analyses again, from the mini core, the dumps whose missing debug info the fetcher brought."""
-        for dump_id in self._fetcher.arrived() if self._fetcher is not None else []:
-            dump = self.store.get(dump_id)
-            mini = self.store.mini_path(dump) if dump is not None else None
-            if mini is None or not mini.exists():
-                log.info("Debug info for %s arrived; it has no mini core (`corehandler analyze` re-symbolises it)",
-                         dump_id)
-                continue
-            result = unwind.analyse(mini, dump.record, self._analysis_limits())
-            result["core"] = "mini"
-            symbols.annotate(result, self.settings.state_dir)
-            analyses.put(self.store, dump_id, result)
-            log.info("Re-symbolised %s from its mini core: %s", dump_id, result["state"])
-            if userview.visible(dump):
-                self._publish([dump.uid])
+        return debuginfod.reading_cache(self.settings.analysis_limits, self.settings.state_dir)
 
     def _cancel_analysis(self) -> None:
         running, self._analysing = self._analysing, None
@@ -670,7 +647,7 @@ class Daemon:
                             break
                 if self._stop.is_set():
                     break
-                self._resymbolise()
+                self._symbols.step(self.store, self.settings)
                 if self._reload_pending:
                     self._do_reload()
                     # The intervals may have changed; the new policy applies at once.
@@ -695,8 +672,7 @@ class Daemon:
             return 0
         finally:
             watch.close()
-            if self._fetcher is not None:
-                self._fetcher.stop()
+            self._symbols.stop()
             self.store.close()
             os.close(lock)  # the wake-up pipe stays: stop() may still be called from another thread
             for obs in self.observers:

@@ -13,6 +13,7 @@ an ELF file or nothing: a server's answer is written to a temp file, checked, an
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import queue
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corehandler import elfcore
+from corehandler.analysis import findings
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,8 @@ class Settings:
     cache_max: int = 2 << 30       # the whole cache; oldest used first out
     file_max: int = 1 << 30        # one debug file
     negative_ttl: float = 3600.0   # a build-id no server has is not asked again for this long
+    # When the daemon looks again for what a trace lacks (resymbolise.py), each counted from the try before.
+    retry_after: tuple[float, ...] = (3600.0, 21600.0, 86400.0)
 
 
 @dataclass
@@ -70,6 +74,11 @@ def cache_dir(state_dir: Path) -> Path:
 def search_path(state_dir: Path) -> str:
     """eu-stack's --debuginfo-path: elfutils' default (beside the file, .debug/, /usr/lib/debug) and the cache."""
     return f":.debug:/usr/lib/debug:{cache_dir(state_dir)}"
+
+
+def reading_cache(limits: findings.Limits, state_dir: Path) -> findings.Limits:
+    """limits with the unwinder reading the cache (and the system's debug files) by build-id."""
+    return dataclasses.replace(limits, debuginfo_path=search_path(state_dir))
 
 
 def cached(cache: Path, build_id: str) -> Path:

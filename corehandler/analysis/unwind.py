@@ -293,6 +293,17 @@ def analyse(core: Path, record: dict, limits: Limits = Limits()) -> dict:
     return finish(start(core, record, limits))
 
 
+def interrupt(run: Running) -> None:
+    """Kills the child now (the daemon is stopping); the finish() another thread is in returns at once with
+    what it wrote."""
+    child = run.stack
+    if child is not None and child.ended is None:
+        try:
+            os.killpg(child.proc.pid, signals.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 # -- how it reads (info, the journal) --------------------------------------------------------------------
 
 

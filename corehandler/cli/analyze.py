@@ -14,7 +14,7 @@ from pathlib import Path
 from corehandler.analysis import debuginfod, findings, symbols, unwind
 from corehandler.cli.common import emit, load
 from corehandler.cli.selection import add_match_options, select
-from corehandler.daemon import debuginfod_settings
+from corehandler.daemon import analysis_limits, debuginfod_settings
 from corehandler.errors import NoMatchError, NotRootError
 from corehandler.printable import display
 from corehandler.store import analyses, compress, userview
@@ -26,12 +26,6 @@ def register(commands) -> None:
     p = commands.add("analyze", run_analyze, help="analyse matching dumps again, fetching their debug info from "
                      "debuginfod first (root)")
     add_match_options(p)
-
-
-def _limits(config, state_dir: Path) -> findings.Limits:
-    a = config.analysis
-    return findings.Limits(timeout=a.timeout, memory_bytes=a.max_memory, threads=a.max_threads, frames=a.max_frames,
-                           source_lines=a.source_lines, debuginfo_path=debuginfod.search_path(state_dir))
 
 
 def _analyse(store: Store, d: Dump, limits: findings.Limits, tmp: Path) -> dict:
@@ -60,7 +54,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     config, paths = load(args)
     fetching = debuginfod_settings(config)
     cache = debuginfod.cache_dir(paths.state_dir)
-    limits = _limits(config, paths.state_dir)
+    limits = debuginfod.reading_cache(analysis_limits(config), paths.state_dir)
     out, lines = [], []
     with Store(paths.state_dir) as store, tempfile.TemporaryDirectory(prefix="corehandler-analyze-") as tmp:
         found = [d for d in select(args, store) if d.path or d.mini_path]

@@ -186,6 +186,8 @@ def info_fields(result: dict | None) -> list[tuple[str, str | None]]:
     ]
     if result.get("core"):
         fields.append(("Analysed From", f"the {result['core']} core"))
+    if isinstance(result.get("resymbolised_at"), (int, float)):
+        fields.append(("Re-symbolised", f"{_time(result['resymbolised_at'])}, by the daemon once debug info came"))
     modules = result.get("modules") or []
     exe_module = next((m for m in modules if m.get("name") == exe.get("path")), None)
     if exe_module and exe_module.get("symbols"):

@@ -24,8 +24,8 @@ from corehandler.store.match import Filter
 # of the schema (before, the daemon made it at start); the upload queue's tables come with the first upload.
 # 7: records lose proc.oci_config (_SCRUB_OCI_CONFIG). 8: ingest_attempts (store/attempts.py).
 # 9: uploads.core, the verified core in the bucket (JSON), kept so a retry does not send it again.
-# 10: the mini core's columns (mini_path, mini_bytes).
-SCHEMA_VERSION = 10
+# 10: the mini core's columns (mini_path, mini_bytes). 11: the re-symbolising schedule (_RESYMBOLISE_TABLE).
+SCHEMA_VERSION = 11
 
 _SCHEMA_TABLE = """
 CREATE TABLE IF NOT EXISTS dumps (
@@ -106,6 +106,15 @@ CREATE TABLE IF NOT EXISTS ingest_attempts (
     last_at REAL NOT NULL,
     given_up INTEGER NOT NULL DEFAULT 0
 )"""
+
+# When the daemon next looks for the debug info a dump's trace lacks (analysis/resymbolise.py): tries made so far.
+_RESYMBOLISE_TABLE = """
+CREATE TABLE IF NOT EXISTS resymbolise (
+    id TEXT PRIMARY KEY,
+    tries INTEGER NOT NULL,
+    due REAL NOT NULL
+)"""
+_RESYMBOLISE_DUE = "CREATE INDEX IF NOT EXISTS resymbolise_due ON resymbolise (due)"
 
 _DELETIONS_TABLE = """
 CREATE TABLE IF NOT EXISTS deletions (
@@ -219,6 +228,8 @@ class Store:
             db.execute(_DELETIONS_TABLE)
             db.execute(_ANALYSIS_TABLE)
             db.execute(_ATTEMPTS_TABLE)
+            db.execute(_RESYMBOLISE_TABLE)
+            db.execute(_RESYMBOLISE_DUE)
             for statement in _ANALYSIS_INDEXES:
                 db.execute(statement)
             have = {row[1] for row in db.execute("PRAGMA table_info(dumps)")}

@@ -34,12 +34,12 @@ def program(tmp_path_factory):
     return debuginfod_server.stripped_with_debug_file(tmp_path_factory.mktemp("debuginfod"))
 
 
-def setup_state(tmp_path, budget="20s"):
+def setup_state(tmp_path, budget="20s", analysis=""):
     state, etc = tmp_path / "state", tmp_path / "etc"
     (state / "spool").mkdir(parents=True)
     etc.mkdir()
     (etc / "corehandler.toml").write_text(f'[analysis]\ndebuginfod_urls = "{debuginfod_server.url()}"\n'
-                                          f'debuginfod_budget = "{budget}"\n[metrics]\nenabled = false\n'
+                                          f'debuginfod_budget = "{budget}"\n{analysis}[metrics]\nenabled = false\n'
                                           '[journal]\nenabled = false\n')
     return state, etc
 
@@ -88,24 +88,123 @@ def test_the_daemon_fetches_beside_ingest_and_resymbolises(tmp_path, program, ho
     state, etc = setup_state(tmp_path)
     c = realcore.crash(disk, tmp_path / "core", "thread")
     dump_id = realcore.spool(c, state / "spool")
-    # serve in the namespace until the trace has the name, then info
-    wait = ("import json, subprocess, sys, time\n"
-            "serve = subprocess.Popen(sys.argv[1:] + ['serve'], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)\n"
-            "deadline = time.monotonic() + 120\n"
-            "while time.monotonic() < deadline:\n"
-            "    p = subprocess.run(sys.argv[1:] + ['--json', 'info', '--no-verify'], capture_output=True)\n"
-            "    a = json.loads(p.stdout or '[{}]')[0].get('analysis') or {}\n"
-            "    if any(f.get('function') == 'worker_crash' for t in a.get('threads', [])[:1] for f in t['frames']):\n"
-            "        break\n"
-            "    time.sleep(0.3)\n"
-            "serve.terminate()\n"
-            "print(serve.communicate(timeout=30)[1].decode()[-3000:])\n")
-    (run,) = debuginfod_server.in_netns(served, build_id, [[sys.executable, "-P", "-c", wait] + base(state, etc)])
+    run = serve_until(served, build_id, state, etc, "worker_crash")
     with Store(state) as store:
         result = store.analysis_for(dump_id)
     assert top(result)["function"] == "worker_crash", run["stdout"]
     assert result["core"] == "mini" and "Re-symbolised" in run["stdout"]
     assert debuginfod.cached(debuginfod.cache_dir(state), build_id).exists()
+
+
+# `serve` in the server's namespace until the crashing thread's trace names the function, then its log
+_SERVE_UNTIL = ("import json, subprocess, sys, time\n"
+                "function, base, serve = sys.argv[1], sys.argv[2:-1], json.loads(sys.argv[-1])\n"
+                "daemon = subprocess.Popen(base + serve, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)\n"
+                "deadline = time.monotonic() + 120\n"
+                "while time.monotonic() < deadline:\n"
+                "    p = subprocess.run(base + ['--json', 'info', '--no-verify'], capture_output=True)\n"
+                "    a = json.loads(p.stdout or '[{}]')[0].get('analysis') or {}\n"
+                "    if any(f.get('function') == function for t in a.get('threads', [])[:1] for f in t['frames']):\n"
+                "        break\n"
+                "    time.sleep(0.3)\n"
+                "daemon.terminate()\n"
+                "print(daemon.communicate(timeout=30)[1].decode()[-3000:])\n")
+
+
+def serve_until(served, build_id, state, etc, function, *serve_args) -> dict:
+    (run,) = debuginfod_server.in_netns(served, build_id, [[sys.executable, "-P", "-c", _SERVE_UNTIL, function]
+                                                          + base(state, etc) + [json.dumps(["serve", *serve_args])]])
+    return run
+
+
+def schedule(state) -> list[tuple]:
+    with Store(state) as store:
+        return store.db.execute("SELECT id, tries, due FROM resymbolise").fetchall()
+
+
+def test_the_daemon_tries_again_on_its_schedule_once_the_server_is_up(tmp_path, program, host_core_settings):
+    """Ingested while the server is down: the dump waits on the schedule; the daemon started later beside the
+    server fetches when it is due, re-symbolises from the mini core, keeps the exact key and ends the schedule."""
+    disk, served, build_id = program
+    state, etc = setup_state(tmp_path, analysis='resymbolise_after = ["2s", "2s", "1d"]\n')
+    c = realcore.crash(disk, tmp_path / "core", "segv")
+    dump_id = realcore.spool(c, state / "spool")
+    settings = Settings(state, threads=1, sweep_interval=3600,
+                        debuginfod=debuginfod.Settings(urls=(debuginfod_server.url(),), budget=5,
+                                                       retry_after=(2.0, 2.0, 86400.0)))
+    with Running(settings):
+        wait_for(lambda: not (state / "spool" / f"{dump_id}.json").exists(), what="ingested")
+    with Store(state) as store:
+        before = store.analysis_for(dump_id)
+    assert top(before)["function"] is None
+    ((row_id, tries, _),) = schedule(state)
+    assert row_id == dump_id and tries < 2  # (a slow host may have made its first try, with the server down)
+
+    run = serve_until(served, build_id, state, etc, "crash_segv", "--sweep-interval", "0.5")
+    with Store(state) as store:
+        after = store.analysis_for(dump_id)
+    assert top(after)["function"] == "crash_segv", run["stdout"]
+    assert "Re-symbolised" in run["stdout"] and after["core"] == "mini"
+    assert after["exact_key"] == before["exact_key"] and after["exact_version"] == before["exact_version"]
+    assert after["signature"] != before["signature"] and "crash_segv" in after["signature"]
+    assert after["signature_version"] == before["signature_version"]
+    assert schedule(state) == []  # nothing lacking: no more tries
+    info = subprocess.run(base(state, etc) + ["info", f"id={dump_id}"], capture_output=True, text=True)
+    assert "Re-symbolised: " in info.stdout and "Analysed From: the mini core" in info.stdout, info.stderr
+
+
+@pytest.mark.root
+def test_a_dbgsym_package_installed_after_the_crash_symbolises_it_on_schedule(tmp_path, program):
+    """No debuginfod at all: the debug file appears in /usr/lib/debug/.build-id (as a -dbgsym package puts it)
+    after ingest, and the next due try finds it."""
+    disk, served, build_id = program
+    state, _ = setup_state(tmp_path)
+    c = realcore.crash(disk, tmp_path / "core", "segv")
+    dump_id = realcore.spool(c, state / "spool")
+    installed = debuginfod.system_debug_file(build_id)
+    assert not installed.exists()
+    made = [d for d in (installed.parent, installed.parent.parent, installed.parent.parent.parent) if not d.exists()]
+    settings = Settings(state, threads=1, sweep_interval=0.2, debuginfod=debuginfod.Settings(retry_after=(1.0, 1.0)))
+    try:
+        with Running(settings):
+            wait_for(lambda: not (state / "spool" / f"{dump_id}.json").exists(), what="ingested")
+            with Store(state) as store:
+                assert top(store.analysis_for(dump_id))["function"] is None
+            installed.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(served / "analysed.debug", installed)
+
+            def named():
+                with Store(state) as store:
+                    return top(store.analysis_for(dump_id))["function"]
+            assert wait_for(named, what="re-symbolised") == "crash_segv"
+        with Store(state) as store:
+            exe = next(m for m in store.analysis_for(dump_id)["modules"] if m["build_id"] == build_id)
+        assert exe["symbols"] == symbols.LOCAL and schedule(state) == []
+    finally:
+        installed.unlink(missing_ok=True)
+        for d in made:
+            d.rmdir()
+
+
+def test_the_schedule_stops_after_its_last_try(tmp_path, program, caplog):
+    """A server that stays down: asked at ingest and at each of the schedule's tries, then never again (the
+    dump's row goes; `corehandler analyze` is left)."""
+    disk, _, build_id = program
+    state, _ = setup_state(tmp_path)
+    c = realcore.crash(disk, tmp_path / "core", "segv")
+    dump_id = realcore.spool(c, state / "spool")
+    settings = Settings(state, threads=1, sweep_interval=0.2,
+                        debuginfod=debuginfod.Settings(urls=(debuginfod_server.url(),), budget=5,
+                                                       retry_after=(0.5, 0.5)))
+
+    def asked():
+        return [r for r in caplog.records if r.getMessage().startswith(f"debuginfod: {build_id}: ")]
+    with caplog.at_level("WARNING", logger="corehandler.analysis.debuginfod"), Running(settings):
+        wait_for(lambda: len(asked()) >= 3, what="asked at ingest and twice on schedule")
+        assert schedule(state) == []
+    assert len(asked()) == 3
+    with Store(state) as store:
+        assert top(store.analysis_for(dump_id))["function"] is None
 
 
 def test_a_replaced_library_is_unsymbolised_and_says_so(tmp_path):

@@ -78,8 +78,11 @@ max_per_exe = 3
 listen = "::1"
 textfile = "/var/lib/node_exporter/corehandler.prom"
 exe_label_allowlist = ["/usr/bin/python3"]
+[analysis]
+resymbolise_after = ["30m", "1h30m", "2d"]
 """)
     c = load_config(paths)
+    assert c.analysis.resymbolise_after == [1800.0, 5400.0, 172800.0]
     assert c.state_dir == Path("/srv/cores")
     assert c.capture.strategy == "splice2"
     assert c.capture.chunk_size == 1 << 20
@@ -117,6 +120,10 @@ exe_label_allowlist = ["/usr/bin/python3"]
     ('[metrics]\nport = 70000\n', "metrics.port", "70000", "less than or equal to 65535"),
     ('[metrics]\ntextfile = "metrics.prom"\n', "metrics.textfile", '"metrics.prom"', "absolute path"),
     ('[journal]\nenabled = 1\n', "journal.enabled", "1", "valid boolean"),
+    ('[analysis]\nresymbolise_after = ["0s"]\n', "analysis.resymbolise_after", None, "between 1s and"),
+    ('[analysis]\nresymbolise_after = "1h"\n', "analysis.resymbolise_after", None, "list of at most 16"),
+    ('[analysis]\nresymbolise_after = ["1h"' + ', "1h"' * 16 + ']\n', "analysis.resymbolise_after", None,
+     "list of at most 16"),
 ])
 def test_invalid_value_names_file_key_and_value(paths, body, key, value, message):
     write(paths.config_file, body)
