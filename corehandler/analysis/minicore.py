@@ -11,18 +11,21 @@ stacks and registers from here. Memory is copied in whole pages, so every segmen
 The raw core is the crashed process's output and read as hostile: every header field, offset, count and
 pointer is bounded by the file's size and the caps; what does not fit or does not read is left out and said
 (`MiniCore.cut`). Only headers, notes and the chosen pages are read, so the cost does not grow with the core:
-a few hundred preads (bench/analysis.py measures it).
+one pass over the program headers, one over the notes, and one copy per run of chosen pages, in the kernel
+(copy_file_range) where the filesystem allows (bench/minicore.py measures it by thread count).
 """
 
 from __future__ import annotations
 
 import bisect
+import errno
 import os
 import struct
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from corehandler import elfcore
 
@@ -83,8 +86,7 @@ class MiniCore:
                 "seconds": round(self.seconds, 6), "cut": self.cut}
 
 
-@dataclass(frozen=True)
-class _Load:
+class _Load(NamedTuple):  # a tuple, not a frozen dataclass: a core of many threads makes thousands
     vaddr: int
     offset: int
     filesz: int     # bytes the core holds, already cut to the file's size
@@ -125,15 +127,21 @@ class _Raw:
         table = elfcore._read_at(fd, phoff, phnum * phentsize)
         self.loads: list[_Load] = []
         self.notes: list[bytes] = []
+        # Positions of the fields in an unpacked header (the two classes order them differently): a core of
+        # many threads has thousands of headers, read here in one pass.
+        at = {name: i for i, name in enumerate(layout.phdr_fields)}
+        ptype, flags, offset, vaddr, filesz, memsz = (at["type"], at["flags"], at["offset"], at["vaddr"],
+                                                      at["filesz"], at["memsz"])
+        fmt = struct.Struct(self.end + layout.phdr)
         for i in range(len(table) // phentsize):
-            p = dict(zip(layout.phdr_fields, struct.unpack_from(self.end + layout.phdr, table, i * phentsize)))
-            if p["type"] == elfcore.PT_LOAD:
+            p = fmt.unpack_from(table, i * phentsize)
+            if p[ptype] == elfcore.PT_LOAD:
                 # A bogus offset or a truncated core: only the bytes the file holds count as held.
-                held = max(0, min(p["filesz"], p["memsz"], self.size - p["offset"]))
-                if held and p["vaddr"] + held <= 1 << 64:
-                    self.loads.append(_Load(p["vaddr"], p["offset"], held, p["flags"]))
-            elif p["type"] == elfcore.PT_NOTE and p["filesz"]:
-                data = elfcore._read_at(fd, p["offset"], min(p["filesz"], elfcore.MAX_NOTES_BYTES))
+                held = max(0, min(p[filesz], p[memsz], self.size - p[offset]))
+                if held and p[vaddr] + held <= 1 << 64:
+                    self.loads.append(_Load(p[vaddr], p[offset], held, p[flags]))
+            elif p[ptype] == elfcore.PT_NOTE and p[filesz]:
+                data = elfcore._read_at(fd, p[offset], min(p[filesz], elfcore.MAX_NOTES_BYTES))
                 self.notes.append(data[:_whole_notes(data, self.end)])
         self.loads.sort(key=lambda x: x.vaddr)
         self._starts = [x.vaddr for x in self.loads]
@@ -202,41 +210,37 @@ class _Wanted:
         self.add(addr & ~(PAGE - 1), (addr & ~(PAGE - 1)) + PAGE, what)
 
 
-def _threads(raw: _Raw) -> list[list[int]]:
-    """Each thread's general registers, the thread that dumped first (as the kernel writes them)."""
+@dataclass
+class _Notes:
+    threads: list[list[int]] = field(default_factory=list)  # general registers, the thread that dumped first
+    auxv: dict[int, int] = field(default_factory=dict)
+    file_starts: list[int] = field(default_factory=list)    # NT_FILE mappings at offset 0: ELF headers there
+
+
+def _scan_notes(raw: _Raw) -> _Notes:
+    """What the choice needs from the notes, in one pass over them (a core of 500 threads has thousands)."""
+    out = _Notes()
     regs = _REGS.get(raw.machine)
-    if regs is None:
-        return []
-    fmt = f"{raw.end}{regs.count}{regs.word}"
-    size = struct.calcsize(fmt)
-    out = []
-    for owner, ntype, desc in raw.iter_notes():
-        if owner == b"CORE" and ntype == elfcore.NT_PRSTATUS and len(desc) >= regs.offset + size:
-            out.append(list(struct.unpack_from(fmt, desc, regs.offset)))
-    return out
-
-
-def _auxv(raw: _Raw) -> dict[int, int]:
+    fmt = f"{raw.end}{regs.count}{regs.word}" if regs else ""
+    need = regs.offset + struct.calcsize(fmt) if regs else 0
     word = raw.layout.word
     size = struct.calcsize(word)
+    auxv_seen = files_seen = False
     for owner, ntype, desc in raw.iter_notes():
-        if owner == b"CORE" and ntype == NT_AUXV:
-            pairs = struct.iter_unpack(raw.end + word * 2, desc[:len(desc) - len(desc) % (2 * size)])
-            return {k: v for k, v in pairs}
-    return {}
-
-
-def _file_starts(raw: _Raw) -> list[int]:
-    """Start addresses of the NT_FILE mappings at file offset 0: where an ELF image's headers are mapped."""
-    word = raw.layout.word
-    size = struct.calcsize(word)
-    for owner, ntype, desc in raw.iter_notes():
-        if owner != b"CORE" or ntype != elfcore.NT_FILE or len(desc) < 2 * size:
+        if owner != b"CORE":
             continue
-        count = min(struct.unpack_from(raw.end + word, desc, 0)[0], (len(desc) - 2 * size) // (3 * size))
-        entries = struct.iter_unpack(raw.end + word * 3, desc[2 * size:2 * size + 3 * size * count])
-        return sorted({start for start, _, offset in entries if offset == 0})
-    return []
+        if ntype == elfcore.NT_PRSTATUS and regs and len(desc) >= need:
+            out.threads.append(list(struct.unpack_from(fmt, desc, regs.offset)))
+        elif ntype == NT_AUXV and not auxv_seen:
+            auxv_seen = True
+            pairs = struct.iter_unpack(raw.end + word * 2, desc[:len(desc) - len(desc) % (2 * size)])
+            out.auxv = {k: v for k, v in pairs}
+        elif ntype == elfcore.NT_FILE and not files_seen and len(desc) >= 2 * size:
+            files_seen = True
+            count = min(struct.unpack_from(raw.end + word, desc, 0)[0], (len(desc) - 2 * size) // (3 * size))
+            entries = struct.iter_unpack(raw.end + word * 3, desc[2 * size:2 * size + 3 * size * count])
+            out.file_starts = sorted({start for start, _, offset in entries if offset == 0})
+    return out
 
 
 def _link_map(raw: _Raw, auxv: dict[int, int], want: _Wanted) -> None:
@@ -286,7 +290,8 @@ def _link_map(raw: _Raw, auxv: dict[int, int], want: _Wanted) -> None:
 def _choose(raw: _Raw, limits: Limits) -> tuple[_Wanted, int]:
     notes_bytes = sum(len(n) for n in raw.notes)
     want = _Wanted(raw, limits.max_bytes - notes_bytes)
-    threads = _threads(raw)
+    notes = _scan_notes(raw)
+    threads, auxv = notes.threads, notes.auxv
     regs = _REGS.get(raw.machine)
     if regs is None and raw.loads:
         want.left_out.append(f"stacks: registers of ELF machine {raw.machine} not known, notes only")
@@ -298,8 +303,7 @@ def _choose(raw: _Raw, limits: Limits) -> tuple[_Wanted, int]:
 
     if threads:
         stack_of(0, threads[0])
-    auxv = _auxv(raw)
-    for start in _file_starts(raw)[:MAX_MODULES]:
+    for start in notes.file_starts[:MAX_MODULES]:
         if raw.read(start, 4) == elfcore.ELFMAG:
             want.around(start, "ELF headers")
     vdso = auxv.get(AT_SYSINFO_EHDR)
@@ -351,46 +355,80 @@ def write(raw_path: Path | str, dest: Path | str, limits: Limits = Limits(), *, 
     return result
 
 
+def _copy(raw: _Raw, out: int, start: int, length: int, at: int, kernel: list[bool]) -> int:
+    """Copies [start, start + length) of the raw core's memory to out at `at`; the bytes copied (fewer only if
+    the file changed under us). In the kernel (copy_file_range: no read into Python, and on a filesystem
+    that shares blocks, no copy at all) while kernel[0] holds; else, and from the first refusal on, by pread
+    and pwrite."""
+    s = raw.segment(start)
+    if s is None:
+        return 0
+    length = min(length, s.vaddr + s.filesz - start)
+    src, done = s.offset + start - s.vaddr, 0
+    while done < length and kernel[0]:
+        try:
+            n = os.copy_file_range(raw.fd, out, length - done, src + done, at + done)
+        except OSError as e:
+            if e.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF):
+                raise
+            kernel[0] = False
+            break
+        if n == 0:
+            return done
+        done += n
+    while done < length:
+        data = elfcore._read_at(raw.fd, src + done, min(length - done, 1 << 20))
+        if not data:
+            break
+        _pwrite_all(out, data, at + done)
+        done += len(data)
+    return done
+
+
+def _pwrite_all(out: int, data: bytes, at: int) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.pwrite(out, view, at + len(data) - len(view)):]
+
+
 def _emit(raw: _Raw, ranges: list[tuple[int, int]], dest: Path, tmp: Path, result: MiniCore) -> None:
     end, layout = raw.end, raw.layout
     ehsize = struct.calcsize(end + layout.ehdr)
-    phsize = struct.calcsize(end + layout.phdr)
+    phdr_fmt = struct.Struct(end + layout.phdr)
     segments = len(raw.notes) + len(ranges)
-    offset = ehsize + segments * phsize
-    headers, body = [], []
+    offset = ehsize + segments * phdr_fmt.size
+    headers = []
+
+    order = [("type", "flags", "offset", "vaddr", "paddr", "filesz", "memsz", "align").index(f)
+             for f in layout.phdr_fields]
 
     def phdr(ptype: int, flags: int, off: int, vaddr: int, size: int, align: int) -> bytes:
-        values = {"type": ptype, "flags": flags, "offset": off, "vaddr": vaddr, "paddr": 0, "filesz": size,
-                  "memsz": size, "align": align}
-        return struct.pack(end + layout.phdr, *(values[f] for f in layout.phdr_fields))
+        values = (ptype, flags, off, vaddr, 0, size, size, align)
+        return phdr_fmt.pack(*[values[i] for i in order])
 
-    for data in raw.notes:
-        offset = (offset + 3) & ~3
-        headers.append(phdr(elfcore.PT_NOTE, 0, offset, 0, len(data), 4))
-        body.append((offset, data))
-        offset += len(data)
-    for start, stop in ranges:
-        offset = (offset + PAGE - 1) & ~(PAGE - 1)
-        data = raw.read(start, stop - start)
-        # A short read (the file changed under us) keeps what it got, still whole pages where it can.
-        headers.append(phdr(elfcore.PT_LOAD, raw.segment(start).flags if data else 0, offset, start, len(data),
-                            PAGE))
-        body.append((offset, data))
-        offset += len(data)
-    fields = list(raw.ehdr)
-    # e_phoff, e_shoff, e_phnum, e_shentsize, e_shnum, e_shstrndx: program headers only, right after this header
-    fields[5], fields[6], fields[10], fields[11], fields[12], fields[13] = ehsize, 0, segments, 0, 0, 0
-    fields[8], fields[9] = ehsize, phsize
-    head = struct.pack(end + layout.ehdr, *fields) + b"".join(headers)
     tmp.unlink(missing_ok=True)
     out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        os.pwrite(out, head, 0)
-        for at, data in body:
-            view = memoryview(data)
-            while view:
-                view = view[os.pwrite(out, view, at + len(data) - len(view)):]
-        size = max([len(head)] + [at + len(data) for at, data in body])
+        for data in raw.notes:
+            offset = (offset + 3) & ~3
+            headers.append(phdr(elfcore.PT_NOTE, 0, offset, 0, len(data), 4))
+            _pwrite_all(out, data, offset)
+            offset += len(data)
+        kernel = [True]
+        for start, stop in ranges:
+            offset = (offset + PAGE - 1) & ~(PAGE - 1)
+            copied = _copy(raw, out, start, stop - start, offset, kernel)
+            # A short copy (the file changed under us) keeps what it got, still whole pages where it can.
+            headers.append(phdr(elfcore.PT_LOAD, raw.segment(start).flags if copied else 0, offset, start, copied,
+                                PAGE))
+            offset += copied
+        fields = list(raw.ehdr)
+        # e_phoff, e_shoff, e_phnum, e_shentsize, e_shnum, e_shstrndx: program headers only, right after it
+        fields[5], fields[6], fields[10], fields[11], fields[12], fields[13] = ehsize, 0, segments, 0, 0, 0
+        fields[8], fields[9] = ehsize, phdr_fmt.size
+        head = struct.pack(end + layout.ehdr, *fields) + b"".join(headers)
+        _pwrite_all(out, head, 0)
+        size = max(len(head), offset)
         os.ftruncate(out, size)
         os.fsync(out)
     except BaseException:

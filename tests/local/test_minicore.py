@@ -5,6 +5,7 @@ it raise anything but MiniCoreError."""
 
 from __future__ import annotations
 
+import errno
 import random
 import shutil
 import struct
@@ -95,6 +96,21 @@ def test_size_is_the_caps(cores):
     assert capped.cut and all("past the total cap" in c for c in capped.cut)
     # the crashing thread still unwinds from what was kept
     assert next(iter(eu_stack(mini.with_name("capped")).values())) == next(iter(eu_stack(full).values()))
+
+
+def test_a_filesystem_refusing_copy_file_range_gives_the_same_mini_core(cores, tmp_path, monkeypatch):
+    """The pages go by copy_file_range where the kernel takes it; where it refuses (another filesystem, an old
+    kernel), by pread and pwrite, to the same bytes."""
+    full, mini, _ = cores["threads64"]
+    asked = []
+
+    def refused(*args):
+        asked.append(args)
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+    monkeypatch.setattr(minicore.os, "copy_file_range", refused)
+    minicore.write(full, tmp_path / "by-read")
+    assert len(asked) == 1  # refused once, not asked again for the other pages
+    assert (tmp_path / "by-read").read_bytes() == mini.read_bytes()
 
 
 def _note_sizes(core: Path) -> list[int]:
