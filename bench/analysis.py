@@ -13,6 +13,13 @@ change, nothing global). Per core and round, rounds interleaved:
                  and its share of ingest (mini / compress), which it adds to crash -> indexed.
 Medians and min-max over --rounds; the machine's load and page cache go into the table.
 
+Symbols from debuginfod (analysis/debuginfod.py), a second table: a stripped build of analysed.c whose debug
+file a real `debuginfod` serves on the loopback of a network namespace of its own (tests/support/
+debuginfod_server.py), crashed in segv; per round, cold (the cache emptied: the fetch, then the analysis
+reading the fetched file), warm (the file cached: the fetch finds it, the analysis reads it) and without
+symbols (no cache in the path), all with the analyser jailed as the daemon runs it; SYMBOLS_ROUNDS of these
+per round of the rest, their order turning.
+
     python -P bench/analysis.py [--rounds 3] [--big-mib 256,1024] [--out bench/results/analysis.md]
 """
 
@@ -20,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,9 +41,9 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 from common import machine, markdown_table, median  # noqa: E402
 
-from corehandler.analysis import minicore, unwind  # noqa: E402
+from corehandler.analysis import debuginfod, findings, minicore, unwind  # noqa: E402
 from corehandler.store import compress  # noqa: E402
-from support import realcore  # noqa: E402
+from support import debuginfod_server, realcore  # noqa: E402
 from support.crash import build_crasher  # noqa: E402
 
 
@@ -80,7 +89,61 @@ def spread(values: list[float], scale: float = 1000.0) -> str:
     return f"{median(values) * scale:.0f} ({min(values) * scale:.0f}-{max(values) * scale:.0f})"
 
 
+SYMBOLS_ROUNDS = 4  # per round of the rest: each of these takes a tenth of a second
+
+
+def symbols_inside(core: str, record: str, state: str, build_id: str, rounds: str) -> None:
+    """Run beside the server in its namespace: prints the seconds of each kind per round, as JSON."""
+    settings, cache = debuginfod.Settings(urls=(debuginfod_server.url(),)), debuginfod.cache_dir(Path(state))
+    limits = debuginfod.reading_cache(findings.Limits(), Path(state))
+    rec = json.loads(Path(record).read_text())
+    out: dict[str, list[float]] = {"cold": [], "cold fetch": [], "warm": [], "without symbols": []}
+
+    def symbolised() -> str | None:
+        result = unwind.analyse(Path(core), rec, limits)
+        return result["threads"][0]["frames"][0]["function"]
+    def cold() -> None:
+        shutil.rmtree(cache, ignore_errors=True)
+        started = time.monotonic()
+        fetched = debuginfod.fetch(settings, cache, [build_id]).fetched
+        out["cold fetch"].append(time.monotonic() - started)
+        assert fetched == [build_id] and symbolised() == "crash_segv", "cold: not symbolised"
+        out["cold"].append(time.monotonic() - started)
+
+    def warm() -> None:
+        started = time.monotonic()
+        assert not debuginfod.fetch(settings, cache, [build_id]).fetched and symbolised() == "crash_segv"
+        out["warm"].append(time.monotonic() - started)
+
+    def without() -> None:
+        out["without symbols"].append(timed(lambda: unwind.analyse(Path(core), rec, findings.Limits())))
+    for i in range(int(rounds)):  # warm after a cold one; which goes first turns round by round
+        for step in ((cold, warm, without), (without, cold, warm))[i % 2]:
+            step()
+    print(json.dumps(out))
+
+
+def symbols_table(tmp: Path, rounds: int) -> str:
+    disk, served, build_id = debuginfod_server.stripped_with_debug_file(tmp / "symbols")
+    c = realcore.crash(disk, tmp / "core.symbols", "segv")
+    record = tmp / "symbols.json"
+    record.write_text(json.dumps(realcore.record_for(c, "bench")))
+    (run,) = debuginfod_server.in_netns(served, build_id, [[sys.executable, "-P", __file__, "--symbols-inside",
+                                                            str(c.core), str(record), str(tmp / "state"), build_id,
+                                                            str(rounds * SYMBOLS_ROUNDS)]])
+    assert run["rc"] == 0, run["stderr"]
+    times = json.loads(run["stdout"])
+    rows = [[kind, spread(values), f"{median(values) / median(times['without symbols']):.2f}x"]
+            for kind, values in times.items()]
+    return markdown_table(["symbolisation (stripped segv, debug file "
+                           f"{(served / 'analysed.debug').stat().st_size // 1024} KiB)", "ms", "/ without symbols"],
+                          rows)
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--symbols-inside"]:
+        symbols_inside(*sys.argv[2:])
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--big-mib", default="256,1024")
@@ -108,6 +171,7 @@ def main() -> int:
                 order = ("compress", "ingest") if round_ % 2 == 0 else ("ingest", "compress")
                 for kind in order:
                     s[kind].append(timed(lambda: ingest(c.core, store, record if kind == "ingest" else None)))
+        symbols = symbols_table(tmp, args.rounds)
         after = state()
         rows = []
         for name, c in cores:
@@ -134,7 +198,10 @@ def main() -> int:
             f"= what it would add if run before compression instead of beside it; \"added\" = with / without - 1, "
             f"per round: what it does add. Single-round spreads this wide are the other jobs' disk and CPU use "
             f"(ingest fsyncs).\n\n"
-            + table + "\n")
+            + table + "\n"
+            f"Symbols from a local debuginfod (cold: cache emptied, fetch + analysis; warm: cached; \"cold fetch\": "
+            f"the fetch alone), median (min-max) of {args.rounds * SYMBOLS_ROUNDS} rounds, the order turning "
+            f"round by round:\n\n" + symbols + "\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(text)

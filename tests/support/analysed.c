@@ -7,7 +7,8 @@
  *   analysed thread     8 workers started and waiting, worker 5 crashes in worker_crash
  *   analysed recurse    recurse() 5000 deep, then a NULL write
  *   analysed assert     do_assert: assert() fails (SIGABRT)
- *   analysed threads N  N threads with small stacks, then main crashes (thousands of threads)
+ *   analysed threads N [MIB]  N threads with small stacks, then MIB MiB written (in the core), then main
+ *                       crashes (thousands of threads; a big core of many threads for bench/minicore.py)
  *
  * -DPAD adds code before the crash sites: the same source rebuilt, every offset moved.
  */
@@ -87,6 +88,13 @@ int main(int argc, char *argv[]) {
                 for (int i = 0; i < n; i++)
                         if (pthread_create(&t, &attr, idle, NULL) != 0)
                                 return 1;
+                if (argc > 3) {
+                        size_t len = strtoull(argv[3], NULL, 10) << 20;
+                        char *region = malloc(len);
+                        if (!region)
+                                return 1;
+                        memset(region, 0x5a, len);
+                }
                 usleep(200000);
                 crash_segv();
         }
