@@ -39,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from common import machine, markdown_table, median  # noqa: E402
+from common import machine, markdown_table, median, publish  # noqa: E402
 
 from corehandler.analysis import debuginfod, findings, minicore, unwind  # noqa: E402
 from corehandler.store import compress  # noqa: E402
@@ -202,9 +202,7 @@ def main() -> int:
             f"Symbols from a local debuginfod (cold: cache emptied, fetch + analysis; warm: cached; \"cold fetch\": "
             f"the fetch alone), median (min-max) of {args.rounds * SYMBOLS_ROUNDS} rounds, the order turning "
             f"round by round:\n\n" + symbols + "\n")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(text)
+    publish(args.out, text)
     return 0
 
 

@@ -25,7 +25,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from common import describe_cache, filesystem_of, machine, markdown_table, median, page_cache_state  # noqa: E402
+import common  # noqa: E402
+from common import describe_cache, machine, markdown_table, median, page_cache_state  # noqa: E402
 
 from corehandler.analysis import minicore  # noqa: E402
 from support import realcore  # noqa: E402
@@ -104,13 +105,11 @@ def main() -> int:
     text = (f"# Mini core: write time and size by thread count\n\n"
             f"`python -P bench/minicore.py --rounds {args.rounds} --mib {args.mib} --threads {args.threads}`, "
             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC.\n\n"
-            f"Machine: {machine()}; /var/tmp on {filesystem_of(Path('/var/tmp'))}.\n"
+            f"Machine: {machine()}; /var/tmp on {common.filesystem_of(Path('/var/tmp'))}.\n"
             f"Before: {describe_cache(before)}. After: {describe_cache(after)}.\n"
             f"Times: median (min-max) of {args.rounds} interleaved rounds; warm = the raw core in the page cache, "
             f"cold = dropped from it; \"of it fsync\" = the mini core's fsync within that time.\n\n" + table)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(text)
+    common.publish(args.out, text)
     return 0
 
 
