@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -111,6 +112,12 @@ class Resymboliser:
         self._fetch(settings, dump_id, wanted)
 
     def step(self, store, settings) -> None:
+        try:
+            self._step(store, settings)
+        except (sqlite3.Error, OSError) as e:  # the index busy or a disk error: the next turn tries again
+            log.error("Re-symbolising: %s", e)
+
+    def _step(self, store, settings) -> None:
         if self._fetcher is not None:
             self._ready.update(dict.fromkeys(self._fetcher.arrived()))
         while self._analyser is not None and not self._analyser.done.empty():
