@@ -3,73 +3,17 @@ identity files, the [upload] recipients setting."""
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
-import os
 
 import pytest
 from pyrage import x25519
 
 from corehandler.config import UploadConfig
-from corehandler.errors import EXIT_PERMISSION
-from corehandler.fleet import payload, seal
+from corehandler.fleet import seal
 
 
 def keys(n: int = 1) -> list:
     return [x25519.Identity.generate() for _ in range(n)]
-
-
-@pytest.mark.parametrize("size", [0, 1, 65536, 65537, (3 << 20) + 17])
-def test_the_encrypting_stream_decrypts_to_the_file_and_digests_what_it_gave(tmp_path, size):
-    ident, other = keys(2)
-    src = tmp_path / "core.zst"
-    src.write_bytes(os.urandom(size))
-    with seal.EncryptingReader(src, [ident.to_public(), other.to_public()]) as enc:
-        stream = payload.DigestingReader(enc, 5 << 20)
-        parts = []
-        while chunk := stream.read(1 << 20):
-            parts.append(chunk)
-    blob = b"".join(parts)
-    assert len(blob) <= seal.encrypted_size_bound(size)
-    d = stream.digester.result()
-    assert d.size == len(blob) and d.sha256 == hashlib.sha256(blob).hexdigest()
-    for key in (ident, other):
-        (tmp_path / "obj.age").write_bytes(blob)
-        out = io.BytesIO()
-        seal.decrypt_file(tmp_path / "obj.age", out, [key], what="obj")
-        assert out.getvalue() == src.read_bytes()
-
-
-def test_a_source_that_fails_mid_stream_fails_the_read_not_a_short_object(tmp_path):
-    src = tmp_path / "core"
-    src.write_bytes(os.urandom(1 << 20))
-    enc = seal.EncryptingReader(src, [keys()[0].to_public()])
-    enc._src.close()  # the store's file becomes unreadable under the encryption
-    with pytest.raises(OSError, match="encrypting the core failed"):
-        while enc.read(1 << 16):
-            pass
-    enc.close()
-
-
-def test_closing_early_stops_the_encryption(tmp_path):
-    src = tmp_path / "core"
-    src.write_bytes(os.urandom(8 << 20))
-    enc = seal.EncryptingReader(src, [keys()[0].to_public()])
-    enc.read(1000)
-    enc.close()  # a cancelled upload: the writer must not block forever on a full pipe
-    assert not enc._thread.is_alive()
-
-
-def test_the_wrong_identity_is_a_permission_error(tmp_path):
-    mine, theirs = keys(2)
-    src = tmp_path / "core"
-    src.write_bytes(b"x" * 1000)
-    with seal.EncryptingReader(src, [theirs.to_public()]) as enc:
-        (tmp_path / "obj").write_bytes(enc.read())
-    with pytest.raises(seal.IdentityError, match="cannot decrypt") as err:
-        seal.decrypt_file(tmp_path / "obj", io.BytesIO(), [mine], what="obj")
-    assert err.value.exit_code == EXIT_PERMISSION
 
 
 def sidecar() -> dict:
