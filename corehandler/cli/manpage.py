@@ -86,6 +86,8 @@ def _bold(text: str) -> str:
 
 def _option_tag(o: argtree.Option) -> str:
     flags = ", ".join(_bold(f) for f in o.flags)
+    if o.inline:
+        return f"{flags}[=\\fI{roff('|'.join(o.inline))}\\fR]"
     if not o.takes_value:
         return flags
     value = "{" + ",".join(o.choices) + "}" if o.choices and not o.name else o.name

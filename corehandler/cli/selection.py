@@ -36,8 +36,13 @@ TIME_HELP = ("@EPOCH, YYYY-MM-DD[ HH:MM[:SS]], now, today, yesterday, or a syste
              "(-2h, -7days, \"2 weeks ago\") or after it (+1h)")
 
 
+# How a MATCH word may start when it says its kind: what shell completion offers (cli/argtree.py reads it).
+MATCH_KEYS = tuple(f"{key}=" for key in (*match.KINDS, *match.JOURNAL_FIELDS, *ANALYSIS_FIELDS))
+
+
 def add_match_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("match", nargs="*", metavar="MATCH", help=MATCH_HELP)
+    words = p.add_argument("match", nargs="*", metavar="MATCH", help=MATCH_HELP)
+    words.completions = MATCH_KEYS
     p.add_argument("-S", "--since", metavar="TIME", help=f"dumps at or after TIME: {TIME_HELP}")
     p.add_argument("-U", "--until", metavar="TIME", help="dumps at or before TIME")
     p.add_argument("--signal", metavar="SIG", help="only dumps caused by this signal (number or name)")

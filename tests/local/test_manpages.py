@@ -1,11 +1,11 @@
 """The generated man pages and shell completion: every verb, option and setting documented from the same
 source as the code (the argparse tree, the config models, csplice's own tables), rendered by the real man(1)
-without warnings, installed where man finds them, and completed by the real bash."""
+without warnings, installed where man finds them with the shell completion (which tests/local/test_completion.py
+asks the real bash and zsh)."""
 
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -109,41 +109,6 @@ def test_install_docs_puts_them_where_man_finds_them(tmp_path):
     assert (share / "bash-completion" / "completions" / "corehandler").read_text() == \
         completion.bash(build_parser()[0])
     assert (share / "zsh" / "site-functions" / "_corehandler").read_text().startswith("#compdef corehandler\n")
-
-
-def complete(script: Path, *words: str) -> list[str]:
-    """What the real bash completes for `corehandler WORDS` (the last word being completed)."""
-    quoted = " ".join("'" + w.replace("'", "'\\''") + "'" for w in ("corehandler", *words))
-    program = (f"source {script}; COMP_WORDS=({quoted}); COMP_CWORD={len(words)}; _corehandler; "
-               "printf '%s\\n' \"${COMPREPLY[@]}\"")
-    out = subprocess.run(["bash", "--norc", "-c", program], capture_output=True, text=True, check=True).stdout
-    return sorted(line for line in out.splitlines() if line)
-
-
-def test_bash_completes_verbs_options_and_values(tmp_path):
-    script = tmp_path / "corehandler.bash"
-    script.write_text(completion.bash(build_parser()[0]))
-    assert set(complete(script, "")) >= {"list", "info", "dump", "debug", "gdb", "--json", "--no-pager"}
-    assert complete(script, "de") == ["debug"]
-    assert complete(script, "list", "--re") == ["--reverse"]
-    assert complete(script, "--no-pager", "gdb", "--deb") == ["--debugger", "--debugger-arguments"]
-    assert complete(script, "install", "--mode", "") == ["auto", "pipe", "socket"]
-    assert set(complete(script, "config", "")) >= {"check", "show"}
-    (tmp_path / "statedir").mkdir()
-    assert complete(script, "--state-dir", str(tmp_path / "state")) == [str(tmp_path / "statedir")]
-    assert complete(script, "list", "--since", "") == []  # a time: nothing to guess, and no option either
-
-
-@pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is in scripts/apt/test.txt")
-def test_zsh_completion_parses_and_names_every_verb():
-    script = completion.zsh(build_parser()[0])
-    got = subprocess.run(["zsh", "-n"], input=script, capture_output=True, text=True)
-    assert got.returncode == 0, got.stderr
-    _, verbs = argtree.tree(build_parser()[0])
-    for verb in verbs:
-        for name in (verb.name, *verb.aliases):
-            assert f"'{name}:" in script and re.search(rf"^\s+{re.escape('|'.join((verb.name, *verb.aliases)))}\)",
-                                                       script, re.MULTILINE), name
 
 
 def test_paths_in_files_section_are_the_real_ones():
