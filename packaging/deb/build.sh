@@ -2,9 +2,10 @@
 # Builds the corehandler Debian package from this source tree into OUTDIR (default: dist/deb):
 #   packaging/deb/build.sh [OUTDIR]
 # It builds in a copy under a temporary directory, since dpkg-buildpackage writes next to the source tree,
-# and needs network access to PyPI only (the private virtualenv's dependencies; see install-venv.sh).
+# and needs network access to PyPI only (the private virtualenv's dependencies, hash-checked against
+# packaging/lock/; see install-venv.sh).
 # Build dependencies: apt-get install --no-install-recommends debhelper dpkg-dev cmake gcc libsystemd-dev
-# pkg-config python3-pip python3.11-dev python3.11-venv (the list in debian/control).
+# pkg-config python3.11-dev python3.11-venv (the list in debian/control).
 set -eu
 
 src=$(cd "$(dirname "$0")/../.." && pwd)

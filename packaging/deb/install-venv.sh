@@ -7,7 +7,8 @@
 #                                    names, short and outside the virtualenv (the wheel built for the
 #                                    virtualenv carries no csplice, only that path: CMakeLists.txt)
 #   /usr/bin/corehandler             a wrapper running the CLI with that interpreter
-# Versions are pinned in packaging/deb/constraints.txt, so a rebuild gets the same dependencies.
+# The virtualenv gets exactly the Python packages of packaging/lock/, each checked against its hash
+# (packaging/lock/install.sh), so a rebuild ships what was tested.
 set -eu
 
 destdir=$1
@@ -17,11 +18,9 @@ python=/usr/bin/python3.11
 venv=$destdir$prefix
 
 rm -rf "$venv" "$destdir$libexec"
+# No pip in the package: the lock's installer drives the private interpreter from outside.
 "$python" -m venv --without-pip "$venv"
-# Debian's pip drives the private interpreter, so no pip lands in the package.
-"$python" -m pip --python "$venv/bin/python3" install --no-compile --no-cache-dir --disable-pip-version-check \
-    --no-warn-script-location --constraint packaging/deb/constraints.txt \
-    --config-settings=cmake.define.CSPLICE_LIBEXEC_DIR=$libexec .
+packaging/lock/install.sh --no-compile "$venv" --config-settings=cmake.define.CSPLICE_LIBEXEC_DIR=$libexec
 
 # csplice on its own, with dpkg's hardening flags from the environment (debian/rules exports them).
 cmake -S . -B build/csplice -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr \

@@ -1,14 +1,18 @@
 """scripts/setup's install is usable by every user: its venv (scripts/venv) is made from Debian's python3, so
-`corehandler` runs for a user who is not root (what such a user may then see in the store is the CLI's matter)."""
+`corehandler` runs for a user who is not root (what such a user may then see in the store is the CLI's matter).
+It holds exactly the Python packages of packaging/lock/runtime.txt, as the Debian package does."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
+
+from support.lockfile import LOCK, canonical, pins
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -34,3 +38,9 @@ def test_installed_cli_runs_as_nobody(prefix):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "usage: corehandler" in result.stdout
+    installed = json.loads(subprocess.run([str(prefix / "bin" / "pip"), "list", "--format=json"], check=True,
+                                          capture_output=True, text=True).stdout)
+    versions = {canonical(d["name"]): d["version"] for d in installed}
+    # Besides the lock: corehandler, and what ensurepip put there (pip, setuptools).
+    assert {n: v for n, v in versions.items() if n not in ("corehandler", "pip", "setuptools")} == \
+        pins(LOCK / "runtime.txt")
