@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 
 from corehandler.cli.common import load
 from corehandler.config import write_csplice_settings
@@ -25,7 +26,12 @@ log = logging.getLogger("corehandler.serve")
 
 
 def register(commands) -> None:
-    p = commands.add("serve", run_serve, help="run the daemon in the foreground: ingest, compress, index, retain")
+    daemon_options(commands.add("serve", run_serve,
+                                help="run the daemon in the foreground: ingest, compress, index, retain"))
+
+
+def daemon_options(p: argparse.ArgumentParser) -> None:
+    """The options of a verb that runs the daemon (serve, agent run)."""
     p.add_argument("--sweep-interval", type=float, default=30.0, metavar="SEC",
                    help="how often the spool is swept besides inotify (default 30)")
     p.add_argument("--debug", action="store_true", help="log debug messages too")
@@ -65,9 +71,18 @@ def _csplice_version() -> str | None:
 def run_serve(args: argparse.Namespace) -> int:
     # Until the daemon has its handler, a reload request (SIGHUP) must not kill us; the config is read below.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    log_to_stderr(args)
+    return serve(args, *load(args))  # an invalid config stops us here, with the message naming file and key
+
+
+def log_to_stderr(args: argparse.Namespace) -> None:
     logging.basicConfig(stream=sys.stderr, level=logging.DEBUG if args.debug else logging.INFO,
                         format="%(levelname)s: %(message)s")
-    config, paths = load(args)  # an invalid config stops us here, with the message naming file and key
+
+
+def serve(args: argparse.Namespace, config, paths, adjust: Callable = lambda config: config) -> int:
+    """The daemon on config and paths until it is asked to stop; adjust(config) is applied to every config read
+    again on reload too (the node agent's, host/agent.py)."""
 
     # Always there, even with uploads off: it owns the queue (off, it empties it) and a reload may turn it on.
     # Its own thread (started by on_start, once the daemon holds the state dir) and index connection: ingest
@@ -84,6 +99,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     def reload() -> Settings:
         new, new_paths = load(args)
+        new = adjust(new)
         settings = settings_from_config(new, new_paths, sweep_interval=args.sweep_interval)
         uploader.reconfigure(new.upload)
         current[:] = [new, new_paths]

@@ -171,8 +171,12 @@ def _live(paths: Paths) -> dict[str, str]:
 def install(config: Config, paths: Paths, *, csplice: Path | None = None, force: bool = False,
             start_daemon: Callable[[Paths], object] | None = None, write_sysctl_d: bool = True,
             mode: str | None = None, start_listener: Callable[[Paths, list[str]], object] | None = None,
-            stop_listener: Callable[[Paths], object] | None = None, measure_rates: bool = False) -> dict:
+            stop_listener: Callable[[Paths], object] | None = None, measure_rates: bool = False,
+            persistent: bool = True) -> dict:
     """Makes csplice the live and persistent core handler (see the module docstring); returns what it did.
+
+    persistent=False leaves the sysctl.d directory alone, neither written nor cleaned: the node agent's pod
+    (host/agent.py) must not write the host's /etc, and it installs again at every start.
 
     start_listener(paths, command) runs the socket listener (the CLI passes the supervisor); without it socket
     mode expects something else (systemd's corehandler-capture.socket) to listen on capture.socket_path.
@@ -221,9 +225,9 @@ def install(config: Config, paths: Paths, *, csplice: Path | None = None, force:
     # A package ships its own sysctl.d file (/usr/lib/sysctl.d), with the pipe pattern: in pipe mode it is the
     # whole truth (and a file of ours in /etc, left by an earlier socket-mode install, goes). Socket mode needs
     # ours, whose name in /etc overrides the package's, or the next boot gives pipe mode back.
-    persist = write_sysctl_d or mode_of(pattern) == "socket"
+    persist = persistent and (write_sysctl_d or mode_of(pattern) == "socket")
     sysctl_d = sysctl.write_sysctl_d(values, paths.sysctl_d) if persist else None
-    if not persist:
+    if persistent and not persist:
         sysctl.remove_sysctl_d(paths.sysctl_d)
     try:
         sysctl.write(sysctl.CORE_PIPE_LIMIT, pipe_limit, root)
@@ -284,8 +288,10 @@ def _int_or_zero(text: str) -> int:
 
 
 def uninstall(paths: Paths, *, stop_daemon: Callable[[Paths], object] | None = None,
-              socket_path: Path | None = None, stop_listener: Callable[[Paths], object] | None = None) -> dict:
-    """Restores the saved core_pattern and core_pipe_limit if ours is live, and removes the sysctl.d file."""
+              socket_path: Path | None = None, stop_listener: Callable[[Paths], object] | None = None,
+              persistent: bool = True) -> dict:
+    """Restores the saved core_pattern and core_pipe_limit if ours is live, and removes the sysctl.d file
+    (persistent=False: leaves it alone, as install's)."""
     require_root("uninstall")
     root = _sysctl_root(paths)
     previous = read_previous(paths)
@@ -296,7 +302,7 @@ def uninstall(paths: Paths, *, stop_daemon: Callable[[Paths], object] | None = N
         # The pattern first: once it is not ours, no new crash reaches csplice.
         sysctl.write(sysctl.CORE_PATTERN, restored[sysctl.CORE_PATTERN], root)
         sysctl.write(sysctl.CORE_PIPE_LIMIT, restored[sysctl.CORE_PIPE_LIMIT], root)
-    removed = sysctl.remove_sysctl_d(paths.sysctl_d)
+    removed = sysctl.remove_sysctl_d(paths.sysctl_d) if persistent else False
     # Restored, or someone else's handler is live now and must not be overwritten: the saved values are spent.
     _previous_path(paths).unlink(missing_ok=True)
     if stop_daemon is not None:

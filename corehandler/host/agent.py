@@ -1,0 +1,163 @@
+"""The node agent's life cycle in a privileged pod (`corehandler agent`, docs/kubernetes.md).
+
+The pod shares three host paths with the node, each mounted at the same path inside (so a path in core_pattern,
+csplice.conf or the index means the same on both sides): the state dir, the directory the kernel runs csplice
+from (AGENT_DIR), and /run/corehandler. Its /proc/sys is the host's: core_pattern is not namespaced.
+
+- install-csplice (the init container): copies the image's static csplice (the node's libc is not the image's)
+  into AGENT_DIR, atomically, root's and 0755, so that the main container can mount it read-only.
+- run (the main container): install.install in pipe mode with nothing persisted (no sysctl.d: a pod must not
+  write the host's /etc, and it installs again at every start), then `serve` in the foreground. A stop it was
+  asked for (SIGTERM, SIGINT) puts the host's previous handler back, unless keep_on_stop; a failure leaves the
+  pattern, so csplice keeps spooling into the host's state dir until the restarted agent ingests it (as after
+  SIGKILL or OOM, where nothing runs at all).
+- uninstall (a Job, a Helm hook): the previous handler back, the host's csplice copy removed.
+
+Pipe mode only: a socket listener would live in the pod, and the kernel drops dumps while it restarts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import stat
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from corehandler.atomicfile import write_atomic
+from corehandler.config import Config
+from corehandler.csplice_contract import csplice_version
+from corehandler.errors import HandlerConflictError, SystemFailure
+from corehandler.host import install, sysctl
+from corehandler.paths import Paths, libexec_dir
+
+log = logging.getLogger("corehandler.agent")
+
+# The hostPath the kernel runs csplice from (docs/kubernetes.md): read-only in the main container.
+AGENT_DIR = Path("/var/lib/corehandler-agent/libexec")
+# The image's csplice for the host, linked statically (packaging/kubernetes/image/build.sh puts it here).
+STATIC_CSPLICE = "csplice-static"
+FORCE_ENV = "COREHANDLER_AGENT_FORCE"
+KEEP_ON_STOP_ENV = "COREHANDLER_AGENT_KEEP_ON_STOP"
+# The Kubernetes node's name (the DaemonSet sets it from spec.nodeName): the host's name in the bucket.
+NODE_NAME_ENV = "NODE_NAME"
+JOURNAL_SOCKET = Path("/run/systemd/journal/socket")
+
+
+def static_csplice() -> Path:
+    return libexec_dir() / STATIC_CSPLICE
+
+
+def env_flag(name: str, env: Mapping[str, str] = os.environ) -> bool:
+    return env.get(name, "").strip().lower() in ("1", "true", "yes")
+
+
+def node_config(config: Config, env: Mapping[str, str] = os.environ, journal_socket: Path = JOURNAL_SOCKET) -> Config:
+    """The config as the agent runs it: the node's name in the bucket unless upload.host names one, and no
+    journald entries where the host's journal socket is not mounted into the pod (the log on stderr has a
+    line per dump)."""
+    node = env.get(NODE_NAME_ENV, "").strip()
+    if node and not config.upload.host:
+        config = config.model_copy(update={"upload": config.upload.model_copy(update={"host": node})})
+    if config.journal.enabled and not journal_socket.exists():
+        config = config.model_copy(update={"journal": config.journal.model_copy(update={"enabled": False})})
+    return config
+
+
+def install_csplice(directory: Path, source: Path | None = None) -> dict:
+    """Puts a copy of source (default: the image's static csplice) at directory/csplice: root's, 0755, the
+    directory root's and 0755, the whole path writable by root alone. The copy replaces the file by rename,
+    so a csplice the kernel runs at that moment keeps its own; the same bytes already there are left as they
+    are."""
+    source = source or static_csplice()
+    try:
+        data = source.read_bytes()
+    except OSError as e:
+        raise SystemFailure(f"cannot read the csplice to install, {source}: {e.strerror}") from None
+    target = directory / "csplice"
+    try:
+        directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+        os.chown(directory, install.ROOT_UID, install.ROOT_UID)
+        os.chmod(directory, 0o755)
+        unchanged = _same_file(target, data)
+        if not unchanged:
+            write_atomic(target, data, 0o755)
+    except OSError as e:
+        raise SystemFailure(f"cannot install csplice in {directory}: {e.strerror}") from None
+    real = install.check_handler_path(target)
+    return {"csplice": str(real), "version": csplice_version(real), "source": str(source), "unchanged": unchanged}
+
+
+def _same_file(target: Path, data: bytes) -> bool:
+    try:
+        st = os.lstat(target)
+        return (stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o755 and st.st_uid == install.ROOT_UID
+                and target.read_bytes() == data)
+    except FileNotFoundError:
+        return False
+
+
+def start(config: Config, paths: Paths, csplice: Path, *, force: bool = False) -> dict:
+    """csplice (AGENT_DIR's) into core_pattern, live only; the previous values saved unless they are ours.
+    Refuses another handler, corehandler installed on the host itself included, unless forced."""
+    program = install.check_handler_path(csplice)
+    current = sysctl.read(sysctl.CORE_PATTERN, paths.proc_root / "sys")
+    other = install.handler_program(current)
+    # Any csplice is "ours" to install: a node's own corehandler (its package, scripts/setup) is not this
+    # agent's, and the agent's stop would hand the node a handler the node did not choose.
+    if install.is_ours(current) and other != str(program) and not force:
+        raise HandlerConflictError(f"corehandler is installed on this node itself ({other} in core_pattern): "
+                                   f"remove it there, or run the agent with --force ({FORCE_ENV}=1)")
+    if config.kernel.mode != "pipe":
+        log.warning("[kernel] mode = %s is ignored: the agent installs pipe mode, which needs no process of the "
+                    "pod to capture", config.kernel.mode)
+    return install.install(config, paths, csplice=program, force=force, mode="pipe", write_sysctl_d=False,
+                           persistent=False)
+
+
+def stop(paths: Paths, csplice: Path) -> dict:
+    """The previous handler back, if core_pattern still runs this csplice (the node's own corehandler, or
+    whatever an admin installed since, is left alone)."""
+    current = sysctl.read(sysctl.CORE_PATTERN, paths.proc_root / "sys")
+    if install.handler_program(current) != str(csplice):
+        return {"was_installed": False, "restored": None, "left_alone": current}
+    return install.uninstall(paths, persistent=False)
+
+
+def remove_csplice(directory: Path) -> bool:
+    try:
+        (directory / "csplice").unlink()
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        raise SystemFailure(f"cannot remove {directory / 'csplice'}: {e.strerror}") from None
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    csplice: Path
+    force: bool = False
+    keep_on_stop: bool = False
+
+
+def run(config: Config, paths: Paths, options: Options, serve: Callable[[], int]) -> int:
+    """start, then serve() (the daemon in the foreground, 0 once a stop was asked for); then the previous handler
+    back unless keep_on_stop. serve() raising leaves csplice in core_pattern: capture goes on without us."""
+    done = start(config, paths, options.csplice, force=options.force)
+    replaced = f"; replaced {done['replaced']!r}" if done["replaced"] is not None else ""
+    log.info("Installed: core_pattern = %s, core_pipe_limit = %s%s", done["core_pattern"], done["core_pipe_limit"],
+             replaced)
+    code = serve()
+    if code != 0 or options.keep_on_stop:
+        log.info("Leaving core_pattern to csplice, which keeps capturing into %s", paths.spool_dir)
+        return code
+    put_back = stop(paths, options.csplice)
+    if put_back["restored"] is not None:
+        log.info("Put back core_pattern = %s, core_pipe_limit = %s (from %s)",
+                 put_back["restored"][sysctl.CORE_PATTERN], put_back["restored"][sysctl.CORE_PIPE_LIMIT],
+                 put_back["restored_from"])
+    else:
+        log.warning("core_pattern no longer runs %s (it is %r): left alone", options.csplice, put_back["left_alone"])
+    return code
