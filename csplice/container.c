@@ -396,18 +396,32 @@ static void parse_config(Container *c, const char *p, const char *end) {
 
 /* ---- */
 
+/* The i-th bundle directory of store for id, under the tests' CSPLICE_BUNDLE_ROOT; false past the last. */
+static bool store_dir(Store store, size_t i, const char id[65], char dir[static PATH_MAX - 64]) {
+        const char *root = getenv("CSPLICE_BUNDLE_ROOT") ?: ""; /* tests only: the kernel passes no environment */
+        char rel[256];
+
+        if (i >= ELEMENTSOF(store_dirs[store]) || !store_dirs[store][i])
+                return false;
+        (void) snprintf(rel, sizeof rel, store_dirs[store][i], id);
+        (void) snprintf(dir, PATH_MAX - 64, "%s%s", root, rel);
+        return true;
+}
+
+/* The init's PID file and config.json are looked for in each of the store's directories on their own: Podman
+ * writes conmon's PID file into its run dir (/run/containers/...) and the bundle into its static dir
+ * (/var/lib/containers/...), where CRI-O and the containerd shims keep both in one. */
 static bool try_bundle(Container *c, const char *proc_root, const Form *f, const char id[65], const char *mnt_ns,
                        const char *pid_ns) {
-        const char *root = getenv("CSPLICE_BUNDLE_ROOT") ?: ""; /* tests only: the kernel passes no environment */
+        char dir[PATH_MAX - 64], path[PATH_MAX], init[16], *config = NULL;
+        bool found = false;
+        size_t len;
 
-        for (size_t i = 0; i < ELEMENTSOF(store_dirs[f->store]) && store_dirs[f->store][i]; i++) {
-                char rel[256], dir[PATH_MAX - 64], path[PATH_MAX], init[16], *config = NULL;
-                size_t len;
-
-                (void) snprintf(rel, sizeof rel, store_dirs[f->store][i], id);
-                (void) snprintf(dir, sizeof dir, "%s%s", root, rel);
-                if (bundle_init_pid(dir, init) < 0 || !shares_namespaces(proc_root, init, mnt_ns, pid_ns))
-                        continue;
+        for (size_t i = 0; !found && store_dir(f->store, i, id, dir); i++)
+                found = bundle_init_pid(dir, init) >= 0;
+        if (!found || !shares_namespaces(proc_root, init, mnt_ns, pid_ns))
+                return false;
+        for (size_t i = 0; store_dir(f->store, i, id, dir); i++) {
                 (void) snprintf(path, sizeof path, "%s/config.json", dir);
                 if (read_bounded_at(AT_FDCWD, path, BUNDLE_CONFIG_MAX, &config, &len) < 0)
                         continue;

@@ -16,24 +16,24 @@ def register(commands) -> None:
     parser = commands.add("agent", None, help="run as a Kubernetes node agent in a privileged pod (needs root)")
     verbs = parser.add_subparsers(dest="agent_command", metavar="install-csplice|run|uninstall", required=True)
     common = [commands.common()]
-    dir_help = f"the host directory the kernel runs csplice from (default {agent.AGENT_DIR})"
+    dir_help = f"the host directory the kernel runs csplice from (default {agent.LIBEXEC_DIR})"
     p = verbs.add_parser("install-csplice", parents=common, help="copy the image's static csplice into the host "
                          "directory the kernel runs it from (the init container)")
-    p.add_argument("--dir", type=Path, default=agent.AGENT_DIR, help=dir_help)
+    p.add_argument("--dir", type=Path, default=agent.LIBEXEC_DIR, help=dir_help)
     p.add_argument("--csplice", type=Path, metavar="PATH",
                    help=f"the csplice to copy (default: {agent.STATIC_CSPLICE} beside this package's csplice)")
     p.set_defaults(handler=run_install_csplice)
     p = verbs.add_parser("run", parents=common, help="make that csplice the host's core handler and run the "
                          "daemon in the foreground; a stop puts the previous handler back")
-    p.add_argument("--dir", type=Path, default=agent.AGENT_DIR, help=dir_help)
-    p.add_argument("--force", action="store_true", help=f"replace another core handler (also {agent.FORCE_ENV}=1)")
+    p.add_argument("--dir", type=Path, default=agent.LIBEXEC_DIR, help=dir_help)
+    p.add_argument("--force", action="store_true", help=f"replace another core handler (also {agent.ENV_FORCE}=1)")
     p.add_argument("--keep-on-stop", action="store_true", help="leave csplice in core_pattern when stopped, so "
-                   f"capture goes on across a rolling update (also {agent.KEEP_ON_STOP_ENV}=1)")
+                   f"capture goes on across a rolling update (also {agent.ENV_KEEP_ON_STOP}=1)")
     serve.daemon_options(p)
     p.set_defaults(handler=run_agent)
     p = verbs.add_parser("uninstall", parents=common, help="put the host's previous core handler back and remove "
                          "the host's csplice copy")
-    p.add_argument("--dir", type=Path, default=agent.AGENT_DIR, help=dir_help)
+    p.add_argument("--dir", type=Path, default=agent.LIBEXEC_DIR, help=dir_help)
     p.set_defaults(handler=run_uninstall)
 
 
@@ -50,8 +50,8 @@ def run_agent(args: argparse.Namespace) -> int:
     config, paths = load(args)
     config = agent.node_config(config)
     options = agent.Options(csplice=args.dir.absolute() / "csplice",
-                            force=args.force or agent.env_flag(agent.FORCE_ENV),
-                            keep_on_stop=args.keep_on_stop or agent.env_flag(agent.KEEP_ON_STOP_ENV))
+                            force=args.force or agent.env_flag(agent.ENV_FORCE),
+                            keep_on_stop=args.keep_on_stop or agent.env_flag(agent.ENV_KEEP_ON_STOP))
     return agent.run(config, paths, options, lambda: serve.serve(args, config, paths, adjust=agent.node_config))
 
 

@@ -2,10 +2,10 @@
 
 The pod shares three host paths with the node, each mounted at the same path inside (so a path in core_pattern,
 csplice.conf or the index means the same on both sides): the state dir, the directory the kernel runs csplice
-from (AGENT_DIR), and /run/corehandler. Its /proc/sys is the host's: core_pattern is not namespaced.
+from (LIBEXEC_DIR), and /run/corehandler. Its /proc/sys is the host's: core_pattern is not namespaced.
 
 - install-csplice (the init container): copies the image's static csplice (the node's libc is not the image's)
-  into AGENT_DIR, atomically, root's and 0755, so that the main container can mount it read-only.
+  into LIBEXEC_DIR, atomically, root's and 0755, so that the main container can mount it read-only.
 - run (the main container): install.install in pipe mode with nothing persisted (no sysctl.d: a pod must not
   write the host's /etc, and it installs again at every start), then `serve` in the foreground. A stop it was
   asked for (SIGTERM, SIGINT) puts the host's previous handler back, unless keep_on_stop; a failure leaves the
@@ -35,13 +35,16 @@ from corehandler.paths import Paths, libexec_dir
 log = logging.getLogger("corehandler.agent")
 
 # The hostPath the kernel runs csplice from (docs/kubernetes.md): read-only in the main container.
-AGENT_DIR = Path("/var/lib/corehandler-agent/libexec")
+LIBEXEC_DIR = Path("/var/lib/corehandler-agent/libexec")
+# The other host paths of the pod, each mounted at the same path (the state dir: paths.DEFAULT_STATE_DIR).
+RUN_DIR = Paths().run_dir
+CONFIG_FILE = Paths().config_file  # the ConfigMap's, read-only
 # The image's csplice for the host, linked statically (packaging/kubernetes/image/build.sh puts it here).
 STATIC_CSPLICE = "csplice-static"
-FORCE_ENV = "COREHANDLER_AGENT_FORCE"
-KEEP_ON_STOP_ENV = "COREHANDLER_AGENT_KEEP_ON_STOP"
+ENV_FORCE = "COREHANDLER_AGENT_FORCE"
+ENV_KEEP_ON_STOP = "COREHANDLER_AGENT_KEEP_ON_STOP"
 # The Kubernetes node's name (the DaemonSet sets it from spec.nodeName): the host's name in the bucket.
-NODE_NAME_ENV = "NODE_NAME"
+ENV_NODE_NAME = "NODE_NAME"
 JOURNAL_SOCKET = Path("/run/systemd/journal/socket")
 
 
@@ -57,7 +60,7 @@ def node_config(config: Config, env: Mapping[str, str] = os.environ, journal_soc
     """The config as the agent runs it: the node's name in the bucket unless upload.host names one, and no
     journald entries where the host's journal socket is not mounted into the pod (the log on stderr has a
     line per dump)."""
-    node = env.get(NODE_NAME_ENV, "").strip()
+    node = env.get(ENV_NODE_NAME, "").strip()
     if node and not config.upload.host:
         config = config.model_copy(update={"upload": config.upload.model_copy(update={"host": node})})
     if config.journal.enabled and not journal_socket.exists():
@@ -99,7 +102,7 @@ def _same_file(target: Path, data: bytes) -> bool:
 
 
 def start(config: Config, paths: Paths, csplice: Path, *, force: bool = False) -> dict:
-    """csplice (AGENT_DIR's) into core_pattern, live only; the previous values saved unless they are ours.
+    """csplice (LIBEXEC_DIR's) into core_pattern, live only; the previous values saved unless they are ours.
     Refuses another handler, corehandler installed on the host itself included, unless forced."""
     program = install.check_handler_path(csplice)
     current = sysctl.read(sysctl.CORE_PATTERN, paths.proc_root / "sys")
@@ -108,7 +111,7 @@ def start(config: Config, paths: Paths, csplice: Path, *, force: bool = False) -
     # agent's, and the agent's stop would hand the node a handler the node did not choose.
     if install.is_ours(current) and other != str(program) and not force:
         raise HandlerConflictError(f"corehandler is installed on this node itself ({other} in core_pattern): "
-                                   f"remove it there, or run the agent with --force ({FORCE_ENV}=1)")
+                                   f"remove it there, or run the agent with --force ({ENV_FORCE}=1)")
     if config.kernel.mode != "pipe":
         log.warning("[kernel] mode = %s is ignored: the agent installs pipe mode, which needs no process of the "
                     "pod to capture", config.kernel.mode)

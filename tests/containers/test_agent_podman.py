@@ -16,7 +16,6 @@ import signal
 import socket
 import stat
 import subprocess
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -39,6 +38,8 @@ OURS = f"|{CSPLICE} {SPECIFIERS}"
 BEFORE = {"core_pattern": "core.cht-agent-before", "core_pipe_limit": "3"}
 FOREIGN = "|/bin/false cht-agent-foreign %p"
 NODE = "cht-node-1"
+PYTHON = "/usr/lib/corehandler/bin/python3"
+FETCH = "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:9577/metrics').read().decode())"
 BIG_MIB = 192
 
 
@@ -50,21 +51,14 @@ def set_sysctl(name: str, value: str) -> None:
     Path("/proc/sys/kernel", name).write_text(value + "\n")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Node:
     """This host as a Kubernetes node running the agent's pod."""
 
     def __init__(self, image: str, work: Path):
         self.image, self.work = image, work
-        self.port = free_port()
         self.config = work / "corehandler.toml"
-        self.config.write_text(f'[metrics]\nlisten = "127.0.0.1"\nport = {self.port}\n'
-                               '[capture]\nmin_free = "0"\nmax_per_exe_per_minute = 0\n')
+        # As the ConfigMap: metrics on every address of the pod's own network namespace.
+        self.config.write_text('[metrics]\nlisten = "0.0.0.0"\n[capture]\nmin_free = "0"\nmax_per_exe_per_minute = 0\n')
         self.crasher = build_crasher(work / "bin", static=True)
         self.containers: list[str] = []
         self.serial = 0
@@ -80,12 +74,15 @@ class Node:
                 "-v", f"{self.config}:/etc/corehandler/corehandler.toml:ro"]
 
     def install_csplice(self) -> subprocess.CompletedProcess:
-        """The init container."""
-        return podman.podman("run", "--rm", "--privileged", "--network", "none", "-v", f"{LIBEXEC}:{LIBEXEC}",
-                             self.image, "agent", "install-csplice", "--dir", str(LIBEXEC))
+        """The init container, with the DaemonSet's securityContext: not privileged, a read-only root, only the
+        capabilities to own and replace the host's copy."""
+        return podman.podman("run", "--rm", "--read-only", "--cap-drop", "all", "--cap-add",
+                             "CHOWN,DAC_OVERRIDE,FOWNER", "--security-opt", "no-new-privileges", "--network", "none",
+                             "-v", f"{LIBEXEC}:{LIBEXEC}", self.image, "agent", "install-csplice", "--dir", str(LIBEXEC))
 
     def agent_args(self, env: dict[str, str]) -> list[str]:
-        return ["--privileged", "--network", "host", *self.mounts(), "-e", f"NODE_NAME={NODE}",
+        # No host network (the DaemonSet's pod has its own): the metrics are read from inside, as the probe does.
+        return ["--privileged", "--network", "none", *self.mounts(), "-e", f"NODE_NAME={NODE}",
                 *(a for k, v in env.items() for a in ("-e", f"{k}={v}")), self.image, "agent", "run"]
 
     def start_agent(self, **env: str) -> str:
@@ -98,14 +95,12 @@ class Node:
     def ready(self, name: str) -> bool:
         if not podman.inspect(name)["State"]["Running"]:
             raise AssertionError(f"the agent exited:\n{podman.podman('logs', name, check=False).stderr}")
-        try:
-            return bool(self.metrics())
-        except OSError:
-            return False
+        return self.metrics(name, check=False) is not None
 
-    def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as response:
-            return response.read().decode()
+    def metrics(self, name: str, check: bool = True) -> str | None:
+        """GET /metrics on port 9577 (the readiness probe's httpGet), from inside the pod."""
+        got = podman.podman("exec", name, PYTHON, "-c", FETCH, check=check)
+        return got.stdout if got.returncode == 0 else None
 
     def dumps(self, agent: str) -> list[dict]:
         return json.loads(podman.podman("exec", agent, "corehandler", "--json=short", "list").stdout or "[]")
@@ -186,7 +181,7 @@ def test_crashes_on_the_host_and_in_a_container_are_captured_attributed_and_a_st
     found = victim_info["record"]["proc"]["container"]
     assert (found["id"], found["runtime"]) == (container_id, "podman"), found
     assert host_info["record"]["hostname"] == socket.gethostname()
-    metrics = node.metrics()
+    metrics = node.metrics(agent)
     assert 'corehandler_dumps_total{' in metrics
     counted = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
                   if line.startswith("corehandler_dumps_total{") and 'outcome="complete"' in line)

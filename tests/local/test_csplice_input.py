@@ -183,7 +183,7 @@ def set_ns(proc_root: Path, pid: int, mnt: str, pidns: str) -> None:
 
 def fake_container(tmp_path: Path, cgroup: str, *, mnt: str = CTR_MNT, pidns: str = CTR_PID,
                    bundle: str = f"run/containerd/io.containerd.runtime.v2.task/k8s.io/{CID}", pidfile="init.pid",
-                   config: str | None = None) -> tuple[Path, Path]:
+                   config: str | None = None, config_dir: str | None = None) -> tuple[Path, Path]:
     """A /proc with the crashed PID 4242 in `cgroup` with namespaces (mnt, pidns), the host's PID 1, and a
     container whose init (PID 77) runs in CTR_MNT/CTR_PID, its bundle (init pid, config.json with a secret in
     process.env) under <tmp>/run. Returns (proc root, bundle root)."""
@@ -195,6 +195,9 @@ def fake_container(tmp_path: Path, cgroup: str, *, mnt: str = CTR_MNT, pidns: st
     d = tmp_path / "run" / bundle
     d.mkdir(parents=True)
     (d / pidfile).write_text("77")
+    if config_dir is not None:
+        d = tmp_path / "run" / config_dir
+        d.mkdir(parents=True)
     (d / "config.json").write_text(config if config is not None else json.dumps(
         {"ociVersion": "1.1.0", "process": {"env": ["PATH=/bin", SECRET], "args": ["/app"]},
          "annotations": {**ANNOTATIONS, "kubectl.kubernetes.io/last-applied-configuration": SECRET},
@@ -240,6 +243,16 @@ def test_a_container_is_named_by_its_bundles_annotations_and_nothing_else(handle
 def test_each_runtimes_own_cgroup_form_finds_its_bundle(handler, tmp_path, cgroup, bundle, pidfile):
     proc = crash_in(handler, *fake_container(tmp_path, cgroup, bundle=bundle, pidfile=pidfile))
     assert proc["container"]["id"] == CID and proc["container"]["annotations"] == ANNOTATIONS
+
+
+def test_podmans_pid_file_and_bundle_are_found_in_its_run_and_static_dirs(handler, tmp_path):
+    """Podman 4 (Debian 12's, tests/containers/) writes conmon's PID file into its run dir and config.json into
+    its static dir: each is looked for on its own."""
+    proc = crash_in(handler, *fake_container(
+        tmp_path, f"12:memory:/libpod_parent/libpod-{CID}\n0::/\n", pidfile="pidfile",
+        bundle=f"run/containers/storage/overlay-containers/{CID}/userdata",
+        config_dir=f"var/lib/containers/storage/overlay-containers/{CID}/userdata"))
+    assert proc["container"] == {"id": CID, "runtime": "podman", "annotations": ANNOTATIONS}
 
 
 @pytest.mark.parametrize("cgroup, ns", [
