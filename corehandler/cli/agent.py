@@ -26,7 +26,8 @@ def register(commands) -> None:
     p = verbs.add_parser("run", parents=common, help="make that csplice the host's core handler and run the "
                          "daemon in the foreground; a stop puts the previous handler back")
     p.add_argument("--dir", type=Path, default=agent.LIBEXEC_DIR, help=dir_help)
-    p.add_argument("--force", action="store_true", help=f"replace another core handler (also {agent.ENV_FORCE}=1)")
+    p.add_argument("--force", action="store_true",
+                   help=f"replace another core handler (also {agent.ENV_FORCE}=1)")
     p.add_argument("--keep-on-stop", action="store_true", help="leave csplice in core_pattern when stopped, so "
                    f"capture goes on across a rolling update (also {agent.ENV_KEEP_ON_STOP}=1)")
     serve.daemon_options(p)
@@ -56,7 +57,7 @@ def run_agent(args: argparse.Namespace) -> int:
 
 
 def run_uninstall(args: argparse.Namespace) -> int:
-    config, paths = load(args)
+    _, paths = load(args)
     directory = args.dir.absolute()
     done = agent.stop(paths, directory / "csplice")
     done["csplice_removed"] = agent.remove_csplice(directory)

@@ -107,11 +107,14 @@ def start(config: Config, paths: Paths, csplice: Path, *, force: bool = False) -
     program = install.check_handler_path(csplice)
     current = sysctl.read(sysctl.CORE_PATTERN, paths.proc_root / "sys")
     other = install.handler_program(current)
-    # Any csplice is "ours" to install: a node's own corehandler (its package, scripts/setup) is not this
-    # agent's, and the agent's stop would hand the node a handler the node did not choose.
-    if install.is_ours(current) and other != str(program) and not force:
-        raise HandlerConflictError(f"corehandler is installed on this node itself ({other} in core_pattern): "
-                                   f"remove it there, or run the agent with --force ({ENV_FORCE}=1)")
+    if other is not None and other != str(program) and not force:
+        # Any csplice is "ours" to `install`: a node's own corehandler (its package, scripts/setup) is not this
+        # agent's, and the agent's stop would hand the node a handler the node did not choose.
+        if install.is_ours(current):
+            raise HandlerConflictError(f"corehandler is installed on this node itself ({other} in core_pattern): "
+                                       f"remove it there, or run the agent with --force ({ENV_FORCE}=1)")
+        raise HandlerConflictError(f"another core handler is installed ({other}): the agent replaces it with "
+                                   f"--force ({ENV_FORCE}=1), and puts it back when stopped")
     if config.kernel.mode != "pipe":
         log.warning("[kernel] mode = %s is ignored: the agent installs pipe mode, which needs no process of the "
                     "pod to capture", config.kernel.mode)

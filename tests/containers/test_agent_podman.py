@@ -39,7 +39,8 @@ BEFORE = {"core_pattern": "core.cht-agent-before", "core_pipe_limit": "3"}
 FOREIGN = "|/bin/false cht-agent-foreign %p"
 NODE = "cht-node-1"
 PYTHON = "/usr/lib/corehandler/bin/python3"
-FETCH = "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:9577/metrics').read().decode())"
+FETCH = ("import sys, urllib.request; "
+         "sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:9577/metrics').read().decode())")
 BIG_MIB = 192
 
 
@@ -103,7 +104,9 @@ class Node:
         return got.stdout if got.returncode == 0 else None
 
     def dumps(self, agent: str) -> list[dict]:
-        return json.loads(podman.podman("exec", agent, "corehandler", "--json=short", "list").stdout or "[]")
+        """`corehandler list` in the pod; [] until there is an index with dumps (exit 1: nothing matched)."""
+        got = podman.podman("exec", agent, "corehandler", "--json=short", "list", check=False)
+        return json.loads(got.stdout) if got.returncode == 0 and got.stdout.strip() else []
 
     def info(self, agent: str, dump_id: str) -> dict:
         (found,) = json.loads(podman.podman("exec", agent, "corehandler", "--json=short", "info", dump_id).stdout)
@@ -213,8 +216,9 @@ def test_another_handler_is_refused_unless_forced(node):
     set_sysctl("core_pattern", FOREIGN)
     refused = podman.podman("run", "--rm", *node.agent_args({}), check=False)
     assert refused.returncode == EXIT_CONFLICT, refused
-    assert refused.stderr.strip().splitlines()[-1].startswith(
-        "corehandler: another core handler is installed (/bin/false)"), refused.stderr
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "corehandler: another core handler is installed (/bin/false): the agent replaces it with --force "
+        "(COREHANDLER_AGENT_FORCE=1), and puts it back when stopped"), refused.stderr
     assert sysctl("core_pattern") == FOREIGN
     agent = node.start_agent(COREHANDLER_AGENT_FORCE="1")
     assert sysctl("core_pattern").startswith(OURS)
