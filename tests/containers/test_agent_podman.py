@@ -79,7 +79,8 @@ class Node:
         capabilities to own and replace the host's copy."""
         return podman.podman("run", "--rm", "--read-only", "--cap-drop", "all", "--cap-add",
                              "CHOWN,DAC_OVERRIDE,FOWNER", "--security-opt", "no-new-privileges", "--network", "none",
-                             "-v", f"{LIBEXEC}:{LIBEXEC}", self.image, "agent", "install-csplice", "--dir", str(LIBEXEC))
+                             "-v", f"{LIBEXEC}:{LIBEXEC}", self.image, "agent", "install-csplice",
+                             "--dir", str(LIBEXEC))
 
     def agent_args(self, env: dict[str, str]) -> list[str]:
         # No host network (the DaemonSet's pod has its own): the metrics are read from inside, as the probe does.
