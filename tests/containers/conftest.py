@@ -1,5 +1,5 @@
-"""The containers tier: the node agent's image, built once per session (build.sh through mmdebstrap) and
-removed at its end."""
+"""The containers tier: the node agent's image, built once per session (build.sh through mmdebstrap; from the
+.deb COREHANDLER_IMAGE_DEB names, if set, instead of building one) and removed at its end."""
 
 from __future__ import annotations
 

@@ -132,9 +132,9 @@ class Node:
         """(container id, name) of a container whose process crashed (another image's container, here the same
         image with the static crasher mounted)."""
         name = self.name("victim")
-        podman.podman("run", "--name", name, "--network", "none", "--ulimit", "core=-1:-1",
+        podman.podman("run", "--name", name, "--network", "none", "--ulimit", "host",
                       "-v", f"{self.crasher.parent}:/t:ro", "--entrypoint", "/bin/sh", self.image,
-                      "-c", f"/t/{self.crasher.name} segv 1; exit 0")
+                      "-c", f"/t/{self.crasher.name} segv 1; exit 0", dumps=True)
         return podman.inspect(name)["Id"], name
 
 

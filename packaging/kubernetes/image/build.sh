@@ -74,24 +74,31 @@ fi
 
 echo "build.sh: building the root filesystem (Debian $suite)" >&2
 cp "$deb" "$work/corehandler.deb"
-# The cache's packages go in before apt runs and come back out after, as mmdebstrap(1) shows; documentation,
-# man pages and translations stay out of the image (copyright files stay).
-mmdebstrap --mode=root --variant=apt --include="$packages,$work/corehandler.deb" \
+# The cache's packages go in before apt runs and come back out after, as mmdebstrap(1) shows; the .deb is put
+# at its own path inside for dpkg (file-mirror-automount); documentation, man pages and translations stay out
+# of the image (copyright files stay).
+mmdebstrap --mode=root --variant=apt --include="$packages" --include="$work/corehandler.deb" --verbose \
     --aptopt='Acquire::Languages "none"' \
     --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*' \
     --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
     --dpkgopt='path-exclude=/usr/share/locale/*' \
-    --skip=download/empty --skip=essential/unlink \
+    --hook-dir=/usr/share/mmdebstrap/hooks/file-mirror-automount --skip=essential/unlink \
     --setup-hook='mkdir -p "$1"/var/cache/apt/archives/' \
     --setup-hook="sync-in '$cache/debs' /var/cache/apt/archives/" \
     --customize-hook='rm -rf "$1"/var/cache/apt/archives/partial' \
     --customize-hook="sync-out /var/cache/apt/archives '$cache/debs'" \
     --customize-hook="upload '$static' /usr/libexec/corehandler/csplice-static" \
     --customize-hook='chmod 0755 "$1"/usr/libexec/corehandler/csplice-static' \
-    --customize-hook='rm -f "$1"/var/cache/apt/archives/*.deb "$1"/var/lib/apt/lists/*_Packages*' \
+    --customize-hook=': > "$1"/etc/resolv.conf; echo corehandler > "$1"/etc/hostname' \
     "$suite" "$work/rootfs.tar" \
     "deb $mirror $suite main" "deb $mirror $suite-updates main" "deb $security $suite-security main" \
     2>"$work/mmdebstrap.log" || { tail -n 40 "$work/mmdebstrap.log" >&2; exit 1; }
+
+# The package's postinst must have seen a chroot, or it took the build host's core_pattern.
+if ! grep -q "corehandler: in a chroot: the kernel's core_pattern was not changed" "$work/mmdebstrap.log"; then
+    echo "build.sh: the package's postinst did not see a chroot: check this host's kernel.core_pattern" >&2
+    exit 1
+fi
 
 archive=$out/corehandler-$version.oci.tar
 sizes=$(python3 "$here/oci.py" "$work/rootfs.tar" "$archive" --name "$name" --entrypoint /usr/bin/corehandler \
