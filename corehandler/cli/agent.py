@@ -7,7 +7,7 @@ import argparse
 import signal
 from pathlib import Path
 
-from corehandler.cli import serve
+from corehandler.cli import install, serve
 from corehandler.cli.common import emit, load
 from corehandler.host import agent
 
@@ -61,12 +61,7 @@ def run_uninstall(args: argparse.Namespace) -> int:
     directory = args.dir.absolute()
     done = agent.stop(paths, directory / "csplice")
     done["csplice_removed"] = agent.remove_csplice(directory)
-    if done["restored"] is not None:
-        restored = done["restored"]
-        lines = [f"agent uninstalled: core_pattern = {restored['kernel.core_pattern']}, core_pipe_limit = "
-                 f"{restored['kernel.core_pipe_limit']} (from {done['restored_from']})"]
-    else:
-        lines = [f"the agent's csplice was not the core handler (core_pattern = {done['left_alone']}); left it alone"]
+    lines = [install.uninstalled_line(done, "the agent")]
     if done["csplice_removed"]:
         lines.append(f"  removed {directory / 'csplice'}")
     emit(args, done, "\n".join(lines))

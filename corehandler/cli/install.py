@@ -100,16 +100,20 @@ def run_uninstall(args: argparse.Namespace) -> int:
     config, paths = load(args)
     done = install.uninstall(paths, stop_daemon=supervise.stop if _manages_daemon(args) else None,
                              socket_path=config.kernel.socket_path, stop_listener=_stop_listener)
-    if done["restored"] is not None:
-        restored = done["restored"]
-        lines = [f"corehandler uninstalled: core_pattern = {restored['kernel.core_pattern']}, core_pipe_limit = "
-                 f"{restored['kernel.core_pipe_limit']} (from {done['restored_from']})"]
-    else:
-        lines = [f"corehandler was not the core handler (core_pattern = {done['left_alone']}); left it alone"]
+    lines = [uninstalled_line(done, "corehandler")]
     if done["sysctl_d_removed"]:
         lines.append("  removed the sysctl.d file")
     emit(args, done, "\n".join(lines))
     return 0
+
+
+def uninstalled_line(done: dict, who: str) -> str:
+    """What an uninstall (install.uninstall's result) did, in one line: `uninstall`'s and `agent uninstall`'s."""
+    if done["restored"] is None:
+        return f"{who} was not the core handler (core_pattern = {done['left_alone']}); left it alone"
+    restored = done["restored"]
+    return (f"{who} uninstalled: core_pattern = {restored['kernel.core_pattern']}, core_pipe_limit = "
+            f"{restored['kernel.core_pipe_limit']} (from {done['restored_from']})")
 
 
 def _installed_line(st: dict) -> str:

@@ -233,5 +233,5 @@ def test_keep_on_stop_leaves_capture_on_until_agent_uninstall(node):
     assert sysctl("core_pattern").startswith(OURS)
     done = podman.podman("run", "--rm", "--privileged", "--network", "none", "-v", f"{STATE}:{STATE}",
                          "-v", f"{LIBEXEC}:{LIBEXEC}", node.image, "agent", "uninstall")
-    assert "agent uninstalled: core_pattern = core.cht-agent-before" in done.stdout, done
+    assert "the agent uninstalled: core_pattern = core.cht-agent-before" in done.stdout, done
     assert {name: sysctl(name) for name in BEFORE} == BEFORE and not CSPLICE.exists()

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,13 +19,6 @@ from corehandler.errors import EXIT_CONFLICT, HandlerConflictError, SystemFailur
 from corehandler.host import agent, install, sysctl
 
 NATIVE_PATTERN = f"|/usr/libexec/corehandler/csplice {SPECIFIERS}"
-
-
-@pytest.fixture
-def short_dir():
-    path = Path(tempfile.mkdtemp(prefix="ch-"))
-    yield path
-    shutil.rmtree(path)
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import stat
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,13 +27,6 @@ from corehandler.store.dumprow import row_from_record
 from corehandler.store.index import Store
 
 SPECS = csplice_contract.SPECIFIERS
-
-
-@pytest.fixture
-def short_dir():
-    path = Path(tempfile.mkdtemp(prefix="ch-"))
-    yield path
-    shutil.rmtree(path)
 
 
 @pytest.fixture
