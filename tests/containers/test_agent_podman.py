@@ -138,10 +138,18 @@ class Node:
         return podman.inspect(name)["Id"], name
 
 
+@pytest.fixture(scope="module")
+def host_daemon_stopped():
+    """The host's own daemon stopped once for the module: stopped again right after each test's restart, it was
+    killed while starting, its csplice.conf's temp file left behind."""
+    with host_aside.host_daemon_stopped():
+        yield
+
+
 @pytest.fixture
-def node(host_core_settings, agent_image, tmp_path):
+def node(host_daemon_stopped, host_core_settings, agent_image, tmp_path):
     image, _, _ = agent_image
-    with host_aside.host_daemon_stopped(), host_aside.paths_aside([STATE, AGENT_ROOT], "agent-test"):
+    with host_aside.paths_aside([STATE, AGENT_ROOT], "agent-test"):
         node = Node(image, tmp_path)
         try:
             for name, value in BEFORE.items():
