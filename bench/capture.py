@@ -512,6 +512,7 @@ def main() -> int:
     parser.add_argument("--methods", default=",".join(LIVE_METHODS),
                         help=f"live handlers, comma-separated; {FLOOR!r} and {DEFAULT!r} are always measured")
     parser.add_argument("--no-busy", action="store_true", help="skip the busy page cache")
+    parser.add_argument("--busy-only", action="store_true", help="only the busy page cache (its own --out)")
     parser.add_argument("--no-live", action="store_true")
     parser.add_argument("--no-feeder", action="store_true")
     parser.add_argument("--feeder-mib", type=int, default=256)
@@ -541,7 +542,7 @@ def main() -> int:
             name = f"{mib // 1024} GiB" if mib >= 1024 else f"{mib} MiB"
             workloads.append((f"{name}, {'half untouched' if half else 'dense'}", mib, half))
     args.workloads = workloads
-    states = ("quiet",) if args.no_busy else ("quiet", "busy")
+    states = ("busy",) if args.busy_only else ("quiet",) if args.no_busy else ("quiet", "busy")
     try:
         live_results = {} if args.no_live else live(tools, workloads, args.method_list, args.runs, args.tiny_runs,
                                                     states)
