@@ -22,7 +22,7 @@ from corehandler.observe.metrics import MetricsObserver
 from corehandler.store.index import Store
 from support import cbuild, daemon_harness
 from support.daemon_harness import Running, wait_for
-from support.spoolfeed import fed_state, feed, write_settings
+from support.spoolfeed import empty_state, fed_state, feed, write_settings
 
 CLI = [sys.executable, "-P", "-m", "corehandler"]
 
@@ -32,10 +32,7 @@ def filled(tmp_path_factory):
     """Four dumps: two of "alpha" (SIGSEGV, then SIGABRT), one "beta", one metadata-only "gamma" (SIGFPE)."""
     feeder, csplice = cbuild.feeder(), paths.csplice_path()
     tmp = tmp_path_factory.mktemp("cli")
-    state, etc = tmp / "state", tmp / "etc"
-    (state / "spool").mkdir(parents=True)
-    etc.mkdir()
-    settings = write_settings(tmp / "s.conf", state / "spool")
+    state, etc, settings = empty_state(tmp)
     one = write_settings(tmp / "one.conf", state / "spool", max_pending=1)
     shas = {}
     for pid, comm, sig in ((3001, "alpha", 11), (3002, "alpha", 6), (3003, "beta", 11)):

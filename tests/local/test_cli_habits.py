@@ -21,7 +21,7 @@ from corehandler.daemon import Settings
 from corehandler.errors import EXIT_NOMATCH, EXIT_USAGE
 from support import cbuild
 from support.daemon_harness import Running, wait_for
-from support.spoolfeed import feed, write_settings
+from support.spoolfeed import empty_state, feed
 
 CLI = [sys.executable, "-P", "-m", "corehandler"]
 # pid, comm, signal, uid/gid, the unit its cgroup names
@@ -32,10 +32,7 @@ CRASHES = ((6001, "alpha", 11, 1201, "nginx.service"), (6002, "beta", 6, 1202, "
 @pytest.fixture(scope="module")
 def filled(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("habits")
-    state, etc = tmp / "state", tmp / "etc"
-    (state / "spool").mkdir(parents=True)
-    etc.mkdir()
-    settings = write_settings(tmp / "s.conf", state / "spool")
+    state, etc, settings = empty_state(tmp)
     shas = {}
     for pid, comm, sig, uid, unit in CRASHES:
         proc = tmp / f"proc{pid}"

@@ -18,7 +18,7 @@ from corehandler.daemon import Settings
 from corehandler.errors import EXIT_NOMATCH, EXIT_USAGE
 from support import cbuild
 from support.daemon_harness import Running, wait_for
-from support.spoolfeed import feed, write_settings
+from support.spoolfeed import empty_state, feed
 
 CLI = [sys.executable, "-P", "-m", "corehandler"]
 BAD = b"bad\xff\xfename"          # not UTF-8
@@ -41,10 +41,7 @@ def _fake_proc(root, pid, comm: bytes, exe: bytes | None = None):
 def named(tmp_path_factory):
     feeder, csplice = cbuild.feeder(), paths.csplice_path()
     tmp = tmp_path_factory.mktemp("names")
-    state, etc = tmp / "state", tmp / "etc"
-    (state / "spool").mkdir(parents=True)
-    etc.mkdir()
-    settings = write_settings(tmp / "s.conf", state / "spool")
+    state, etc, settings = empty_state(tmp)
     shas = {}
     crashes = [(5001, NEWLINE.replace(b"/", b"!"), _fake_proc(tmp / "p1", 5001, NEWLINE)),
                (5002, BAD, None), (5003, TWIN, None),

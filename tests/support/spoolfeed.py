@@ -65,16 +65,22 @@ def emit_core(feeder: Path, path: Path, size: int, zero_regions: bool = False) -
     return path
 
 
+def empty_state(tmp: Path) -> tuple[Path, Path, Path]:
+    """tmp/state with an empty spool, an empty config dir tmp/etc, and csplice settings (tmp/s.conf) that spool
+    there: (state, etc, settings)."""
+    state, etc = tmp / "state", tmp / "etc"
+    (state / "spool").mkdir(parents=True)
+    etc.mkdir()
+    return state, etc, write_settings(tmp / "s.conf", state / "spool")
+
+
 def fed_state(tmp_path: Path, pids, comm: str) -> tuple[Path, Path]:
     """A state dir whose spool holds one fed crash of about 1 MiB per pid, and an empty config dir."""
     from corehandler import paths
     from support import cbuild
 
     feeder, csplice = cbuild.feeder(), paths.csplice_path()
-    state, etc = tmp_path / "state", tmp_path / "etc"
-    (state / "spool").mkdir(parents=True)
-    etc.mkdir()
-    settings = write_settings(tmp_path / "s.conf", state / "spool")
+    state, etc, settings = empty_state(tmp_path)
     for pid in pids:
         feed(feeder, csplice, settings, size=(1 << 20) + pid, pid=pid, comm=comm)
     return state, etc
