@@ -167,7 +167,7 @@ class Tools:
     def check(self, method: str, size: int, pid: int) -> str | None:
         """The handler really captured the dump of pid (a benchmark of a failing handler measures nothing; any
         other process crashing on this shared machine meanwhile lands in the spool too); returns the strategy
-        csplice ran."""
+        csplice ran and the MiB from which rw handed the dump to direct (None if it did not)."""
         if method in CSPLICE:
             def mine():
                 for f in self.spool.glob("*.json"):
@@ -179,9 +179,8 @@ class Tools:
             cap = wait_for(mine, 30, f"{method}'s record", interval=0.002)["capture"]
             if not cap["complete"] or cap["bytes"] < size:
                 raise SystemExit(f"{method}: capture incomplete: {cap}")
-            if cap.get("direct_from") is not None:
-                return f"{cap['strategy']}→direct at {cap['direct_from'] // MiB} MiB"
-            return cap["strategy"]
+            at = cap.get("direct_from")
+            return [cap["strategy"], None if at is None else at // MiB]
         if method == RW_LOOP:
             files = list(self.out.iterdir())
             if not files or files[0].stat().st_size < size:
@@ -364,19 +363,19 @@ def why(label: str, ran: str, mib: int, half: bool, direct_above: int) -> str:
     return f"{ran} (~{resident} MiB resident {side} {direct_above // MiB} MiB)"
 
 
-def ran_summary(ran: list[str]) -> str:
-    """What the default ran over the rounds: "rw→direct at 16–18 MiB ×4, rw ×1"."""
+def ran_summary(ran: list[list]) -> str:
+    """What the default ran over the rounds ([strategy, MiB moved to direct or None] each): "rw→direct at
+    16–18 MiB ×4, rw ×1"."""
     if not ran:
         return "?"
-    kinds: dict[str, list[int]] = {}
-    for text in ran:
-        head, _, at = text.partition(" at ")
-        kinds.setdefault(head, []).append(int(at.split()[0]) if at else -1)
+    rounds: dict[str, list] = {}
+    for strategy, at in ran:
+        rounds.setdefault(strategy if at is None else f"{strategy}→direct", []).append(at)
     parts = []
-    for head, where in kinds.items():
-        at = [w for w in where if w >= 0]
-        span = f" at {min(at)}–{max(at)} MiB" if at and min(at) != max(at) else f" at {at[0]} MiB" if at else ""
-        parts.append(f"{head}{span} ×{len(where)}")
+    for name, where in rounds.items():
+        at = [w for w in where if w is not None]
+        span = "" if not at else f" at {min(at)} MiB" if min(at) == max(at) else f" at {min(at)}–{max(at)} MiB"
+        parts.append(f"{name}{span} ×{len(where)}")
     return ", ".join(parts)
 
 
