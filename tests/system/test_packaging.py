@@ -166,10 +166,13 @@ def test_install_crash_remove_purge(deb, clean_host, tmp_path_factory):
     unit = "/lib/systemd/system/corehandler.service"
     verify = run("systemd-analyze", "verify", unit, check=False, timeout=60)
     assert verify.returncode == 0 and verify.stderr == "", verify
-    # Documentation= resolves (verify above runs man on it too): `man corehandler` works.
+    # Documentation= resolves (verify above runs man on it too): `man corehandler` works. The package's own
+    # pages are asked for by man's own search of /usr/share/man: a `scripts/setup` install on the same machine
+    # puts pages under /usr/local/man, which man rightly finds first.
     for page, path in (("corehandler", "man1/corehandler.1.gz"), ("corehandler.toml", "man5/corehandler.toml.5.gz"),
                        ("csplice", "man8/csplice.8.gz")):
-        assert run("man", "-w", page).stdout.strip() == f"/usr/share/man/{path}"
+        assert run("man", "-w", "-M", "/usr/share/man", page).stdout.strip() == f"/usr/share/man/{path}"
+        assert run("man", "-w", page).returncode == 0
     shown = subprocess.run(["man", "corehandler"], capture_output=True, text=True, timeout=60,
                            env={**os.environ, "PAGER": "cat", "MANWIDTH": "80"})
     assert shown.returncode == 0 and "corehandler - capture, store and inspect core dumps" in shown.stdout
