@@ -66,6 +66,8 @@ GiB = 1 << 30
 CORE_PIPE_LIMIT = "16"
 FLOOR = "null"
 ODIRECT = "odirect"
+BOTH = "both"
+SPLICE_DIRECT = "splicedirect"
 SDCD = "systemd-coredump"
 NODUMP = "nodump"
 DEFAULT = "default"
@@ -117,11 +119,15 @@ LABELS = {
     RW_LOOP: "plain read/write loop, 64K",
     FLOOR: f"splice -> /dev/null, {PIPE_BYTES // MiB} MiB pipe (drain floor)",
     ODIRECT: "O_DIRECT write of as many bytes, 8 MiB blocks, no crash (disk floor, dd-like)",
+    BOTH: "the drain floor's crash with the O_DIRECT floor's write running alongside, from the trigger until both "
+          "are done (the two floors at once on this machine's CPUs and disk)",
+    SPLICE_DIRECT: "splice() into a file opened O_DIRECT, 1 MiB a call (experiment: no copy, one write in flight)",
     NODUMP: "no dump at all (RLIMIT_CORE 0)",
 }
-SHORT = {FLOOR: "drain floor", ODIRECT: "O_DIRECT floor", DEFAULT: "**csplice default**",
+SHORT = {FLOOR: "drain floor", ODIRECT: "O_DIRECT floor", BOTH: "both floors at once",
+         SPLICE_DIRECT: "splice to O_DIRECT", DEFAULT: "**csplice default**",
          "rw-256K-1M": "csplice rw (v0.1)", "direct": "csplice direct", SDCD: "systemd-coredump"}
-LIVE_METHODS = (FLOOR, ODIRECT, DEFAULT, "direct", SDCD)
+LIVE_METHODS = (FLOOR, ODIRECT, BOTH, DEFAULT, "direct", SDCD)
 TINY_METHODS = (NODUMP, FLOOR, DEFAULT)
 FEEDER_METHODS = (DEFAULT, "rw-256K-1M", "direct", "rw2-1M", "splice2-256K-1M", RW_LOOP, FLOOR)
 
@@ -156,6 +162,8 @@ class Tools:
             return [str(self.csplice)]
         if method == RW_LOOP:
             return [str(self.baselines), "rw", target]
+        if method == SPLICE_DIRECT:
+            return [str(self.baselines), SPLICE_DIRECT, target, str(PIPE_BYTES)]
         return [str(self.baselines), "null", str(PIPE_BYTES)]
 
     def clean(self) -> None:
@@ -181,7 +189,7 @@ class Tools:
                 raise SystemExit(f"{method}: capture incomplete: {cap}")
             at = cap.get("direct_from")
             return [cap["strategy"], None if at is None else at // MiB]
-        if method == RW_LOOP:
+        if method in (RW_LOOP, SPLICE_DIRECT):
             files = list(self.out.iterdir())
             if not files or files[0].stat().st_size < size:
                 raise SystemExit(f"{method}: core missing or short: {files}")
@@ -215,16 +223,21 @@ def forbid_core():
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def crash_once(tools: Tools, mib: int, half: bool, dump: bool = True) -> tuple[float, int]:
-    """Seconds from the crash trigger to the reaping of the crashed process, and its PID."""
+def crash_once(tools: Tools, mib: int, half: bool, dump: bool = True, alongside: list[str] | None = None
+               ) -> tuple[float, int]:
+    """Seconds from the crash trigger to the reaping of the crashed process, and its PID; with alongside, to the
+    later of that and the exit of alongside, a command started with the trigger."""
     argv = [str(tools.crasher), "segv", str(mib), "--wait"] + (["--untouched-half"] if half else [])
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             preexec_fn=allow_core if dump else forbid_core)
     proc.stdout.readline()  # memory filled, waiting for the go
     t0 = time.perf_counter()
+    other = subprocess.Popen(alongside, stdout=subprocess.DEVNULL) if alongside else None
     proc.stdin.write(b"\n")
     proc.stdin.flush()
     _, status, _ = os.wait4(proc.pid, 0)
+    if other and other.wait() != 0:
+        raise SystemExit(f"{alongside} failed")
     elapsed = time.perf_counter() - t0
     proc.returncode = -1  # reaped above; keep Popen from waiting again
     proc.stdin.close()
@@ -244,6 +257,10 @@ def measure(tools: Tools, method: str, mib: int, half: bool, sdcd) -> tuple[floa
     size = mib * MiB
     if method == ODIRECT:
         return odirect_once(tools, size // 2 if half else size), None
+    if method == BOTH:
+        Path("/proc/sys/kernel/core_pattern").write_text("|" + " ".join(tools.handler_argv(FLOOR, "")))
+        dd = [str(tools.baselines), "odirect", str(tools.out / "odirect"), str(size // 2 if half else size)]
+        return crash_once(tools, mib, half, alongside=dd)[0], None
     if method == SDCD:
         Path("/proc/sys/kernel/core_pattern").write_text(sdcd.pattern)
         hold = crash_once(tools, mib, half)[0]
@@ -380,10 +397,14 @@ def ran_summary(ran: list[list]) -> str:
 
 
 def live_table(res: dict, methods, workloads, direct_above: int) -> tuple[str, list[str]]:
-    """The issue's table for one page-cache state, and the goals it misses."""
+    """The issue's table for one page-cache state, and the goals it misses, each with what the same round's
+    experiments say of its cause: how far both floors at once are from the larger alone (the machine's own
+    contention) and how much shorter than systemd-coredump a hold at the physical floor itself would be."""
     header = ["crash"] + [SHORT.get(m, m) + " ms (min–max)" for m in methods] + [
-        "physical floor ms", "default × physical floor: median", "worst round", "default × drain floor",
-        "systemd-coredump ÷ default", "default ran"]
+        "physical floor ms", "default × physical floor: median", "worst round", "default × drain floor"]
+    if BOTH in methods:
+        header += ["both floors at once × physical floor", "default × both floors at once"]
+    header += ["systemd-coredump ÷ default", "systemd-coredump ÷ physical floor", "default ran"]
     rows, misses = [], []
     shape = {label: (mib, half) for label, mib, half in workloads}
     for label, samples in res["workloads"].items():
@@ -394,16 +415,25 @@ def live_table(res: dict, methods, workloads, direct_above: int) -> tuple[str, l
         ratios = [a / b for a, b in zip(d, physical, strict=True)]
         x_physical, worst = median(ratios), max(ratios)
         x_floor = paired_ratio(d, samples[FLOOR])
-        vs_sdcd = paired_ratio(samples[SDCD], d) if SDCD in samples else float("nan")
+        nan = float("nan")
+        vs_sdcd = paired_ratio(samples[SDCD], d) if SDCD in samples else nan
+        sdcd_ceiling = paired_ratio(samples[SDCD], physical) if SDCD in samples else nan
         ran = ran_summary(res["strategies"].get(label, {}).get(DEFAULT, []))
-        rows.append([label] + [ms(samples[m]) for m in methods] +
-                    [ms(physical), x_physical, worst, x_floor, vs_sdcd, why(label, ran, *shape[label], direct_above)])
+        row = [label] + [ms(samples[m]) for m in methods] + [ms(physical), x_physical, worst, x_floor]
+        contention = ""
+        if BOTH in samples:
+            both_x, over_both = paired_ratio(samples[BOTH], physical), paired_ratio(d, samples[BOTH])
+            row += [both_x, over_both]
+            contention = (f": both floors at once take {both_x:.2f}× the larger alone, and the default holds "
+                          f"{over_both:.2f}× both at once")
+        rows.append(row + [vs_sdcd, sdcd_ceiling, why(label, ran, *shape[label], direct_above)])
         if x_physical > 1.1:
-            misses.append(f"{label}: hold {x_physical:.2f}× the physical floor (goal ≤ 1.1)")
+            misses.append(f"{label}: hold {x_physical:.2f}× the physical floor (goal ≤ 1.1){contention}")
         if worst > 1.3:
             misses.append(f"{label}: worst round {worst:.2f}× the physical floor (goal ≤ 1.3)")
         if SDCD in samples and vs_sdcd < 8:
-            misses.append(f"{label}: systemd-coredump holds {vs_sdcd:.1f}× as long (goal ≥ 8)")
+            misses.append(f"{label}: systemd-coredump holds {vs_sdcd:.1f}× as long (goal ≥ 8); a hold at the "
+                          f"physical floor itself would be {sdcd_ceiling:.1f}× shorter")
     legend = "".join(f"- {SHORT.get(m, m)}: {LABELS[m]}\n" for m in methods)
     legend += ("- physical floor: per round the larger of the drain floor and the O_DIRECT floor; the ratios are "
                "per round, median and worst.\n")
@@ -488,12 +518,18 @@ def report(live_results: dict, feeder_results: dict, args, tools: Tools) -> str:
     return "\n".join(out)
 
 
+def measure_rates_into(state_dir: Path) -> paths.Paths:
+    """This host's write rates measured into a bench's own state dir, as install and the daemon measure them."""
+    state = paths.Paths(state_dir=state_dir)
+    state.spool_dir.mkdir(parents=True, exist_ok=True)
+    writerates.save(state, writerates.measure(state))
+    return state
+
+
 def measure_write_rates(args) -> None:
     """The default's direct_above as install would render it here: measured into the bench's own state dir."""
-    state = paths.Paths(state_dir=args.work / "state")
-    state.spool_dir.mkdir(parents=True, exist_ok=True)
-    measured = writerates.measure(state)
-    writerates.save(state, measured)
+    state = measure_rates_into(args.work / "state")
+    measured = writerates.load(state)
     args.rates, args.rates_reason = writerates.describe(measured), writerates.choose(measured).reason
     CSPLICE[DEFAULT] = default_tuning(state)
     LABELS[DEFAULT] = default_label(CSPLICE[DEFAULT])
