@@ -139,7 +139,7 @@ class CaptureConfig(_Section):
                                      "never; auto = from the spool's write rates measured on this host")
     direct_rate: SizeOrAuto = Field("auto", description="with strategy auto, bytes per second the spool takes "
                                     "O_DIRECT writes: a dump written through the page cache moves to O_DIRECT for "
-                                    "the rest once 16 MiB of it ran below 3/4 of this; 0 = never; auto = as "
+                                    "the rest once 4 MiB of it ran below 3/4 of this; 0 = never; auto = as "
                                     "measured on this host")
     min_free: SizeOrPercent = Field(units.SizeOrPercent(percent=15.0), description="stop writing when the spool's"
                                     " filesystem has less free: a size or a percentage of it")

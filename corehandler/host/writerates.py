@@ -201,7 +201,7 @@ def choose(m: Measurement | None) -> Choice:
     limit = max(DIRECT_MIN, m.dirty_limit_bytes // MiB * MiB)
     return Choice(limit, round(m.direct_bps),
                   f"O_DIRECT {_mib_s(m.direct_bps)}, page cache {_mib_s(m.buffered_bps)} at the probe: rw, moving "
-                  f"to direct within a dump once 16 MiB of it ran below 3/4 of {_mib_s(m.direct_bps)}; direct from "
+                  f"to direct within a dump once 4 MiB of it ran below 3/4 of {_mib_s(m.direct_bps)}; direct from "
                   f"the start at {limit // MiB} MiB resident (the dirty limit)")
 
 
