@@ -286,7 +286,8 @@ def fleet_group(server: S3Server, work: Path, creds: Path, dumps: int, days: int
     took = time.monotonic() - t
     print(f"compacted in {took:.0f}s", flush=True)
     out.append(measure("past days compacted, today per host", rounds,
-                       f"{days - 1} + {hosts:,} files; `fleet compact` of {days - 1} days took {took:.0f} s"))
+                       f"cold {days - 1} + {hosts:,} files, warm {days} (today's merged locally); "
+                       f"`fleet compact` of {days - 1} days took {took:.0f} s"))
     dataset.compact(client, target, day_list[-1])
     out.append(measure("every day compacted", rounds, f"{days} files"))
     return out
@@ -368,8 +369,9 @@ def main() -> int:
         "What the CLI runs (fleetview.collect, then GROUP_SQL on DuckDB) over every day of the fleet. The "
         "fleet is made as the hosts' uploaders leave it: one Parquet index file per host and day (per-host "
         "files: one round), then every day compacted by `fleet compact`. Cold: an empty local cache, every "
-        "file fetched (GETs in a pool of 32 threads); warm: the same again, three LISTs per day and DuckDB "
-        "over the cached files.", "",
+        "file fetched (GETs in a pool of 32 threads); warm: the same again with the local cache: a LIST per "
+        "compacted day (three for a day not compacted) and DuckDB over the cached files, a day's part files "
+        "read from the one file the cache merged them into while none changed.", "",
         f"## `fleet list` of one day's sidecars no index file covers ({a.rounds} rounds)", "",
         markdown_table(["sidecars", "cold median s", "cold min–max s", "cold sidecars/s", "cached median s",
                         "cached min–max s"], listings),

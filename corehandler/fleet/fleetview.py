@@ -2,15 +2,18 @@
 
 One table, `dumps` (the index's columns, dataset.COLUMNS, plus dt and host), made of:
 - the Parquet index files of the days asked for (dataset.py): a day's compacted file when there is one, else
-  the hosts' part files; downloaded once into the local cache by key and ETag (a file rewritten since is
-  fetched again);
+  the hosts' part files, merged here into one local file of the day (DuckDB opening a file per host costs
+  more than the whole day's rows); downloaded once into the local cache by key and ETag (a file rewritten
+  since is fetched again) and checked once at that ETag (schema, damage: the outcome is kept with it). The
+  merged file is named by the digest of its parts' keys and ETags: while none changed, a later run reads it
+  again as it is, and when some did, only those are fetched and the merge redone from the local parts;
 - rows made from the sidecars the index does not cover: v1 hosts (corehandler 0.2), and a host's day with
   objects but no index file yet (a host whose uploader was killed between sidecar and index, until it
   retries).
 A listing of the days costs one LIST per compacted day and three per other day (the compacted files', the
 index's, the day's host partitions), plus the v1 hosts' listings, a GET per index file not cached and a GET
-per uncovered sidecar not cached. Index files of a newer
-schema and sidecars that are not JSON or of a newer schema are skipped, each named.
+per uncovered sidecar not cached. Index files of a newer schema or damaged, and sidecars that are not JSON
+or of a newer schema, are skipped, each named (a cached file's reason is named again from the cache).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import os
 import re
 import shutil
 import tempfile
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +34,8 @@ from corehandler.fleet import bucket, dataset, reader
 from corehandler.fleet.bucket import Target
 
 _SAFE = re.compile(r"[A-Za-z0-9._-]+")
+MERGED = "merged"
+MERGED_GRACE = 600  # s: a merged file no run has used for this long, and of parts since changed, is dropped
 
 LIST_SQL = """
 SELECT id, host, epoch_us(crashed_at) / 1e6 AS crashed_at, exe, comm, signal, status, signature,
@@ -44,8 +51,7 @@ FROM dumps GROUP BY signature ORDER BY count DESC, signature"""
 
 @dataclass
 class View:
-    files: list[Path] = field(default_factory=list)   # local Parquet index files of hosts (dt, host in the path)
-    daily: list[Path] = field(default_factory=list)   # local compacted files of days (dt in the path)
+    files: list[Path] = field(default_factory=list)   # local files of days, compacted or merged (dt in the path)
     rows: list[dict] = field(default_factory=list)    # rows of sidecars no index file covers
     skipped: list[str] = field(default_factory=list)  # why each unreadable object was left out
     hosts: tuple[str, ...] = ()                       # only these hosts, if any
@@ -61,13 +67,11 @@ class View:
 
         con = duckdb.connect(":memory:")
         con.register("unindexed", dataset.table(self.rows, partitions=True))
-        sources = []
-        for files, types in ((self.files, "{'dt': VARCHAR, 'host': VARCHAR}"), (self.daily, "{'dt': VARCHAR}")):
-            if files:
-                paths = ", ".join(_quote(str(p)) for p in files)
-                sources.append(f"SELECT * FROM read_parquet([{paths}], hive_partitioning = true, "
-                               f"union_by_name = true, hive_types = {types})")
-        sources.append("SELECT * FROM unindexed")
+        sources = ["SELECT * FROM unindexed"]
+        if self.files:
+            paths = ", ".join(_quote(str(p)) for p in self.files)
+            sources.insert(0, f"SELECT * FROM read_parquet([{paths}], hive_partitioning = true, "
+                              "union_by_name = true, hive_types = {'dt': VARCHAR})")
         where = f" WHERE host IN ({', '.join(_quote(h) for h in self.hosts)})" if self.hosts else ""
         con.execute(f"CREATE VIEW dumps AS SELECT * FROM ({' UNION ALL BY NAME '.join(sources)}){where}")
         return con
@@ -115,12 +119,12 @@ def collect(client, target: Target, days: list[datetime.date], only_hosts=(), ca
         uncovered += [target.v1_day_prefix(h, d) for h in v1 for d in days]
         listed = [k for ks in pool.map(lambda p: reader.list_keys(client, target, p), uncovered) for k in ks]
 
-        known = cache.part_etags([f[0] for f in files]) if cache else {}
+        known = cache.parts([f[0] for f in files]) if cache else {}
 
         def fetch(item) -> tuple[str, str] | None:
             key, etag, day, host = item
             path = local(key, day, host)
-            if known.get(key) == etag and etag and path.exists():
+            if known.get(key, ("",))[0] == etag and etag and path.exists():
                 return None
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             try:
@@ -139,19 +143,24 @@ def collect(client, target: Target, days: list[datetime.date], only_hosts=(), ca
             retry = [p for f in files if f[0] in gone for p in parts_of[f[2]]]
             files = [f for f in files if f[0] not in gone] + retry
             fetched += list(pool.map(fetch, retry))
-    if cache:
-        cache.put_parts([r for r in fetched if r and r[1]])
-    for key, _, day, host in files:
+    fresh = {r[0] for r in fetched if r}
+    checked, merge = [], {}
+    for key, etag, day, host in files:
         path = local(key, day, host)
-        try:
-            dataset.check_file(path)
-        except dataset.NewerSchemaError as e:
-            view.skipped.append(f"s3://{target.bucket}/{key}: {e}")
-            continue
-        except Exception as e:  # noqa: BLE001 (a damaged file is named and left out, not fatal)
-            view.skipped.append(f"s3://{target.bucket}/{key} is not a Parquet index file: {e}")
-            continue
-        (view.files if host else view.daily).append(path)
+        _, schema, problem = known.get(key, ("", None, None))
+        if key in fresh or schema != dataset.INDEX_SCHEMA or problem is None:
+            problem = _problem(path)
+            checked.append((key, etag, dataset.INDEX_SCHEMA, problem))
+        if problem:
+            view.skipped.append(f"s3://{target.bucket}/{key}{problem}")
+        elif host is None:
+            view.files.append(path)
+            _prune(parts_dir / MERGED / f"dt={day:%Y-%m-%d}", None)  # compacted since: its merged file goes
+        else:
+            merge.setdefault(day, []).append((key, etag, host, path))
+    if cache:
+        cache.put_parts([c for c in checked if c[1]])
+    view.files += [_merged(parts_dir, day, parts) for day, parts in sorted(merge.items())]
     sidecars, skipped = reader.read_sidecars(client, target, listed, workers, cache)
     view.skipped += skipped
     for sc in sidecars:
@@ -160,6 +169,53 @@ def collect(client, target: Target, days: list[datetime.date], only_hosts=(), ca
         r.update(dt=f"{day:%Y-%m-%d}", host=dataset._text(sc.get("host")))
         view.rows.append(r)
     return view
+
+
+def _problem(path: Path) -> str:
+    """Why a local index file is left out of the view ("" if it is not), as it follows its key."""
+    try:
+        dataset.check_file(path)
+    except dataset.NewerSchemaError as e:
+        return f": {e}"
+    except Exception as e:  # noqa: BLE001 (a damaged file is named and left out, not fatal)
+        return f" is not a Parquet index file: {e}"
+    return ""
+
+
+def _merged(parts_dir: Path, day: datetime.date, parts: list[tuple[str, str, str, Path]]) -> Path:
+    """One local file of a day's checked part files (key, ETag, host, path), as a compacted day's file is
+    (host a column), so a warm view opens one file for the day and not one per host. It is named by the
+    parts' digest: while none changed, the last run's file is read again as it is."""
+    import duckdb
+
+    folder = parts_dir / MERGED / f"dt={day:%Y-%m-%d}"
+    path = folder / f"merged-{dataset.INDEX_SCHEMA}-{dataset.digest([(k, e) for k, e, _, _ in parts])}.parquet"
+    if all(e for _, e, _, _ in parts) and path.exists():
+        os.utime(path)
+        return path
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = folder / f".{path.name}.{os.getpid()}.{threading.get_ident()}"
+    # DuckDB reads the parts as the view would (union_by_name, host from the path), so the merged file holds
+    # the same rows and types.
+    files = ", ".join(_quote(str(p)) for _, _, _, p in parts)
+    duckdb.connect(":memory:").execute(
+        f"COPY (SELECT * EXCLUDE (dt) FROM read_parquet([{files}], hive_partitioning = true, union_by_name = true, "
+        f"hive_types = {{'dt': VARCHAR, 'host': VARCHAR}})) TO {_quote(str(tmp))} "
+        "(FORMAT parquet, COMPRESSION zstd)")
+    os.replace(tmp, path)
+    _prune(folder, path)
+    return path
+
+
+def _prune(folder: Path, keep: Path | None) -> None:
+    """Drops the day's merged files of parts since changed, once no run still reading one can be using it."""
+    stale = time.time() - MERGED_GRACE
+    for old in folder.iterdir() if folder.is_dir() else ():
+        try:
+            if old != keep and old.stat().st_mtime < stale:
+                old.unlink()
+        except FileNotFoundError:  # another run pruned it first
+            pass
 
 
 def rows(con, sql: str) -> tuple[list[str], list[tuple]]:

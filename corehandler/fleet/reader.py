@@ -106,7 +106,8 @@ def _cache_name(target: Target, endpoint: str) -> str:
 
 class SidecarCache:
     """Sidecars already read, by key and ETag, in a private SQLite file; beside it, the index files already
-    downloaded (parts_dir), by key and ETag too."""
+    downloaded (parts_dir), by key and ETag too with their schema check's outcome, and the fleet view's
+    files merged from them (fleetview.py)."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -119,6 +120,12 @@ class SidecarCache:
         self.db.execute("CREATE TABLE IF NOT EXISTS sidecars (key TEXT PRIMARY KEY, etag TEXT NOT NULL, "
                         "body TEXT NOT NULL)")
         self.db.execute("CREATE TABLE IF NOT EXISTS parts (key TEXT PRIMARY KEY, etag TEXT NOT NULL)")
+        # The outcome of the file's check, by the index schema of the corehandler that checked it (a newer
+        # one reads files an older one skipped); a cache of before they were kept has NULLs: checked again.
+        have = {r[1] for r in self.db.execute("PRAGMA table_info(parts)")}
+        for column in ("checked_schema INTEGER", "problem TEXT"):
+            if column.split()[0] not in have:
+                self.db.execute(f"ALTER TABLE parts ADD COLUMN {column}")
 
     @staticmethod
     def default_path(target: Target, endpoint: str, state_dir: Path | None = None) -> Path:
@@ -146,12 +153,17 @@ class SidecarCache:
         with self.db:
             self.db.executemany("INSERT OR REPLACE INTO sidecars (key, etag, body) VALUES (?, ?, ?)", rows)
 
-    def part_etags(self, keys: list[str]) -> dict[str, str]:
-        return dict(self._lookup("SELECT key, etag FROM parts WHERE key IN ({marks})", keys))
+    def parts(self, keys: list[str]) -> dict[str, tuple[str, int | None, str | None]]:
+        """The index files held, by key: (ETag, the index schema it was checked by, why it is left out: ""
+        for no reason), the last two None where it was not checked."""
+        return {k: (e, c, p) for k, e, c, p in self._lookup(
+            "SELECT key, etag, checked_schema, problem FROM parts WHERE key IN ({marks})", keys)}
 
-    def put_parts(self, rows: list[tuple[str, str]]) -> None:
+    def put_parts(self, rows: list[tuple[str, str, int, str]]) -> None:
+        """(key, ETag, the index schema it was checked by, why it is left out or "")."""
         with self.db:
-            self.db.executemany("INSERT OR REPLACE INTO parts (key, etag) VALUES (?, ?)", rows)
+            self.db.executemany("INSERT OR REPLACE INTO parts (key, etag, checked_schema, problem) "
+                                "VALUES (?, ?, ?, ?)", rows)
 
     def close(self) -> None:
         self.db.close()

@@ -5,41 +5,15 @@ the fleet view over them plus the sidecars no index file covers (v1 hosts, a hos
 from __future__ import annotations
 
 import datetime
-import json
 import threading
 
 import pytest
 
 from corehandler.fleet import bucket, dataset, fleetview, reader
+from support.fleetrows import DAY, NOW, put_sidecar, sidecar
 
 moto = pytest.importorskip("moto", reason="moto is a test dependency (scripts/pip/test.txt)")
 duckdb = pytest.importorskip("duckdb")
-
-NOW = 1_764_000_000.0  # 2025-11-24 UTC
-DAY = bucket.crash_day(NOW)
-
-
-def sidecar(host: str, n: int, signature: str = "crasher SIGSEGV main", *, core: bool = True,
-            schema: int = 2) -> dict:
-    dump_id = f"{int((NOW + n) * 1e6)}-0123456789abcdef-{n}"
-    return {"schema": schema, "id": dump_id, "host": host, "crashed_at": NOW + n, "uploaded_at": NOW + n + 1,
-            "signature": signature, "signature_source": "analysis", "budget": None,
-            "core": {"key": f"k/{dump_id}.zst", "bytes": 100 + n, "encryption": None} if core else None,
-            "index": {"exe": "/usr/bin/crasher", "comm": "crasher", "signal": 11, "uid": 1000, "status": "ok",
-                      "raw_bytes": 1000 + n, "cmdline": ["crasher", "--secret"]},
-            "analysis": {"state": "ok", "signature_id": "s1-0123", "exact_key": "x1-abcd",
-                         "threads": [{"crashing": True, "frames": [{"function": "main"}]}]}}
-
-
-def put_sidecar(client, target: bucket.Target, sc: dict, *, v1: bool = False, index: bool = True) -> str:
-    day = bucket.crash_day(sc["crashed_at"])
-    prefix = target.v1_day_prefix(sc["host"], day) if v1 else target.day_prefix(sc["host"], day)
-    key = prefix + sc["id"] + ".json"
-    client.put_object(Bucket=target.bucket, Key=key, Body=json.dumps(sc).encode())
-    if index and not v1:
-        host_target = bucket.Target(target.bucket, target.prefix, sc["host"])
-        dataset.add(client, host_target, day, dataset.row(sc, key))
-    return key
 
 
 def view_rows(client, target, sql=fleetview.LIST_SQL, days=(DAY,), hosts=()):
@@ -197,7 +171,7 @@ def test_a_compacted_day_stands_for_its_parts_and_a_late_row_makes_it_go(s3mock,
     assert dataset.compact(s3mock, target, DAY) == (key, 6)  # twice: the same file, nothing else
     assert [k for k, _ in reader.list_keys(s3mock, target, dataset.daily_prefix(target, DAY), ".parquet")] == [key]
     view = fleetview.collect(s3mock, target, [DAY])
-    assert len(view.daily) == 1 and view.files == []  # one file read for the day, not one per host
+    assert [p.parents[1].name for p in view.files] == [dataset.DAILY]  # the compacted file, none of the parts
     assert len(fleetview.rows(view.connect(), fleetview.LIST_SQL)[1]) == 6
     assert [r[0] for r in fleetview.rows(view.connect(), "SELECT DISTINCT host FROM dumps ORDER BY 1")[1]] == \
         ["alpha", "beta"]
@@ -209,7 +183,7 @@ def test_a_compacted_day_stands_for_its_parts_and_a_late_row_makes_it_go(s3mock,
     put_sidecar(s3mock, target, sidecar("alpha", 9))
     assert reader.list_keys(s3mock, target, dataset.daily_prefix(target, DAY), ".parquet") == []
     view = fleetview.collect(s3mock, target, [DAY])
-    assert view.daily == [] and len(view.files) == 2
+    assert [p.parents[1].name for p in view.files] == [fleetview.MERGED]  # both parts, merged locally
     assert len(fleetview.rows(view.connect(), fleetview.LIST_SQL)[1]) == 7
     view.close()
     # ...until the next compaction.
@@ -235,3 +209,18 @@ def test_a_compaction_that_a_host_overtakes_leaves_no_stale_file(s3mock, monkeyp
     key, count = dataset.compact(s3mock, target, DAY)
     assert overtaken and key != overtaken[0] and count == 2  # the stale one deleted, the next attempt whole
     assert [k for k, _ in reader.list_keys(s3mock, target, dataset.daily_prefix(target, DAY), ".parquet")] == [key]
+
+
+def test_a_cache_of_before_the_checks_were_kept_checks_its_files_again(tmp_path):
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "fleet.sqlite")
+    db.execute("CREATE TABLE parts (key TEXT PRIMARY KEY, etag TEXT NOT NULL)")
+    db.execute("INSERT INTO parts VALUES ('k', '\"e\"')")
+    db.commit()
+    db.close()
+    cache = reader.SidecarCache(tmp_path / "fleet.sqlite")
+    assert cache.parts(["k"]) == {"k": ('"e"', None, None)}
+    cache.put_parts([("k", '"e"', 1, "")])
+    assert cache.parts(["k"]) == {"k": ('"e"', 1, "")}
+    cache.close()

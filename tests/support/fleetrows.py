@@ -1,0 +1,34 @@
+"""Sidecars and index rows of a test fleet, put straight into a bucket (moto's or the real server's) as the
+hosts' uploaders leave them: the sidecar, then the host's index part file of the crash's day."""
+
+from __future__ import annotations
+
+import json
+
+from corehandler.fleet import bucket, dataset
+
+NOW = 1_764_000_000.0  # 2025-11-24 UTC
+DAY = bucket.crash_day(NOW)
+
+
+def sidecar(host: str, n: int, signature: str = "crasher SIGSEGV main", *, core: bool = True,
+            schema: int = 2) -> dict:
+    dump_id = f"{int((NOW + n) * 1e6)}-0123456789abcdef-{n}"
+    return {"schema": schema, "id": dump_id, "host": host, "crashed_at": NOW + n, "uploaded_at": NOW + n + 1,
+            "signature": signature, "signature_source": "analysis", "budget": None,
+            "core": {"key": f"k/{dump_id}.zst", "bytes": 100 + n, "encryption": None} if core else None,
+            "index": {"exe": "/usr/bin/crasher", "comm": "crasher", "signal": 11, "uid": 1000, "status": "ok",
+                      "raw_bytes": 1000 + n, "cmdline": ["crasher", "--secret"]},
+            "analysis": {"state": "ok", "signature_id": "s1-0123", "exact_key": "x1-abcd",
+                         "threads": [{"crashing": True, "frames": [{"function": "main"}]}]}}
+
+
+def put_sidecar(client, target: bucket.Target, sc: dict, *, v1: bool = False, index: bool = True) -> str:
+    day = bucket.crash_day(sc["crashed_at"])
+    prefix = target.v1_day_prefix(sc["host"], day) if v1 else target.day_prefix(sc["host"], day)
+    key = prefix + sc["id"] + ".json"
+    client.put_object(Bucket=target.bucket, Key=key, Body=json.dumps(sc).encode())
+    if index and not v1:
+        host_target = bucket.Target(target.bucket, target.prefix, sc["host"])
+        dataset.add(client, host_target, day, dataset.row(sc, key))
+    return key
