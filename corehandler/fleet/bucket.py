@@ -177,5 +177,23 @@ def client(config, *, pool: int = 16):
         s3={"addressing_style": "path" if config.endpoint else "auto"},
         user_agent_extra="corehandler")
     session = boto3.session.Session(botocore_session=credentials.botocore_session(config))
-    return session.client("s3", endpoint_url=config.endpoint or None, region_name=config.region or None,
-                          verify=config.ca_bundle or True, config=boto)
+    s3 = session.client("s3", endpoint_url=config.endpoint or None, region_name=config.region or None,
+                        verify=config.ca_bundle or True, config=boto)
+    s3.meta.events.register("before-sign.s3", _checksummed_body_unsigned)
+    return s3
+
+
+def _checksummed_body_unsigned(request, **_) -> None:
+    """A body sent with its SHA-256 in x-amz-checksum-sha256 is not hashed again for the signature (over
+    http botocore signs every body; over https it already does this). The header is signed and the server
+    refuses a body that does not match it, so UNSIGNED-PAYLOAD gives up nothing, and the second pass over
+    every byte of a core is client CPU taken from the server beside it."""
+    from botocore.config import Config as BotoConfig
+
+    if "x-amz-checksum-sha256" not in request.headers:
+        return
+    cfg = request.context.get("client_config")
+    if cfg is None or (cfg.s3 or {}).get("payload_signing_enabled") is False:
+        return
+    # The client's config is shared by every request: this one gets a copy that differs in this alone.
+    request.context["client_config"] = cfg.merge(BotoConfig(s3={**(cfg.s3 or {}), "payload_signing_enabled": False}))
