@@ -5,7 +5,8 @@ Against a real S3 server on loopback (SeaweedFS weed mini, as in the tests), all
    dump) uploaded the way the daemon does (corehandler.fleet.upload: SHA-256 digests, multipart with per-part
    checksums, HEAD verification, sidecar), against the same server's raw PUT of the same file (one
    put_object, no checksum): median of --rounds interleaved rounds, the ratio paired round by round, and the
-   uploader's CPU seconds per GiB (this process's user+system time, the server's not included).
+   uploader's CPU seconds per GiB (this process's user+system time and its encrypting child's, the
+   server's not included).
 2. Crash -> available: the feeder pipes a 64 MiB core into csplice (as the kernel would), the daemon ingests
    it and the uploader sends it; the clock stops when the sidecar answers a HEAD.
 3. `fleet list --group` over a synthetic fleet (--fleet DUMPS,DAYS,HOSTS, default 1,000,000 dumps in 100
@@ -14,6 +15,7 @@ Against a real S3 server on loopback (SeaweedFS weed mini, as in the tests), all
 Encryption (`[upload] recipients`, two keys) is measured beside the clear upload in 1.
 
     python -P bench/upload.py [--rounds 3] [--fleet 1000000,100,1000] [--out bench/results/upload.md]
+                              [--note "what else the machine was doing"]
 """
 
 from __future__ import annotations
@@ -57,8 +59,10 @@ MiB, GiB = 1 << 20, 1 << 30
 
 
 def cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+    """This process's CPU seconds and its waited-for children's: the encrypting child of seal.py, which an
+    upload waits for (the server, a child not waited for until the end, is not in it)."""
+    return sum(r.ru_utime + r.ru_stime for r in map(resource.getrusage, (resource.RUSAGE_SELF,
+                                                                          resource.RUSAGE_CHILDREN)))
 
 
 def machine_state() -> str:
@@ -304,7 +308,8 @@ def main() -> int:
     p.add_argument("--sizes", default="256,1024", help="dump sizes in MiB")
     p.add_argument("--listings", default="1000", help="uncovered sidecars of one day to list, e.g. 1000,10000")
     p.add_argument("--fleet", default="1000000,100,1000", help="DUMPS,DAYS,HOSTS of the synthetic fleet that "
-                   "`fleet list --group` reads; \"\" = skip")
+                   "`fleet list --group` reads; \"\" = skip (its table is then upload-fleet.md's)")
+    p.add_argument("--note", default="", help="what else the machine was doing, for the results' header")
     a = p.parse_args()
     started = machine_state()
     with tempfile.TemporaryDirectory(prefix="upload-bench-", dir="/var/tmp") as tmp:
@@ -342,36 +347,46 @@ def main() -> int:
             server.stop()
         fs = filesystem_of(work)
     ended = machine_state()
-    text = [
-        "# Upload to the fleet bucket (bench/upload.py)", "",
-        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {machine()}.",
-        f"Server: SeaweedFS `weed mini` on 127.0.0.1 (data on {fs}); client: boto3/s3transfer as the daemon "
-        "runs it (16 MiB parts, 4 in parallel, SHA-256 per part, HEAD verification, then the sidecar).",
-        f"Machine at start: {started}; at end: {ended}. Absolute figures move with the load, the paired ratios "
-        "less.", "",
-        f"## Throughput (MiB/s, median of {a.rounds} interleaved rounds, min–max in brackets)", "",
-        markdown_table(["dump", "raw PUT", "raw PUT, SHA-256", "corehandler upload", "corehandler, encrypted",
-                        "ours ÷ raw PUT (paired)", "raw PUT, SHA-256 ÷ raw PUT", "encrypted ÷ ours (paired)",
-                        "client CPU s/GiB", "encrypted: client CPU s/GiB"], rows) if rows else "(not run)",
-        "Raw PUT: one put_object of the same file, no checksum, the same client library and server (the floor). "
-        "Raw PUT, SHA-256: the same with botocore's SHA-256 checksum of the body, what any verified upload pays. "
-        "corehandler's upload reads the file once, digesting it as it sends parts with SHA-256 checksums, "
-        "HEADs the result, then writes the sidecar and the host's index file of the day. Encrypted: the same "
-        "with `[upload] recipients` (two age X25519 keys): the file is encrypted as it is read and the "
-        "ciphertext digested as it goes up.", "",
-        f"## Crash -> available in the bucket (64 MiB feeder core, {a.rounds} rounds)", "",
-        markdown_table(["median s", "min–max s"], [[f"{median(c2a):.2f}", spread(c2a)]]),
-        "From the feeder starting to pipe the core into csplice to the sidecar answering HEAD: capture, ingest "
-        "(validate, zstd, verify, index), then upload and verification.", "",
+    command = " ".join(["python -P bench/upload.py", *(f'"{x}"' if not x or " " in x else x for x in sys.argv[1:])])
+    fleet_part = [
         f"## `fleet list --group` over a synthetic fleet ({a.rounds} rounds)", "",
         markdown_table(["read from", "dumps", "days", "hosts", "cold median s", "cold min–max s",
-                        "warm median s", "warm min–max s", "files read"], groups) if groups else "(not run)",
+                        "warm median s", "warm min–max s", "files read"], groups),
         "What the CLI runs (fleetview.collect, then GROUP_SQL on DuckDB) over every day of the fleet. The "
         "fleet is made as the hosts' uploaders leave it: one Parquet index file per host and day (per-host "
         "files: one round), then every day compacted by `fleet compact`. Cold: an empty local cache, every "
         "file fetched (GETs in a pool of 32 threads); warm: the same again with the local cache: a LIST per "
         "compacted day (three for a day not compacted) and DuckDB over the cached files, a day's part files "
         "read from the one file the cache merged them into while none changed.", "",
+    ] if groups else [
+        "## `fleet list --group` over a synthetic fleet", "",
+        "See [upload-fleet.md](upload-fleet.md): 1,000,000 dumps from 1,000 hosts in 100 days.", "",
+    ]
+    text = [
+        "# Upload to the fleet bucket (bench/upload.py)", "",
+        f"Generated by `{command}`" + (f" ({a.note})" if a.note else "") + ".", "",
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {machine()}.",
+        f"Server: SeaweedFS `weed mini` on 127.0.0.1 (data on {fs}); client: boto3 as the daemon runs it "
+        "(fleet/transfer.py: 16 MiB parts, 4 in parallel, SHA-256 per part, HEAD verification, then the sidecar).",
+        f"Machine at start: {started}; at end: {ended}. Absolute figures move with the load, the paired ratios "
+        "less.", "",
+        f"## Throughput (MiB/s, median of {a.rounds} interleaved rounds, min–max in brackets)", "",
+        markdown_table(["dump", "raw PUT", "raw PUT, SHA-256", "corehandler upload", "corehandler, encrypted",
+                        "ours ÷ raw PUT (paired)", "raw PUT, SHA-256 ÷ raw PUT", "encrypted ÷ ours (paired)",
+                        "client CPU s/GiB", "encrypted: client CPU s/GiB"], rows) if rows else "(not run)",
+        "Raw PUT: one put_object of the same file with no checksum header, the same client library and server "
+        "(the floor; over http botocore still hashes the body once, for the signature). Raw PUT, SHA-256: the "
+        "same with botocore's SHA-256 checksum of the body (two passes: checksum and signature). corehandler's "
+        "upload reads the file once, in parts it hashes once and sends with that SHA-256 as their checksum "
+        "(which the server checks, and which is signed, so botocore hashes nothing again), HEADs the result, "
+        "then writes the sidecar and the host's index file of the day. Encrypted: the same with `[upload] "
+        "recipients` (two age X25519 keys): the file is encrypted by a child process as it is read and the "
+        "ciphertext hashed as it goes up; the child's CPU is in the CPU column.", "",
+        f"## Crash -> available in the bucket (64 MiB feeder core, {a.rounds} rounds)", "",
+        markdown_table(["median s", "min–max s"], [[f"{median(c2a):.2f}", spread(c2a)]]),
+        "From the feeder starting to pipe the core into csplice to the sidecar answering HEAD: capture, ingest "
+        "(validate, zstd, verify, index), then upload and verification.", "",
+        *fleet_part,
         f"## `fleet list` of one day's sidecars no index file covers ({a.rounds} rounds)", "",
         markdown_table(["sidecars", "cold median s", "cold min–max s", "cold sidecars/s", "cached median s",
                         "cached min–max s"], listings),

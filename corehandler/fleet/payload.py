@@ -91,33 +91,20 @@ class Digester:
 
     def result(self) -> Digests:
         parts = self._parts + ([self._part.digest()] if self._in_part else [])
-        composite = base64.b64encode(hashlib.sha256(b"".join(parts)).digest()).decode() + f"-{len(parts)}"
         if self._full is not None:
-            full = self._full.digest()
-        elif len(parts) <= 1:
-            full = parts[0] if parts else hashlib.sha256().digest()
-        else:
-            return Digests(self.size, None, None, composite)
-        return Digests(self.size, full.hex(), base64.b64encode(full).decode(), composite)
+            return from_parts(self.size, parts, self._full.digest())
+        return from_parts(self.size, parts)
 
 
-class DigestingReader:
-    """A readable stream that digests what is read through it (the object as it goes up)."""
-
-    def __init__(self, raw, part_size: int, full: bool = True):
-        self._raw = raw
-        self.digester = Digester(part_size, full)
-
-    def read(self, n: int = -1) -> bytes:
-        data = self._raw.read(n)
-        self.digester.update(data)
-        return data
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return False
+def from_parts(size: int, parts: list[bytes], full: bytes | None = None) -> Digests:
+    """The digests of an object of `size` bytes from its parts' SHA-256 digests, in order (and its full
+    SHA-256 when one was computed; an object of one part has that part's)."""
+    composite = base64.b64encode(hashlib.sha256(b"".join(parts)).digest()).decode() + f"-{len(parts)}"
+    if full is None and len(parts) <= 1:
+        full = parts[0] if parts else hashlib.sha256().digest()
+    if full is None:
+        return Digests(size, None, None, composite)
+    return Digests(size, full.hex(), base64.b64encode(full).decode(), composite)
 
 
 def digests(path: Path, part_size: int) -> Digests:
@@ -127,12 +114,6 @@ def digests(path: Path, part_size: int) -> Digests:
         while chunk := f.read(CHUNK):
             digester.update(chunk)
     return digester.result()
-
-
-def transfer_part_size(part_size: int, size: int) -> int:
-    """The part size s3transfer really uses for a file (it grows parts to stay within 10,000)."""
-    from s3transfer.utils import ChunksizeAdjuster
-    return ChunksizeAdjuster().adjust_chunksize(part_size, size)
 
 
 def check_object(head: dict, expect: Digests, *, multipart: bool) -> str | None:

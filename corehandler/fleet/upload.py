@@ -6,10 +6,10 @@ uploader, a thread of the daemon with its own connection, sends the oldest due o
 
   1. the fleet budget (if configured): claim one of N slots for the dump's signature and crash day with a
      conditional create; none left means the dump's core stays home and only its sidecar goes up;
-  2. the core, by s3transfer (multipart past one part, SHA-256 checksums per part; encrypted to [upload]
-     recipients as it is read when there are some), unless an attempt a kill interrupted already sent it
-     (the row's note of the verified core, or HEAD matching the store's file); then HEAD again: size and
-     checksum must match what was sent, or the attempt fails;
+  2. the core, by transfer.py (multipart past one part, each part hashed once and checked by the server
+     against that SHA-256; encrypted to [upload] recipients as it is read when there are some), unless an
+     attempt a kill interrupted already sent it (the row's note of the verified core, or, on a retry, a HEAD
+     matching the store's file); then HEAD: size and checksum must match what was sent, or the attempt fails;
   3. the sidecar: whoever sees it can trust the core it names;
   4. its row in this host's Parquet index file of the crash's day (dataset.py), before the row is done.
 Every step is safe to redo, so a kill anywhere leaves the row pending (uploading rows go back to pending at
@@ -38,17 +38,9 @@ from pathlib import Path
 from corehandler import paths, spool
 from corehandler.analysis import minicore
 from corehandler.errors import CorehandlerError
-from corehandler.fleet import bucket, dataset, seal
+from corehandler.fleet import bucket, dataset, seal, transfer
 from corehandler.fleet.bucket import BucketError, Target
-from corehandler.fleet.payload import (
-    DigestingReader,
-    check_object,
-    digests,
-    fallback_signature,
-    sidecar,
-    signature_key,
-    transfer_part_size,
-)
+from corehandler.fleet.payload import check_object, digests, fallback_signature, sidecar, signature_key
 from corehandler.fleet.upload_queue import (
     KEPT_BACK,
     _count_failure,
@@ -263,7 +255,7 @@ class Uploader(Quiet):
             log.error("Dump %s was deleted before it was uploaded: lost to the fleet", dump_id)
             return False
         try:
-            sent, core_key, budget = self._send(store, dump, budget)
+            sent, core_key, budget = self._send(store, dump, budget, retry=attempts > 0)
         except Exception as e:
             if self._stop.is_set():  # the daemon is stopping: not a failure, the next start does it again
                 with store.db:
@@ -297,7 +289,7 @@ class Uploader(Quiet):
     def _key(self, dump, suffix: str) -> str:
         return self.target.dump_key(dump.crashed_at, dump.id, suffix)
 
-    def _send(self, store: Store, dump, budget: str | None) -> tuple[int, str | None, str | None]:
+    def _send(self, store: Store, dump, budget: str | None, retry: bool) -> tuple[int, str | None, str | None]:
         cfg = self.config
         # docs/analysis.md, "Result"; None for dumps indexed before analysis existed
         analysis = self._analysis(store, dump.id)
@@ -314,7 +306,7 @@ class Uploader(Quiet):
         if send_core:
             core = self._kept_core(store, dump.id)
             if core is None:
-                core, head = self._send_core(dump, path)
+                core, head = self._send_core(dump, path, retry)
                 sent += core["bytes"] if core.pop("sent") else 0
                 with store.db:  # kept: a retry finds it in the bucket and does not send it again
                     store.db.execute("UPDATE uploads SET core = ? WHERE id = ?", (json.dumps(
@@ -372,30 +364,32 @@ class Uploader(Quiet):
             return None
         return kept["core"]
 
-    def _send_core(self, dump, path: Path) -> tuple[dict, dict]:
+    def _send_core(self, dump, path: Path, retry: bool) -> tuple[dict, dict]:
         """The core in the bucket, verified: (its sidecar entry with "sent", the object's HEAD). It is read
-        once: digested (and encrypted to [upload] recipients, if any) as s3transfer reads it in parts. What is
-        checked against the bucket is what was sent; age is randomised, so for an encrypted core only the
-        queue row's note of the verified core (_kept_core) saves a retry from sending it again."""
+        once, in parts (transfer.py: each part hashed once, the server checks it against that digest),
+        encrypted to [upload] recipients as it is read when there are some. What is checked against the
+        bucket is what was sent; age is randomised, so for an encrypted core only the queue row's note of the
+        verified core (_kept_core) saves a retry from sending it again."""
         name = ".zst" if path.name.endswith(".zst") else ".core"
         size = path.stat().st_size
         if self._recipients:
             key, encryption = self._key(dump, name + seal.SUFFIX), "age"
-            part = transfer_part_size(self.config.part_size, seal.encrypted_size_bound(size))
+            part = transfer.part_size_for(self.config.part_size, seal.encrypted_size_bound(size))
             source, content_type = seal.EncryptingReader(path, self._recipients), "application/octet-stream"
         else:
             key, encryption = self._key(dump, name), None
-            part = transfer_part_size(self.config.part_size, size)
-            head = self._head(key)
-            if head is not None:  # sent by an attempt a kill interrupted before the row noted it
+            part = transfer.part_size_for(self.config.part_size, size)
+            # Sent by an attempt a kill interrupted before the row noted it? Only a retry can find one.
+            head = self._head(key) if retry else None
+            if head is not None:
                 expect = digests(path, part)
                 if check_object(head, expect, multipart=size > part) is None:
                     return self._verified(dump, key, head, expect, part, sent=False)
-            source, content_type = open(path, "rb"), "application/zstd"
+            source, content_type = open(path, "rb", buffering=0), "application/zstd"
         with source:
-            stream = DigestingReader(source, part, full=False)  # botocore hashes each part once more
-            self._transfer(stream, key, part, content_type)
-        expect = stream.digester.result()
+            expect = transfer.send(self._client, self.target.bucket, key, source, part,
+                                   concurrency=self.config.concurrency, bandwidth=self.config.bandwidth_limit,
+                                   extra={"ContentType": content_type, **self._sse()}, stop=self._stop)
         return self._verified(dump, key, self._head(key), expect, part, sent=True, encryption=encryption)
 
     def _verified(self, dump, key: str, head: dict | None, expect, part_size: int, *, sent: bool,
@@ -422,27 +416,6 @@ class Uploader(Quiet):
             if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 return None
             raise
-
-    def _transfer(self, stream, key: str, part_size: int, content_type: str) -> None:
-        """Sends a stream in parts of part_size as it is read (at most `concurrency` parts in memory), or in
-        one PUT when it is no longer than one part."""
-        from s3transfer.manager import TransferConfig, TransferManager
-
-        cfg = self.config
-        tc = TransferConfig(multipart_threshold=part_size + 1, multipart_chunksize=part_size,
-                            max_request_concurrency=cfg.concurrency, max_bandwidth=cfg.bandwidth_limit or None,
-                            max_in_memory_upload_chunks=cfg.concurrency)
-        extra = {"ChecksumAlgorithm": "SHA256", "ContentType": content_type, **self._sse()}
-        manager = TransferManager(self._client, tc)
-        try:
-            future = manager.upload(stream, self.target.bucket, key, extra_args=extra)
-            while not future.done():
-                if self._stop.wait(0.2):
-                    future.cancel()  # s3transfer aborts the multipart upload it started
-                    break
-            future.result()
-        finally:
-            manager.shutdown(cancel=self._stop.is_set())
 
     def _claim(self, dump, signature: str) -> str:
         """One of fleet_budget slots for this signature and crash day, or KEPT_BACK when all are taken."""
@@ -501,7 +474,7 @@ class Uploader(Quiet):
     # failures ------------------------------------------------------------------------------------------
 
     def _failed(self, store: Store, dump_id: str, attempts: int, err: BucketError) -> None:
-        # A multipart upload s3transfer could not abort (the server went away) is aborted before the next try.
+        # A multipart upload transfer.py could not abort (the server went away) is aborted before the next try.
         self._aborted_stale = False
         delay = backoff(attempts, self.config.retry_initial, self.config.retry_max)
         with store.db:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from pathlib import Path
 
 from corehandler.cli import main
 from corehandler.config import UploadConfig, toml_value
 from corehandler.daemon import Settings
 from corehandler.fleet import upload, upload_queue
+from corehandler.store.dumprow import row_from_record
 from corehandler.store.index import Store
 from support.daemon_harness import Running, wait_for
 from support.spoolfeed import feed, write_settings
@@ -91,3 +93,19 @@ def sha_file(path: Path) -> str:
 def dump_keys(s3, bucket: str, dump_id: str) -> list[str]:
     """The dump's core and sidecar keys (v2 layout), sorted; its mini core, a small object of its own, left out."""
     return [k for k in s3.keys(bucket, "fleet/v2/dt=") if dump_id in k and ".mini.core" not in k]
+
+
+def store_with_dump(state: Path, dump_id: str, payload: bytes) -> Path:
+    """A state dir whose store holds one dump (its core the zstd of payload), queued for upload; its file."""
+    import zstandard
+
+    (state / "store").mkdir(parents=True)
+    path = state / "store" / f"{dump_id}.zst"
+    path.write_bytes(zstandard.ZstdCompressor().compress(payload))
+    record = {"id": dump_id, "signal": 6, "timestamp": time.time(), "proc": {"exe": "/usr/bin/x"}, "capture": {}}
+    with Store(state) as store:
+        store.insert(row_from_record(record, status="ok", problem=None, path=f"{dump_id}.zst", raw_bytes=len(payload),
+                                     stored_bytes=0, sha256=hashlib.sha256(payload).hexdigest()))
+        upload_queue.ensure_schema(store.db)
+        upload_queue.enqueue(store.db, dump_id)
+    return path

@@ -19,9 +19,10 @@ from botocore.exceptions import ClientError, EndpointConnectionError
 from corehandler import paths, spool
 from corehandler.config import Config, UploadConfig
 from corehandler.errors import ConfigError
-from corehandler.fleet import bucket, credentials, payload, upload, upload_queue
+from corehandler.fleet import bucket, credentials, payload, transfer, upload, upload_queue
 from corehandler.store.dumprow import row_from_record
 from corehandler.store.index import Store
+from support.fleethost import store_with_dump
 
 moto = pytest.importorskip("moto", reason="moto is a test dependency (scripts/pip/test.txt)")
 
@@ -54,6 +55,27 @@ def test_digests_match_the_s3_checksums(tmp_path, size, part):
     lean = one.result()
     assert lean.composite_b64 == d.composite_b64 and lean.checksum(part) == d.checksum(part)
     assert (lean.sha256, lean.full_b64) == ((d.sha256, d.full_b64) if size <= part else (None, None))
+
+
+@pytest.mark.parametrize("size,want", [(0, 16 << 20), (10 << 30, 16 << 20), (160000 << 20, 16 << 20),
+                                       ((160000 << 20) + 1, 32 << 20), (1 << 40, 128 << 20)])
+def test_parts_grow_to_keep_an_object_within_10000(size, want):
+    assert transfer.part_size_for(16 << 20, size) == want
+    assert transfer.part_size_for(1 << 20, 0) == transfer.MIN_PART  # S3 refuses smaller parts but the last
+
+
+def test_a_stream_goes_up_in_one_put_up_to_one_part_and_in_checked_parts_past_it(s3mock):
+    import io
+
+    part = transfer.MIN_PART
+    for size, parts in ((0, 1), (part, 1), (part + 1, 2), (3 * part - 1, 3)):
+        data = random.Random(size).randbytes(size)
+        got = transfer.send(s3mock, "fleet-test", f"k{size}", io.BytesIO(data), part)
+        assert got == payload.from_parts(size, [hashlib.sha256(data[i:i + part]).digest()
+                                                for i in range(0, max(size, 1), part)])
+        assert s3mock.get_object(Bucket="fleet-test", Key=f"k{size}")["Body"].read() == data
+        head = s3mock.head_object(Bucket="fleet-test", Key=f"k{size}", ChecksumMode="ENABLED")
+        assert head["ContentLength"] == size and head.get("ETag", "").endswith(f'-{parts}"') == (parts > 1)
 
 
 def test_check_object_compares_size_and_checksum(tmp_path):
@@ -139,7 +161,7 @@ def test_a_malformed_credentials_file_is_named_by_line_never_echoed(tmp_path, ca
     assert "SECRET" not in e.value.message and "line" in e.value.message, e.value.message
     # ...and so neither in the uploader's log line nor in the queue problem `status` shows
     dump_id = f"{int(time.time() * 1e6)}-0123456789abcdef-7"
-    _store_with_dump(tmp_path / "state", dump_id, b"x")
+    store_with_dump(tmp_path / "state", dump_id, b"x")
     clock = Clock()
     uploader = upload.Uploader(UploadConfig.model_validate({"url": "s3://fleet-x", "credentials_file": str(creds)}),
                                tmp_path / "state", clock=clock)
@@ -233,17 +255,6 @@ class Flaky:
         return call
 
 
-def _store_with_dump(state: Path, dump_id: str, payload: bytes) -> None:
-    (state / "store").mkdir(parents=True)
-    (state / "store" / f"{dump_id}.zst").write_bytes(zstandard.ZstdCompressor().compress(payload))
-    record = {"id": dump_id, "signal": 6, "timestamp": time.time(), "proc": {"exe": "/usr/bin/x"}, "capture": {}}
-    with Store(state) as store:
-        store.insert(row_from_record(record, status="ok", problem=None, path=f"{dump_id}.zst", raw_bytes=len(payload),
-                                     stored_bytes=0, sha256=hashlib.sha256(payload).hexdigest()))
-        upload_queue.ensure_schema(store.db)
-        upload_queue.enqueue(store.db, dump_id)
-
-
 def _drive(uploader: upload.Uploader, store: Store, clock: Clock, until: float) -> None:
     """Runs the uploader's steps, jumping the clock over every wait, until it is done or `until`."""
     while clock.now < until:
@@ -256,7 +267,7 @@ def _drive(uploader: upload.Uploader, store: Store, clock: Clock, until: float) 
 def test_an_endpoint_down_for_an_hour_loses_nothing_and_retries_at_the_backoffs_pace(tmp_path, s3mock):
     clock = Clock()
     dump_id = f"{int(clock.now * 1e6)}-0123456789abcdef-7"
-    _store_with_dump(tmp_path, dump_id, b"core " * 1000)
+    store_with_dump(tmp_path, dump_id, b"core " * 1000)
     flaky = Flaky(s3mock, clock, up_at=clock.now + 3600)
     cfg = UploadConfig.model_validate({"url": "s3://fleet-test/p", "host": "h1"})
     uploader = upload.Uploader(cfg, tmp_path, client_factory=lambda: flaky, clock=clock)
@@ -276,7 +287,7 @@ def test_a_server_that_ignores_conditional_creates_gets_every_core(tmp_path, s3m
     for n in range(3):
         state = tmp_path / f"h{n}"
         dump_id = f"{int(clock.now * 1e6) + n}-0123456789abcdef-7"
-        _store_with_dump(state, dump_id, b"same crash " * 100)
+        store_with_dump(state, dump_id, b"same crash " * 100)
         uploader = upload.Uploader(cfg.model_copy(update={"host": f"h{n}"}), state,
                                    client_factory=lambda: Flaky(s3mock, clock, 0, drop_if_none_match=True),
                                    clock=clock)
@@ -294,7 +305,7 @@ def test_retention_deleting_a_waiting_dump_counts_it_lost(tmp_path):
     from corehandler.store import retention
 
     dump_id = f"{int(time.time() * 1e6)}-0123456789abcdef-7"
-    _store_with_dump(tmp_path, dump_id, b"x" * 4096)
+    store_with_dump(tmp_path, dump_id, b"x" * 4096)
     with Store(tmp_path) as store:
         # max_count cannot take it while it waits; keep_free (the disk floor) can, and it is then lost.
         assert retention.vacuum(store, retention.Policy(max_count=0 or None, max_use=1)) == []
@@ -360,7 +371,7 @@ def test_a_reload_moves_turns_off_and_turns_on_the_uploader_thread(tmp_path, s3m
     from corehandler.store import retention
 
     first = f"{int(time.time() * 1e6)}-0123456789abcdef-7"
-    _store_with_dump(tmp_path, first, b"first " * 100)
+    store_with_dump(tmp_path, first, b"first " * 100)
     on = UploadConfig.model_validate({"url": "s3://fleet-test/a", "host": "h1", "retry_initial": "10ms"})
     uploader = upload.Uploader(on, tmp_path, client_factory=lambda: s3mock).start()
     try:
@@ -476,7 +487,7 @@ def test_the_uploader_reports_an_unsafe_credentials_file_as_the_queue_problem(tm
     creds.write_text("[default]\naws_access_key_id = AK\naws_secret_access_key = SK\n")
     creds.chmod(0o604)
     dump_id = f"{int(time.time() * 1e6)}-0123456789abcdef-7"
-    _store_with_dump(tmp_path / "state", dump_id, b"x")
+    store_with_dump(tmp_path / "state", dump_id, b"x")
     cfg = UploadConfig.model_validate({"url": "s3://fleet-x", "credentials_file": str(creds)})
     clock = Clock()
     uploader = upload.Uploader(cfg, tmp_path / "state", clock=clock)
