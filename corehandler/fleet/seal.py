@@ -81,8 +81,8 @@ class EncryptingReader:
     """A readable stream of the age encryption of a file, made by a child process as it is read (never the
     whole core in memory: a pipe's worth). A child, not a thread: pyrage holds the GIL while it encrypts, and a
     thread of ours doing it starved the upload's own threads (a Python thread counting beside
-    pyrage.encrypt_file ran 24x slower). The pipe is widened (PIPE_BYTES) and read unbuffered into the caller's
-    buffer: at the default 64 KiB each part took hundreds of wake-ups of both processes. It fails loudly
+    pyrage.encrypt_file ran 24x slower). The pipe is widened (PIPE_BYTES) and read unbuffered, whole parts at a
+    time: at the default 64 KiB each part took hundreds of wake-ups of both processes. It fails loudly
     rather than end early: a child that did not finish cleanly fails the read that would otherwise have seen
     a short stream."""
 
@@ -114,7 +114,7 @@ class EncryptingReader:
         with memoryview(buf) as view:
             while got < n and (m := self.readinto(view[got:])):
                 got += m
-        return bytes(buf[:got])
+            return view[:got].tobytes()  # the one copy: a pipe gives a part in pieces
 
     def _check(self) -> None:
         err = self._proc.stderr.read().decode(errors="replace").strip()

@@ -40,28 +40,27 @@ def part_size_for(part_size: int, size: int) -> int:
     return part
 
 
-def read_part(source, size: int) -> bytearray:
-    """Up to size bytes of source (fewer only at its end), read straight into the buffer that is sent."""
-    buf = bytearray(size)
-    view, got = memoryview(buf), 0
-    while got < size:
-        n = source.readinto(view[got:])
-        if not n:
-            break
-        got += n
-    view.release()
-    del buf[got:]
-    return buf
+def read_part(source, size: int) -> bytes:
+    """Up to size bytes of source (fewer only at its end): for a file, one read straight into the bytes that
+    are sent (bytes, not a bytearray: not every S3 client library takes one)."""
+    data = source.read(size)
+    if len(data) in (0, size):
+        return data
+    chunks, got = [data], len(data)
+    while got < size and (more := source.read(size - got)):
+        chunks.append(more)
+        got += len(more)
+    return b"".join(chunks)
 
 
 def send(client, bucket: str, key: str, source, part_size: int, *, concurrency: int = 4, bandwidth: int = 0,
          extra: dict | None = None, stop: threading.Event | None = None) -> Digests:
-    """Sends everything source (readinto()) holds to bucket/key in parts of part_size; the digests of what
+    """Sends everything source (read()) holds to bucket/key in parts of part_size; the digests of what
     was sent. Raises the failing request's error, or Cancelled."""
     extra = dict(extra or {})
     stop = stop or threading.Event()
     first = read_part(source, part_size)
-    second = read_part(source, part_size) if len(first) == part_size else bytearray()
+    second = read_part(source, part_size) if len(first) == part_size else b""
     if not second:
         digest = hashlib.sha256(first).digest()
         client.put_object(Bucket=bucket, Key=key, Body=first, ChecksumSHA256=_b64(digest), **extra)
@@ -82,7 +81,7 @@ def send(client, bucket: str, key: str, source, part_size: int, *, concurrency: 
 def _parts(client, bucket, key, upload_id, source, part_size, firsts, concurrency, bandwidth, stop):
     room = threading.BoundedSemaphore(max(1, concurrency))  # parts in memory: read, or on the wire
 
-    def put(number: int, body: bytearray) -> dict:
+    def put(number: int, body: bytes) -> dict:
         try:
             digest = hashlib.sha256(body).digest()  # releases the GIL: the next part is read meanwhile
             etag = client.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body,

@@ -25,7 +25,7 @@ def test_the_encrypting_stream_decrypts_to_the_file_and_digests_what_it_gave(tmp
     src.write_bytes(os.urandom(size))
     with seal.EncryptingReader(src, [ident.to_public(), other.to_public()]) as enc:
         parts = []
-        while part := transfer.read_part(enc, 1 << 20):  # as the upload reads it: straight into its buffer
+        while part := transfer.read_part(enc, 1 << 20):  # as the upload reads it
             parts.append(bytes(part))
     blob = b"".join(parts)
     assert len(blob) <= seal.encrypted_size_bound(size)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import os
 import time
 
@@ -44,8 +45,8 @@ class Wire:
         client.meta.events.register("before-send.s3", self._record)
 
     def _record(self, request, event_name: str, **_) -> None:
-        body = request.body if isinstance(request.body, (bytes, bytearray)) else b""
-        self.sent.append((event_name.rsplit(".", 1)[1], dict(request.headers), bytes(body)))
+        headers = {k: v.decode() if isinstance(v, bytes) else v for k, v in request.headers.items()}
+        self.sent.append((event_name.rsplit(".", 1)[1], headers, body_of(request)))
 
     def ops(self) -> list[str]:
         return [op for op, _, _ in self.sent]
@@ -69,6 +70,17 @@ def botocore_hashed(monkeypatch) -> list[int]:
         return real_sha256(data)
     monkeypatch.setattr(botocore.auth, "sha256", counting_sha256)
     return sizes
+
+
+def body_of(request) -> bytes:
+    """A request's body as it is about to be sent (botocore hands PUT bodies over as files)."""
+    body = request.body
+    if hasattr(body, "read"):
+        at = body.tell()
+        data = body.read()
+        body.seek(at)
+        return data
+    return bytes(body or b"")
 
 
 def _row(uploader: upload.Uploader, dump_id: str) -> tuple:
@@ -122,11 +134,11 @@ def test_a_part_whose_bytes_do_not_match_its_digest_is_refused(tmp_path, s3, siz
     flipped = []
 
     def corrupt(request, **_):
-        if flipped or not request.body:
+        body = bytearray(body_of(request))
+        if flipped or not body:
             return
-        body = bytearray(request.body)
         body[len(body) // 2] ^= 0x01  # a bit flipped on the way: what the server must catch
-        request.body = bytes(body)
+        request.body = io.BytesIO(bytes(body))
         flipped.append(True)
     uploader._client.meta.events.register(f"before-send.s3.{op}", corrupt)
     with Store(uploader.state_dir) as store:
