@@ -211,7 +211,7 @@ def unseal(sidecar: dict, identities: list) -> dict:
 
 def _encrypt_stdin(texts: list[str]) -> int:
     """EncryptingReader's child: stdin (the stored core) to stdout, age-encrypted to the public keys given.
-    Through pyrage's own files: encrypt_io calls back into Python for every 8 KiB it reads."""
+    Through pyrage's own file I/O (encrypt_file): encrypt_io reads and writes through Python file objects."""
     import pyrage
 
     pyrage.encrypt_file("/dev/stdin", "/dev/stdout", recipients(texts))

@@ -3,9 +3,9 @@
 Each part is read once into memory (at most `concurrency` + 1 parts at a time), hashed once, and sent as it is
 with that digest as its `x-amz-checksum-sha256`: the server refuses a part whose bytes do not match, and the
 header is signed, so neither botocore's checksum nor its SigV4 payload hash (bucket.client) reads the part
-again. s3transfer, which did the sending before, made botocore hash every part twice more (its checksum and,
-over http, the signature's payload hash) and sent it in 16 KiB reads through Python wrappers. The part
-digests are also what payload.Digests keeps, so the HEAD afterwards is checked against exactly what was sent.
+again. Through s3transfer, which did the sending before, botocore hashed every part twice more (its checksum
+and, over http, the signature's payload hash) beside our own digest. The part digests are also what
+payload.Digests keeps, so the HEAD afterwards is checked against exactly what was sent.
 
 A stream no longer than one part goes up in one PUT; a longer one as a multipart upload (its parts sent in
 order of reading by a pool of `concurrency` threads), aborted when a part fails or `stop` is set (one that a
