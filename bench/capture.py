@@ -256,12 +256,12 @@ def odirect_once(tools: Tools, size: int) -> float:
 
 
 def measure(tools: Tools, method: str, mib: int, half: bool, sdcd) -> tuple[float, str | None]:
-    size = mib * MiB
+    written = mib * MiB // 2 if half else mib * MiB  # half untouched: the rest is zeros, holes in the file
     if method == ODIRECT:
-        return odirect_once(tools, size // 2 if half else size), None
+        return odirect_once(tools, written), None
     if method == BOTH:
         Path("/proc/sys/kernel/core_pattern").write_text("|" + " ".join(tools.handler_argv(FLOOR, "")))
-        dd = [str(tools.baselines), "odirect", str(tools.out / "odirect"), str(size // 2 if half else size)]
+        dd = [str(tools.baselines), "odirect", str(tools.out / "odirect"), str(written)]
         return crash_once(tools, mib, half, alongside=dd)[0], None
     if method == SDCD:
         Path("/proc/sys/kernel/core_pattern").write_text(sdcd.pattern)
@@ -279,7 +279,7 @@ def measure(tools: Tools, method: str, mib: int, half: bool, sdcd) -> tuple[floa
     assert len(pattern) <= 127, pattern
     Path("/proc/sys/kernel/core_pattern").write_text(pattern)
     hold, pid = crash_once(tools, mib, half)
-    return hold, tools.check(method, size // 2 if half else size, pid)
+    return hold, tools.check(method, written, pid)
 
 
 def live(tools: Tools, workloads, methods, runs: int, tiny_runs: int, states) -> dict:

@@ -378,7 +378,6 @@ static void *ring_writer(void *userdata) {
         }
 }
 
-/* The reader side, shared by rw2 and direct: fills whole slots from the pipe and hands them to the writers. */
 /* The slots in one mapping on huge-page boundaries, with huge pages asked for: every page of a new process's
  * buffer is a fresh page, on a VM that returns free memory to its host a dear one, and 8 MiB took 4.4 ms in
  * 4 KiB pages here against 0.5 ms in 2 MiB ones. Where none is to be had, the kernel gives small pages. */
@@ -406,6 +405,7 @@ static void ring_free(Ring *ring) {
         ring->mem = NULL;
 }
 
+/* The reader side, shared by rw2 and direct: fills whole slots from the pipe and hands them to the writers. */
 static int ring_capture(Capture *c, Ring *ring) {
         size_t chunk = (size_t) c->settings->chunk_size;
         /* rw may have written the dump's start already (capture_rw's hand-off). */

@@ -155,7 +155,7 @@ def collect(client, target: Target, days: list[datetime.date], only_hosts=(), ca
             view.skipped.append(f"s3://{target.bucket}/{key}{problem}")
         elif host is None:
             view.files.append(path)
-            _prune(parts_dir / MERGED / f"dt={day:%Y-%m-%d}", None)  # compacted since: its merged file goes
+            _prune(_merged_dir(parts_dir, day), None)  # compacted since: its merged file goes
         else:
             merge.setdefault(day, []).append((key, etag, host, path))
     if cache:
@@ -188,7 +188,7 @@ def _merged(parts_dir: Path, day: datetime.date, parts: list[tuple[str, str, str
     parts' digest: while none changed, the last run's file is read again as it is."""
     import duckdb
 
-    folder = parts_dir / MERGED / f"dt={day:%Y-%m-%d}"
+    folder = _merged_dir(parts_dir, day)
     path = folder / f"merged-{dataset.INDEX_SCHEMA}-{dataset.digest([(k, e) for k, e, _, _ in parts])}.parquet"
     if all(e for _, e, _, _ in parts) and path.exists():
         os.utime(path)
@@ -205,6 +205,10 @@ def _merged(parts_dir: Path, day: datetime.date, parts: list[tuple[str, str, str
     os.replace(tmp, path)
     _prune(folder, path)
     return path
+
+
+def _merged_dir(parts_dir: Path, day: datetime.date) -> Path:
+    return parts_dir / MERGED / f"dt={day:%Y-%m-%d}"
 
 
 def _prune(folder: Path, keep: Path | None) -> None:
