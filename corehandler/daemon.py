@@ -26,7 +26,6 @@ core_removed.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import select
@@ -38,9 +37,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from corehandler import elfcore, paths, spool, steps
+from corehandler import daemonlock, elfcore, paths, spool, steps
 from corehandler.analysis import debuginfod, findings, minicore, resymbolise, symbols, unwind
-from corehandler.errors import CorehandlerError
 from corehandler.inotify import IN_Q_OVERFLOW, Watch
 from corehandler.observe.observer import Observer, Stored
 from corehandler.store import analyses, attempts, compress, retention, userview
@@ -606,15 +604,9 @@ class Daemon:
     # -- main loop ------------------------------------------------------------------------------------------
 
     def _lock(self) -> int:
-        """One daemon per state dir: two would compress the same records side by side."""
-        path = self.settings.state_dir / "daemon.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise CorehandlerError(f"another corehandler daemon is running on {self.settings.state_dir}") from None
-        return fd
+        """One daemon per state dir: two would compress the same records side by side. The lock is also this
+        daemon's liveness for `status` (daemonlock.py)."""
+        return daemonlock.hold(self.settings.state_dir / "daemon.lock")
 
     def run(self) -> int:
         s = self.settings

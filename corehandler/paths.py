@@ -1,4 +1,8 @@
-"""Where corehandler's files live. Every root is a field, so tests run without touching the host's."""
+"""Where corehandler's files live, in two worlds that never mix: an installation (`Paths`: a state dir and what
+hangs from it, one per `--state-dir`) and the host (`Host`: what exists once per machine, the kernel's
+core_pattern and core_pipe_limit, our sysctl.d file, csplice.conf at the path fixed in csplice, and the lock
+that guards them). Code handed an installation cannot name a host file; only host/handler.py writes them.
+Every root is a field, so tests run without touching the host's."""
 
 from __future__ import annotations
 
@@ -10,8 +14,12 @@ from pathlib import Path
 DEFAULT_STATE_DIR = Path("/var/lib/corehandler")
 DEFAULT_CONFIG_DIR = Path("/etc/corehandler")
 # Fixed in the csplice binary (CSPLICE_SETTINGS_PATH): the kernel runs it with no arguments of ours and no
-# environment, so this is the one place it can look.
+# environment, so this is the one place it can look. A host file, although it sits in the default state dir.
 CSPLICE_SETTINGS = DEFAULT_STATE_DIR / "csplice.conf"
+# Whoever changes the host's handler holds this lock, for a moment (install, a daemon's refresh) or a while
+# (doctor --probe, the tests, the benchmarks). Root's directory, not world-writable /run/lock, where any user
+# could hold the lock or plant a symlink for root to follow (host/sysctl.py held_lock()).
+HOST_LOCK = Path("/run/corehandler/lock/core-pattern.lock")
 # Modes of the state directories, all root's. The state and store directories may be crossed but not listed
 # (0711) so a user can open what is published for them by name (userview.py: their own view, and the stored
 # cores that carry a read ACL for them); the spool is root's alone.
@@ -66,11 +74,9 @@ def capture_rates_path(state_dir: Path) -> Path:
 
 @dataclass(frozen=True)
 class Paths:
+    """One installation: its state dir and the directories that derive from it."""
     state_dir: Path = DEFAULT_STATE_DIR
     config_dir: Path = DEFAULT_CONFIG_DIR
-    csplice_settings: Path = CSPLICE_SETTINGS
-    proc_root: Path = Path("/proc")
-    sysctl_d: Path = Path("/etc/sysctl.d")
     run_dir: Path = field(default=Path("/run/corehandler"))
     log_dir: Path = Path("/var/log/corehandler")  # the supervised daemon's log, where systemd is not PID 1
 
@@ -96,9 +102,37 @@ class Paths:
         return capture_rates_path(self.state_dir)
 
     @property
+    def daemon_lock(self) -> Path:
+        """Held by this installation's daemon for its whole life, naming it (daemonlock.py)."""
+        return Path(self.state_dir) / "daemon.lock"
+
+    @property
+    def installation_id(self) -> Path:
+        """A random name made at the first claim: csplice.conf names its owner by it and the state dir."""
+        return Path(self.state_dir) / "installation-id"
+
+    @property
+    def previous_handler(self) -> Path:
+        """What the host's handler was before this installation claimed it (host/handler.py)."""
+        return Path(self.state_dir) / "previous-handler.conf"
+
+    @property
     def config_file(self) -> Path:
         return self.config_dir / "corehandler.toml"
 
     @property
     def dropin_dir(self) -> Path:
         return self.config_dir / "corehandler.d"
+
+
+@dataclass(frozen=True)
+class Host:
+    """What exists once per machine. Only host/handler.py writes these; everyone may read them."""
+    proc_root: Path = Path("/proc")
+    sysctl_d: Path = Path("/etc/sysctl.d")
+    csplice_settings: Path = CSPLICE_SETTINGS
+    lock: Path = HOST_LOCK
+
+    @property
+    def sysctl_root(self) -> Path:
+        return self.proc_root / "sys"

@@ -45,10 +45,17 @@ def run_install_csplice(args: argparse.Namespace) -> int:
     return 0
 
 
+def _agent_load(args: argparse.Namespace):
+    """The config and the agent's own installation: --state-dir, else agent.STATE_DIR."""
+    if args.state_dir is None:
+        args.state_dir = agent.STATE_DIR
+    return load(args)
+
+
 def run_agent(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the daemon's reload, once it has its handler
     serve.log_to_stderr(args)
-    config, paths = load(args)
+    config, paths = _agent_load(args)
     config = agent.node_config(config)
     options = agent.Options(csplice=args.dir.absolute() / "csplice",
                             force=args.force or agent.env_flag(agent.ENV_FORCE),
@@ -57,9 +64,9 @@ def run_agent(args: argparse.Namespace) -> int:
 
 
 def run_uninstall(args: argparse.Namespace) -> int:
-    _, paths = load(args)
+    _, paths = _agent_load(args)
     directory = args.dir.absolute()
-    done = agent.stop(paths, directory / "csplice")
+    done = agent.stop(paths)
     done["csplice_removed"] = agent.remove_csplice(directory)
     lines = [install.uninstalled_line(done, "the agent")]
     if done["csplice_removed"]:

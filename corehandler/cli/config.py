@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 
 from corehandler.cli.common import base_paths, emit, load
-from corehandler.config import config_files, config_json, render_csplice_settings, render_toml
+from corehandler.config import config_files, config_json, render_toml
+from corehandler.host import handler
+from corehandler.paths import Host
 
 
 def register(commands) -> None:
@@ -29,7 +31,7 @@ def run_check(args: argparse.Namespace) -> int:
 def run_show(args: argparse.Namespace) -> int:
     config, paths = load(args)
     if args.csplice:
-        text = render_csplice_settings(config, paths)
+        text = handler.settings_for(config.capture, paths, Host())
         emit(args, {"csplice_settings": text}, text.rstrip("\n"))
     else:
         emit(args, config_json(config), render_toml(config).rstrip("\n"))

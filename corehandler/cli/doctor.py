@@ -47,7 +47,7 @@ def run_doctor(args: argparse.Namespace) -> int:
         paths = load(args)[1]  # the state dir the daemon measures in, which the config may move
     except ConfigError:
         paths = base_paths(args)  # doctor's kernel findings need no config
-    found = kernelprobe.survey(probe=args.probe, proc_root=paths.proc_root) + [capture_choice(paths)]
+    found = kernelprobe.survey(probe=args.probe) + [capture_choice(paths)]
     width = max(len(f["name"]) for f in found)
     lines = [f"{f['name']:<{width}}  {_cell(f['value']):<14} {f['how']:<10} {f['detail']}" for f in found]
     emit(args, found, "\n".join(lines))

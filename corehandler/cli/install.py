@@ -116,6 +116,25 @@ def uninstalled_line(done: dict, who: str) -> str:
             f"{restored['kernel.core_pipe_limit']} (from {done['restored_from']})")
 
 
+def _capture_line(capture: dict) -> str:
+    if capture["owner"] is None:
+        return "no corehandler installation (core_pattern is not corehandler's, or csplice.conf names none)"
+    where = capture["owner"] + (f" (installation {capture['installation']})" if capture["installation"] else "")
+    if capture["this"]:
+        return f"this installation, {where}, {capture['mode']} mode"
+    gone = "" if capture["owner_exists"] else "; that state dir is gone: `corehandler install` takes it over"
+    return f"another installation, {where}: this one ingests its own spool only{gone}"
+
+
+def _daemon_line(daemon: dict) -> str:
+    if daemon["state"] != "running":
+        return "stopped"
+    since = dt.datetime.fromtimestamp(daemon["since"]).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z") \
+        if daemon.get("since") else "?"
+    how = ", supervised" if daemon.get("supervisor") else ""
+    return f"running (pid {daemon['pid']}, since {since}{how})"
+
+
 def _installed_line(st: dict) -> str:
     if not st["installed"]:
         return "no"
@@ -178,6 +197,7 @@ def run_status(args: argparse.Namespace) -> int:
     pipe_note = "" if st["core_pipe_limit_ok"] else " (0: /proc/PID may vanish before csplice reads it)"
     lines = [
         f"installed:        {_installed_line(st)}" + (f", {st['mode']} mode" if st["mode"] else ""),
+        f"capture:          {_capture_line(st['capture'])}",
         f"core_pattern:     {st['core_pattern']}",
         f"core_pipe_limit:  {st['core_pipe_limit']}{pipe_note}",
         f"sysctl.d:         {st['sysctl_d']['path']}: {_sysctl_d_line(st['sysctl_d'])}",
@@ -185,11 +205,11 @@ def run_status(args: argparse.Namespace) -> int:
         f"csplice settings: {st['settings']['path']}: {st['settings']['state']}",
         f"spool:            {st['spool']['path']}: {_spool_line(st['spool'])}",
         f"store:            {_store_line(st['store'])}",
-        f"daemon:           {st['daemon']['state']}",
+        f"daemon:           {_daemon_line(st['daemon'])}",
     ]
     listener_line = _listener_line(st["listener"])
     if listener_line:
-        lines.insert(2, f"listener:         {listener_line}")
+        lines.insert(3, f"listener:         {listener_line}")
     if st["upload"] is not None:
         lines.append(f"upload:           {_upload_line(st['upload'])}")
     emit(args, st, "\n".join(lines))

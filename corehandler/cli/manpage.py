@@ -14,8 +14,16 @@ from pathlib import Path
 from corehandler import __version__, errors
 from corehandler.cli import argtree
 from corehandler.cli.selection import MATCH_HELP, TIME_HELP
-from corehandler.config import Config, csplice_settings, documented
-from corehandler.csplice_contract import SPECIFIERS, STRATEGIES
+from corehandler.config import Config, documented
+from corehandler.csplice_contract import (
+    INSTALLATION_KEY,
+    OWNER_KEY,
+    SPECIFIERS,
+    STOCK_KERNEL_STRATEGY,
+    STRATEGIES,
+    Facts,
+    settings_values,
+)
 from corehandler.paths import Paths
 
 # What each of csplice's specifiers is (core(5)); a test keeps the keys equal to SPECIFIERS.
@@ -197,8 +205,10 @@ def csplice_8(config: Config | None = None) -> str:
     out += [".SH SETTINGS",
             roff("csplice reads /var/lib/corehandler/csplice.conf (key=value lines), which the control plane "
                  "generates from the [capture] section of corehandler.toml(5); when it is missing or unreadable "
-                 "csplice uses safe built-in defaults and says so in the kernel log. The keys:")]
-    for key in csplice_settings(config, Paths()):
+                 "csplice uses safe built-in defaults and says so in the kernel log. Two more keys, "
+                 f"{OWNER_KEY} and {INSTALLATION_KEY}, name the installation (state dir and id) that wrote the "
+                 "file; csplice ignores them. The keys:")]
+    for key in settings_values(config.capture, Paths().spool_dir, Facts(STOCK_KERNEL_STRATEGY, 0, 0)):
         value, description = capture.get(key, ("", "where records and cores are written (state_dir/spool)"))
         out += [".TP", f"\\fB{roff(key)}\\fR" + (f" (default {roff(value)})" if value else ""), roff(description)]
     out += [".SH OPTIONS", roff("Run by hand with one option, csplice prints a table and exits:"),

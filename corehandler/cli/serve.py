@@ -10,16 +10,16 @@ import threading
 from collections.abc import Callable
 
 from corehandler.cli.common import load
-from corehandler.config import write_csplice_settings
 from corehandler.csplice_contract import csplice_version
 from corehandler.daemon import Daemon, Settings, settings_from_config
 from corehandler.errors import CorehandlerError
 from corehandler.fleet.upload import Uploader
-from corehandler.host import overview, writerates
+from corehandler.host import handler, overview, writerates
 from corehandler.observe.journal import JournalObserver
 from corehandler.observe.metrics import MetricsObserver
+from corehandler.observe.observer import Quiet
 from corehandler.observe.sdnotify import SystemdNotifier
-from corehandler.paths import csplice_path
+from corehandler.paths import Host, csplice_path
 from corehandler.store import scrub
 
 log = logging.getLogger("corehandler.serve")
@@ -80,7 +80,40 @@ def log_to_stderr(args: argparse.Namespace) -> None:
                         format="%(levelname)s: %(message)s")
 
 
-def serve(args: argparse.Namespace, config, paths, adjust: Callable = lambda config: config) -> int:
+class Refresher(Quiet):
+    """csplice.conf follows this installation's config (reload) and the spool's measured write rates (measured
+    in a thread of its own), if this installation owns the host's handler (host/handler.py refresh()); both
+    render the one current config, one at a time. The first refresh comes once the daemon holds its state
+    dir (on_start): a second daemon about to be refused changes nothing."""
+
+    def __init__(self, host: Host, config, paths):
+        self.host, self.config, self.paths = host, config, paths
+        self._lock = threading.Lock()
+
+    def refresh(self, config=None, paths=None) -> bool:
+        """Renders csplice.conf from config and paths (the last ones given when None); True if this
+        installation owns the handler."""
+        with self._lock:
+            if config is not None:
+                self.config, self.paths = config, paths
+            text = handler.settings_for(self.config.capture, self.paths, self.host)
+            try:
+                return handler.refresh(self.host, self.paths, text, socket_path=self.config.kernel.socket_path)
+            except CorehandlerError as e:
+                log.warning("%s; csplice.conf left as it is", e.message)
+                return False
+
+    def on_start(self) -> None:
+        if not self.refresh():
+            found = handler.owner(self.host, self.config.kernel.socket_path)
+            who = f"{found.state_dir} captures" if found else "no corehandler installation captures"
+            log.info("Not the host's handler (%s): ingesting %s only; `corehandler install` claims it",
+                     who, self.paths.spool_dir)
+        writerates.refresh_in_background(self.paths, self.refresh)
+
+
+def serve(args: argparse.Namespace, config, paths, adjust: Callable = lambda config: config,
+          host: Host = Host()) -> int:
     """The daemon on config and paths until it is asked to stop; adjust(config) is applied to every config read
     again on reload too (the node agent's, host/agent.py)."""
 
@@ -88,29 +121,20 @@ def serve(args: argparse.Namespace, config, paths, adjust: Callable = lambda con
     # Its own thread (started by on_start, once the daemon holds the state dir) and index connection: ingest
     # never waits on the network.
     uploader = Uploader(config.upload, paths.state_dir)
-
-    # csplice.conf follows the config (reload) and the spool's measured write rates (writerates, measured in a
-    # thread of its own): both render the one current config, one at a time.
-    current, rendering = [config, paths], threading.Lock()
-
-    def write_settings() -> None:
-        with rendering:
-            write_csplice_settings(*current)
+    settings = Refresher(host, config, paths)
 
     def reload() -> Settings:
         new, new_paths = load(args)
         new = adjust(new)
-        settings = settings_from_config(new, new_paths, sweep_interval=args.sweep_interval)
+        daemon_settings = settings_from_config(new, new_paths, sweep_interval=args.sweep_interval)
         uploader.reconfigure(new.upload)
-        current[:] = [new, new_paths]
-        write_settings()
-        return settings
+        settings.refresh(new, new_paths)
+        return daemon_settings
 
-    write_settings()
-    writerates.refresh_in_background(paths, write_settings)
     daemon = Daemon(settings_from_config(config, paths, sweep_interval=args.sweep_interval), (), reload,
                     handle_signals=True)
     observers, problems = observers_for(config, paths, lambda: daemon.settings.policy.max_use)
+    daemon.observers.append(settings)  # first: csplice.conf current before READY
     daemon.observers.append(SystemdNotifier())  # READY once run() holds the state dir; the watchdog after
     daemon.observers.extend(observers)
     daemon.observers.append(uploader)

@@ -1,17 +1,21 @@
 """The node agent's life cycle in a privileged pod (`corehandler agent`, docs/kubernetes.md).
 
-The pod shares three host paths with the node, each mounted at the same path inside (so a path in core_pattern,
-csplice.conf or the index means the same on both sides): the state dir, the directory the kernel runs csplice
-from (LIBEXEC_DIR), and /run/corehandler. Its /proc/sys is the host's: core_pattern is not namespaced.
+The agent is an installation of its own (STATE_DIR, not a native install's /var/lib/corehandler): its own
+spool, store, index and daemon lock. The pod shares four host paths with the node, each mounted at the same
+path inside (so a path in core_pattern, csplice.conf or the index means the same on both sides): its state dir,
+the directory the kernel runs csplice from (LIBEXEC_DIR), the directory of csplice.conf (fixed in csplice, and
+the host's: paths.CSPLICE_SETTINGS) and /run/corehandler (the host lock). Its /proc/sys is the host's:
+core_pattern is not namespaced.
 
 - install-csplice (the init container): copies the image's static csplice (the node's libc is not the image's)
   into LIBEXEC_DIR, atomically, root's and 0755, so that the main container can mount it read-only.
 - run (the main container): install.install in pipe mode with nothing persisted (no sysctl.d: a pod must not
-  write the host's /etc, and it installs again at every start), then `serve` in the foreground. A stop it was
-  asked for (SIGTERM, SIGINT) puts the host's previous handler back, unless keep_on_stop; a failure leaves the
-  pattern, so csplice keeps spooling into the host's state dir until the restarted agent ingests it (as after
-  SIGKILL or OOM, where nothing runs at all).
-- uninstall (a Job, a Helm hook): the previous handler back, the host's csplice copy removed.
+  write the host's /etc, and it installs again at every start): a claim of the host's handler, which refuses
+  a live native installation unless forced. Then `serve` in the foreground. A stop it was asked for (SIGTERM,
+  SIGINT) releases the handler: exactly what the claim found goes back, csplice.conf included, unless
+  keep_on_stop; a failure leaves the pattern, so csplice keeps spooling into the agent's state dir until the
+  restarted agent ingests it (as after SIGKILL or OOM, where nothing runs at all).
+- uninstall (a Job, a Helm hook): the release, and the host's csplice copy removed.
 
 Pipe mode only: a socket listener would live in the pod, and the kernel drops dumps while it restarts.
 """
@@ -30,13 +34,15 @@ from corehandler.config import Config
 from corehandler.csplice_contract import csplice_version
 from corehandler.errors import HandlerConflictError, SystemFailure
 from corehandler.host import install, sysctl
-from corehandler.paths import Paths, libexec_dir
+from corehandler.paths import Host, Paths, libexec_dir
 
 log = logging.getLogger("corehandler.agent")
 
 # The hostPath the kernel runs csplice from (docs/kubernetes.md): read-only in the main container.
 LIBEXEC_DIR = Path("/var/lib/corehandler-agent/libexec")
-# The other host paths of the pod, each mounted at the same path (the state dir: paths.DEFAULT_STATE_DIR).
+# The agent's own installation: a native corehandler on the node keeps /var/lib/corehandler to itself.
+STATE_DIR = Path("/var/lib/corehandler-agent/state")
+# The other host paths of the pod, each mounted at the same path.
 RUN_DIR = Paths().run_dir
 CONFIG_FILE = Paths().config_file  # the ConfigMap's, read-only
 # The image's csplice for the host, linked statically (packaging/kubernetes/image/build.sh puts it here).
@@ -101,34 +107,25 @@ def _same_file(target: Path, data: bytes) -> bool:
         return False
 
 
-def start(config: Config, paths: Paths, csplice: Path, *, force: bool = False) -> dict:
-    """csplice (LIBEXEC_DIR's) into core_pattern, live only; the previous values saved unless they are ours.
-    Refuses another handler, corehandler installed on the host itself included, unless forced."""
+def start(config: Config, paths: Paths, csplice: Path, *, force: bool = False, host: Host = Host()) -> dict:
+    """csplice (LIBEXEC_DIR's) into core_pattern, live only, this installation its owner; what the host had is
+    saved unless the agent owns the handler already (a restart). Refuses another handler, a live native
+    corehandler on the node included, unless forced."""
     program = install.check_handler_path(csplice)
-    current = sysctl.read(sysctl.CORE_PATTERN, paths.proc_root / "sys")
-    other = install.handler_program(current)
-    if other is not None and other != str(program) and not force:
-        # Any csplice is "ours" to `install`: a node's own corehandler (its package, scripts/setup) is not this
-        # agent's, and the agent's stop would hand the node a handler the node did not choose.
-        if install.is_ours(current):
-            raise HandlerConflictError(f"corehandler is installed on this node itself ({other} in core_pattern): "
-                                       f"remove it there, or run the agent with --force ({ENV_FORCE}=1)")
-        raise HandlerConflictError(f"another core handler is installed ({other}): the agent replaces it with "
-                                   f"--force ({ENV_FORCE}=1), and puts it back when stopped")
     if config.kernel.mode != "pipe":
         log.warning("[kernel] mode = %s is ignored: the agent installs pipe mode, which needs no process of the "
                     "pod to capture", config.kernel.mode)
-    return install.install(config, paths, csplice=program, force=force, mode="pipe", write_sysctl_d=False,
-                           persistent=False)
+    try:
+        return install.install(config, paths, host=host, csplice=program, force=force, mode="pipe",
+                               write_sysctl_d=False, persistent=False, what="agent")
+    except HandlerConflictError as e:
+        raise HandlerConflictError(f"{e.message} ({ENV_FORCE}=1 forces the agent; its stop puts it back)") from None
 
 
-def stop(paths: Paths, csplice: Path) -> dict:
-    """The previous handler back, if core_pattern still runs this csplice (the node's own corehandler, or
-    whatever an admin installed since, is left alone)."""
-    current = sysctl.read(sysctl.CORE_PATTERN, paths.proc_root / "sys")
-    if install.handler_program(current) != str(csplice):
-        return {"was_installed": False, "restored": None, "left_alone": current}
-    return install.uninstall(paths, persistent=False)
+def stop(paths: Paths, host: Host = Host()) -> dict:
+    """The handler released: what start found goes back exactly, csplice.conf included, if the agent still owns
+    it (the node's own corehandler, or whatever an admin installed since, is left alone)."""
+    return install.uninstall(paths, host=host, persistent=False)
 
 
 def remove_csplice(directory: Path) -> bool:
@@ -159,11 +156,12 @@ def run(config: Config, paths: Paths, options: Options, serve: Callable[[], int]
     if code != 0 or options.keep_on_stop:
         log.info("Leaving core_pattern to csplice, which keeps capturing into %s", paths.spool_dir)
         return code
-    put_back = stop(paths, options.csplice)
+    put_back = stop(paths)
     if put_back["restored"] is not None:
         log.info("Put back core_pattern = %s, core_pipe_limit = %s (from %s)",
                  put_back["restored"][sysctl.CORE_PATTERN], put_back["restored"][sysctl.CORE_PIPE_LIMIT],
                  put_back["restored_from"])
     else:
-        log.warning("core_pattern no longer runs %s (it is %r): left alone", options.csplice, put_back["left_alone"])
+        log.warning("The agent no longer owns the host's handler (core_pattern is %r): left alone",
+                    put_back["left_alone"])
     return code

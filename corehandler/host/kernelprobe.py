@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 
 from corehandler.errors import NotRootError, SystemFailure
-from corehandler.host import install, sysctl
+from corehandler.host import handler, install, sysctl
+from corehandler.paths import Host
 
 MiB = 1 << 20
 PMD_SIZE = 2 * MiB
@@ -262,11 +263,9 @@ def check_probe_handler(executable: str | None = None, package: Path | None = No
     install.check_root_only(here, "the corehandler package", "doctor --probe's handler imports it as root")
 
 
-def probe_crash(sysctl_root: Path = sysctl.SYSCTL_ROOT, timeout: float = 30,
-                lock: Path = sysctl.CORE_PATTERN_LOCK) -> list[dict]:
-    """Crashes a throw-away process through a temporary core_pattern pointing at run_handler(), holding `lock`
-    (the host-wide one; a test that holds it already passes another); restores the pattern on every exit path.
-    Needs root."""
+def probe_crash(host: Host = Host(), timeout: float = 30) -> list[dict]:
+    """Crashes a throw-away process through a temporary core_pattern pointing at run_handler(), borrowing the
+    host's handler (host/handler.py): the pattern is restored on every exit path. Needs root."""
     if os.geteuid() != 0:
         raise NotRootError("doctor --probe needs root: it crashes a process through a temporary core_pattern")
     check_probe_handler()
@@ -275,8 +274,8 @@ def probe_crash(sysctl_root: Path = sysctl.SYSCTL_ROOT, timeout: float = 30,
         pattern = f"|{sys.executable} -P -m corehandler.host.kernelprobe handler {result} %P %F"
         if len(pattern) > 127:
             raise SystemFailure(f"probe core_pattern too long ({len(pattern)} > 127): {pattern}")
-        with sysctl.core_pattern_exclusive(sysctl_root, lock):
-            sysctl.write(sysctl.CORE_PATTERN, pattern, sysctl_root)
+        with handler.borrow(host, "doctor --probe") as borrowed:
+            borrowed.point(pattern, sysctl.read(sysctl.CORE_PIPE_LIMIT, host.sysctl_root))
             child = subprocess.run([sys.executable, "-P", "-c", CHILD], capture_output=True, timeout=timeout,
                                    preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (-1, -1)))
             deadline = time.monotonic() + timeout
@@ -302,12 +301,11 @@ def probe_crash(sysctl_root: Path = sysctl.SYSCTL_ROOT, timeout: float = 30,
     return found
 
 
-def survey(probe: bool = False, sysctl_root: Path = sysctl.SYSCTL_ROOT, proc_root: Path = Path("/proc"),
-           sys_root: Path = Path("/sys")) -> list[dict]:
-    found = [core_modes(sysctl_root), core_pipe_limit(sysctl_root), coredump_filter(proc_root), thp_mode(sys_root),
-             zero_splice_rate(), zero_mapping_alignment()]
+def survey(probe: bool = False, host: Host = Host(), sys_root: Path = Path("/sys")) -> list[dict]:
+    found = [core_modes(host.sysctl_root), core_pipe_limit(host.sysctl_root), coredump_filter(host.proc_root),
+             thp_mode(sys_root), zero_splice_rate(), zero_mapping_alignment()]
     if probe:
-        found += probe_crash(sysctl_root)
+        found += probe_crash(host)
     else:
         found += [finding("coredump_use_pipe", None, "not probed", "needs a real crash: doctor --probe"),
                   finding("pidfd_specifier", None, "not probed", "needs a real crash: doctor --probe")]

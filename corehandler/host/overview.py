@@ -6,23 +6,15 @@ import os
 import sqlite3
 from pathlib import Path
 
+from corehandler import daemonlock, spool
 from corehandler import paths as paths_mod
-from corehandler import spool
-from corehandler.config import Config, render_csplice_settings
+from corehandler.config import Config
 from corehandler.csplice_contract import csplice_version
 from corehandler.errors import SystemFailure, UnsafePathError
-from corehandler.host import listener, supervise, sysctl
-from corehandler.host.install import (
-    _int_or_zero,
-    _live,
-    _sysctl_root,
-    check_handler_path,
-    core_pattern_for,
-    is_ours,
-    mode_of,
-    read_previous,
-)
-from corehandler.paths import Paths
+from corehandler.host import handler, listener, supervise, sysctl
+from corehandler.host.handler import is_corehandler, mode_of
+from corehandler.host.install import _int_or_zero, check_handler_path, core_pattern_for
+from corehandler.paths import Host, Paths
 from corehandler.store.index import Store, StoreError
 
 
@@ -73,88 +65,110 @@ def _upload_summary(config: Config, index_path: Path) -> dict | None:
     return {"url": config.upload.url, "queue": queue}
 
 
-def _daemon_summary(paths: Paths) -> dict:
-    found = supervise.status(paths)
-    return {"state": "running" if found.running else "stopped", **found.as_dict()}
+def daemon_summary(paths: Paths) -> dict:
+    """This installation's daemon, from its own lock (daemonlock.py): the same answer whoever runs it (systemd,
+    the supervisor, a shell, the node agent's pod). The supervisor's view is added where it runs one."""
+    found = daemonlock.holder(paths.daemon_lock)
+    summary = {"state": "running" if found else "stopped", "pid": found and found.pid,
+               "since": found and found.since, "lock": str(paths.daemon_lock)}
+    supervised = supervise.status(paths)
+    if supervised.running:
+        summary["supervisor"] = supervised.as_dict()
+    return summary
 
 
-def _settings_summary(config: Config, paths: Paths) -> dict:
-    path = paths.csplice_settings
+def _settings_summary(config: Config, paths: Paths, host: Host, owner) -> dict:
+    path = host.csplice_settings
     try:
         text = path.read_text()
     except FileNotFoundError:
         return {"path": str(path), "state": "missing (csplice runs on its built-in defaults)"}
     except OSError as e:
         return {"path": str(path), "state": f"unreadable: {e.strerror}"}
-    current = text == render_csplice_settings(config, paths)
+    if not handler.is_me(owner, paths):
+        return {"path": str(path), "state": "another installation's"}
+    current = text == handler.settings_for(config.capture, paths, host)
     return {"path": str(path), "state": "current" if current else "differs from the config (reinstall or reload)"}
 
 
-def capture_state(config: Config, paths: Paths) -> dict:
+def capture_summary(config: Config, paths: Paths, host: Host) -> dict:
+    """Which installation captures this host's crashes, and whether it is this one."""
+    pattern = sysctl.read(sysctl.CORE_PATTERN, host.sysctl_root)
+    found = handler.owner(host, config.kernel.socket_path)
+    return {"owner": found and found.state_dir, "installation": found and found.installation,
+            "this": handler.is_me(found, paths), "owner_exists": found is not None and handler.is_live(found),
+            "mode": mode_of(pattern) if found else None, "handler": handler.handler_program(pattern)}
+
+
+def capture_state(config: Config, paths: Paths, host: Host = Host()) -> dict:
     """The mode the live core_pattern gives (None when it is not ours), whether the socket listener listens,
     and the socket peers refused: cheap enough for every metrics scrape."""
-    pattern = sysctl.read(sysctl.CORE_PATTERN, _sysctl_root(paths))
+    pattern = sysctl.read(sysctl.CORE_PATTERN, host.sysctl_root)
     socket_path = config.kernel.socket_path
-    mode = mode_of(pattern) if is_ours(pattern, socket_path) else None
-    return {"mode": mode, "listening": mode == "socket" and listener.listening(socket_path, paths.proc_root),
+    mode = mode_of(pattern) if is_corehandler(pattern, socket_path) else None
+    return {"mode": mode, "listening": mode == "socket" and listener.listening(socket_path, host.proc_root),
             "refused_peers": spool.refused_count(paths.spool_dir)}
 
 
-def _listener_summary(config: Config, paths: Paths, mode: str | None) -> dict | None:
+def _listener_summary(config: Config, paths: Paths, host: Host, mode: str | None) -> dict | None:
     """In socket mode: whether anything listens on the socket (if not, the kernel drops dumps silently)."""
     if mode != "socket":
         return None
     found = supervise.status(paths, supervise.LISTENER)
     path = config.kernel.socket_path
-    return {"socket_path": str(path), "listening": listener.listening(path, paths.proc_root),
+    return {"socket_path": str(path), "listening": listener.listening(path, host.proc_root),
             "supervised": found.running, "pid": found.daemon_pid, "log_file": found.log_file,
             "restarts": found.restarts, "last_restart": found.last_restart, "last_restart_why": found.last_restart_why,
             "refused_peers": spool.refused_count(paths.spool_dir)}
 
 
-def status(config: Config, paths: Paths, *, csplice: Path | None = None) -> dict:
+def _previous_summary(paths: Paths) -> dict | None:
+    try:
+        previous = handler.read_previous(paths)
+    except SystemFailure as e:
+        return {"error": e.message}
+    return None if previous is None else {**previous.sysctls, "saved_at": previous.saved_at}
+
+
+def status(config: Config, paths: Paths, *, host: Host = Host(), csplice: Path | None = None) -> dict:
     """What is installed and how the spool and store stand; never changes anything, needs no root."""
-    root = _sysctl_root(paths)
     program = csplice or paths_mod.csplice_path()
-    live = _live(paths)
-    handler = {"path": str(program), "exists": program.exists(), "version": None, "problem": None}
+    live = handler.live(host)
+    found = {"path": str(program), "exists": program.exists(), "version": None, "problem": None}
     expected = None
     try:
         real = check_handler_path(program)
-        handler["version"] = csplice_version(real)
-        expected = core_pattern_for(real, sysctl.read("kernel.osrelease", root))
+        found["version"] = csplice_version(real)
+        expected = core_pattern_for(real, sysctl.read("kernel.osrelease", host.sysctl_root))
     except (UnsafePathError, SystemFailure) as e:
-        handler["problem"] = e.message
+        found["problem"] = e.message
     pipe_limit = _int_or_zero(live[sysctl.CORE_PIPE_LIMIT])
-    persistent = sysctl.read_sysctl_d(paths.sysctl_d)
-    try:
-        previous = read_previous(paths)
-    except SystemFailure as e:
-        previous = {"error": e.message}
+    persistent = sysctl.read_sysctl_d(host.sysctl_d)
     pattern = live[sysctl.CORE_PATTERN]
-    installed = is_ours(pattern, config.kernel.socket_path)
+    installed = is_corehandler(pattern, config.kernel.socket_path)
     mode = mode_of(pattern) if installed else None
     if mode == "socket":
-        prefix = listener.socket_prefix(paths.proc_root)
+        prefix = listener.socket_prefix(host.proc_root)
         expected = prefix and listener.socket_pattern(prefix, config.kernel.socket_path)
+    capture = capture_summary(config, paths, host)
     return {
         "installed": installed,
         "mode": mode,
-        "listener": _listener_summary(config, paths, mode),
+        "capture": capture,
+        "listener": _listener_summary(config, paths, host, mode),
         "core_pattern": pattern,
         "core_pattern_expected": expected,
         "core_pattern_matches": expected is not None and pattern == expected,
         "core_pipe_limit": pipe_limit,
         "core_pipe_limit_ok": pipe_limit > 0,
-        "sysctl_d": {"path": str(sysctl.sysctl_d_file(paths.sysctl_d)), "exists": persistent is not None,
+        "sysctl_d": {"path": str(sysctl.sysctl_d_file(host.sysctl_d)), "exists": persistent is not None,
                      "matches_live": persistent is not None and all(persistent.get(k) == v for k, v in live.items())},
-        "previous": previous,
-        "csplice": handler,
-        "settings": _settings_summary(config, paths),
+        "previous": _previous_summary(paths),
+        "csplice": found,
+        "settings": _settings_summary(config, paths, host, handler.owner(host, config.kernel.socket_path)),
         "state_dir": str(paths.state_dir),
         "spool": _spool_summary(paths.spool_dir),
         "store": _store_summary(paths.index_path),
-        "daemon": _daemon_summary(paths),
+        "daemon": daemon_summary(paths),
         "upload": _upload_summary(config, paths.index_path),
     }
-

@@ -1,87 +1,49 @@
-"""The kernel settings corehandler owns: kernel.core_pattern and kernel.core_pipe_limit, live (under a sysctl
-root, /proc/sys unless injected) and persistent (a sysctl.d file that systemd-sysctl or procps applies at
-boot)."""
+"""Reading the kernel settings corehandler cares about: kernel.core_pattern and kernel.core_pipe_limit, live
+(under a sysctl root, /proc/sys unless injected) and persistent (our sysctl.d file, applied at boot by
+systemd-sysctl or procps); and the host lock that whoever changes them holds. The writes are host/handler.py's
+alone."""
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
+import secrets
+import time
 from pathlib import Path
 
-from corehandler.atomicfile import write_atomic
 from corehandler.errors import SystemFailure
+from corehandler.paths import HOST_LOCK
 
 SYSCTL_ROOT = Path("/proc/sys")
 CORE_PATTERN = "kernel.core_pattern"
 CORE_PIPE_LIMIT = "kernel.core_pipe_limit"
-# Whoever changes core_pattern for a while (doctor --probe, the tests, the benchmarks) holds this lock: the
-# setting is global, no two may overlap. Root's directory, not world-writable /run/lock, where any user could
-# hold the lock (and hang doctor --probe) or plant a symlink for root to follow (held_lock()).
-CORE_PATTERN_LOCK = Path("/run/corehandler/lock/core-pattern.lock")
+CORE_PATTERN_LOCK = HOST_LOCK
 # After distributions' 50-coredump.conf (systemd) in name order, so ours wins at boot where both exist.
 SYSCTL_D_NAME = "50-corehandler.conf"
+# A process started by the lock's holder (a test's `corehandler install`, a daemon a benchmark runs) holds it
+# too: the holder writes a random token into the lock file, which only root can read, and passes it in this
+# variable. A token that is not the file's is ignored.
+LOCK_TOKEN_ENV = "COREHANDLER_HOST_LOCK"
 
 
-def _path(name: str, root: Path) -> Path:
+def path_of(name: str, root: Path) -> Path:
     return root / name.replace(".", "/")
 
 
 def read(name: str, root: Path = SYSCTL_ROOT) -> str:
     """The value as the kernel shows it, without the trailing newline."""
     try:
-        return _path(name, root).read_text().removesuffix("\n")
+        return path_of(name, root).read_text().removesuffix("\n")
     except OSError as e:
-        raise SystemFailure(f"cannot read {name} ({_path(name, root)}): {e.strerror}") from None
-
-
-def write(name: str, value: str, root: Path = SYSCTL_ROOT) -> None:
-    if "\n" in value:
-        raise ValueError(f"{name}: a sysctl value is one line")
-    path = _path(name, root)
-    data = (value + "\n").encode()
-    try:
-        # No O_CREAT: a setting the kernel does not have is an error, not a new file.
-        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
-        try:
-            if os.write(fd, data) != len(data):
-                raise OSError(errno.EIO, "short write")
-        finally:
-            os.close(fd)
-    except OSError as e:
-        raise SystemFailure(f"cannot set {name} to {value!r} ({path}): {e.strerror}") from None
-    # Some handlers' writes are cut short or refused silently by older kernels: read back to be sure.
-    if read(name, root) != value:
-        raise SystemFailure(f"{name} was set to {value!r} but the kernel reports {read(name, root)!r}")
+        raise SystemFailure(f"cannot read {name} ({path_of(name, root)}): {e.strerror}") from None
 
 
 def sysctl_d_file(sysctl_d: Path) -> Path:
     return sysctl_d / SYSCTL_D_NAME
 
 
-def write_sysctl_d(values: dict[str, str], sysctl_d: Path) -> Path:
-    """Writes our sysctl.d file with these values (0644, atomically) and returns its path."""
-    path = sysctl_d_file(sysctl_d)
-    body = "# Written by `corehandler install`; removed by `corehandler uninstall`.\n"
-    body += "".join(f"{name} = {value}\n" for name, value in values.items())
-    try:
-        sysctl_d.mkdir(mode=0o755, parents=True, exist_ok=True)
-        write_atomic(path, body.encode(), 0o644)
-    except OSError as e:
-        raise SystemFailure(f"cannot write {path}: {e.strerror}") from None
-    return path
-
-
-def read_sysctl_d(sysctl_d: Path) -> dict[str, str] | None:
-    """Our sysctl.d file's values, or None if it is absent."""
-    path = sysctl_d_file(sysctl_d)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise SystemFailure(f"cannot read {path}: {e.strerror}") from None
+def parse_sysctl_d(text: str) -> dict[str, str]:
     values = {}
     for line in text.splitlines():
         if line.strip() and not line.lstrip().startswith(("#", ";")) and "=" in line:
@@ -90,16 +52,15 @@ def read_sysctl_d(sysctl_d: Path) -> dict[str, str] | None:
     return values
 
 
-def remove_sysctl_d(sysctl_d: Path) -> bool:
-    """Removes our sysctl.d file; True if there was one."""
+def read_sysctl_d(sysctl_d: Path) -> dict[str, str] | None:
+    """Our sysctl.d file's values, or None if it is absent."""
     path = sysctl_d_file(sysctl_d)
     try:
-        path.unlink()
+        return parse_sysctl_d(path.read_text())
     except FileNotFoundError:
-        return False
+        return None
     except OSError as e:
-        raise SystemFailure(f"cannot remove {path}: {e.strerror}") from None
-    return True
+        raise SystemFailure(f"cannot read {path}: {e.strerror}") from None
 
 
 def _own_dir(path: Path, mode: int) -> int:
@@ -116,33 +77,77 @@ def _own_dir(path: Path, mode: int) -> int:
     return fd
 
 
-@contextlib.contextmanager
-def held_lock(lock: Path = CORE_PATTERN_LOCK):
-    """Holds lock (blocking until it is free). Its directory and that one's parent are made if missing and must
-    be ours, writable by nobody else; no symlink is followed on the way."""
+def _open_lock(lock: Path) -> int:
     try:
         parent = _own_dir(lock.parent.parent, 0o755)
         try:
             os.close(_own_dir(lock.parent, 0o700))
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            return os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         finally:
             os.close(parent)
     except OSError as e:
         raise SystemFailure(f"cannot open the lock {lock}: {e.strerror}") from None
+
+
+def _contents(fd: int) -> list[str]:
+    return os.pread(fd, 4096, 0).decode(errors="replace").splitlines()
+
+
+def holder(lock: Path = CORE_PATTERN_LOCK) -> str | None:
+    """Who holds the lock ("pid 123 (doctor --probe) since ..."), None when nobody does; needs root."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        lines = _contents(fd)
+        return lines[0] if lines else "another process"
     finally:
         os.close(fd)
 
 
+class LockBusy(SystemFailure):
+    pass
+
+
+def _inherited(fd: int) -> bool:
+    token = os.environ.get(LOCK_TOKEN_ENV)
+    lines = _contents(fd)
+    return bool(token) and len(lines) > 1 and secrets.compare_digest(lines[1], token)
+
+
 @contextlib.contextmanager
-def core_pattern_exclusive(root: Path = SYSCTL_ROOT, lock: Path = CORE_PATTERN_LOCK):
-    """Holds the host-wide core_pattern lock; on every exit puts back core_pattern and core_pipe_limit as found."""
-    with held_lock(lock):
-        saved = {name: read(name, root) for name in (CORE_PATTERN, CORE_PIPE_LIMIT)}
+def held_lock(lock: Path = CORE_PATTERN_LOCK, what: str = "corehandler", timeout: float | None = None):
+    """Holds lock, naming its holder in it, and yields its token (for children that are to hold it too:
+    LOCK_TOKEN_ENV). Waits for it forever, or timeout seconds and then raises LockBusy naming the holder. Its
+    directory and that one's parent are made if missing and must be ours, writable by nobody else; no symlink
+    is followed on the way. Held already by this process or an ancestor that passed its token: held again."""
+    fd = _open_lock(lock)
+    try:
+        if _inherited(fd):
+            yield os.environ[LOCK_TOKEN_ENV]
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if deadline is None else fcntl.LOCK_NB))
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    lines = _contents(fd)
+                    raise LockBusy(f"the host lock {lock} is held by {lines[0] if lines else 'another process'}"
+                                   ) from None
+                time.sleep(0.05)
+        token = secrets.token_hex(16)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} ({what}) since {stamp}\n{token}\n".encode(), 0)
         try:
-            yield saved
+            yield token
         finally:
-            for name, value in saved.items():
-                write(name, value, root)
+            os.ftruncate(fd, 0)  # the token is spent: a child still running holds nothing from now on
+    finally:
+        os.close(fd)

@@ -10,7 +10,7 @@ the crash, so `corehandler install` and the daemon (at start, when the last meas
 MAX_AGE or from another machine) measure the spool's O_DIRECT rate off the crash path and render it into
 csplice.conf as `direct_rate`: csplice writes each dump through the page cache and moves to O_DIRECT as soon
 as its own dump runs slower than that (csplice/capture.c), and writes O_DIRECT from the start past the dirty
-limit (`direct_above`; choose(), config.csplice_settings). `doctor` shows both.
+limit (`direct_above`; choose(), csplice_contract.settings_values). `doctor` shows both.
 
 The measurement: ROUNDS rounds of PROBE_BYTES written into new, already unlinked files in the spool, buffered
 (256 KiB write() calls and no fsync: csplice's hold ends when its last write() returns) then O_DIRECT (2 MiB
@@ -74,10 +74,13 @@ class Choice:
     reason: str
 
 
-def host_signature(paths: Paths) -> dict:
+PROC = Path("/proc")
+
+
+def host_signature(paths: Paths, proc_root: Path = PROC) -> dict:
     """What a measurement belongs to: a new kernel, more or less memory or another spool filesystem measure
     again."""
-    return {"kernel": os.uname().release, "mem_total": _meminfo(paths.proc_root).get("MemTotal", 0),
+    return {"kernel": os.uname().release, "mem_total": _meminfo(proc_root).get("MemTotal", 0),
             "spool_dev": os.stat(paths.spool_dir).st_dev}
 
 
@@ -149,7 +152,7 @@ def _direct_seconds(directory: Path, size: int, block: mmap.mmap) -> float:
         os.close(fd)
 
 
-def measure(paths: Paths, probe_bytes: int = PROBE_BYTES, rounds: int = ROUNDS) -> Measurement:
+def measure(paths: Paths, probe_bytes: int = PROBE_BYTES, rounds: int = ROUNDS, proc_root: Path = PROC) -> Measurement:
     """Measures the spool filesystem's two write rates (see the module docstring). Raises OSError when the spool
     cannot be written or has too little room to measure."""
     spool = paths.spool_dir
@@ -180,7 +183,7 @@ def measure(paths: Paths, probe_bytes: int = PROBE_BYTES, rounds: int = ROUNDS) 
             os.close(fd)
         block.close()
     return Measurement(buffered_bps=statistics.median(buffered), direct_bps=statistics.median(direct) if direct
-                       else None, dirty_limit_bytes=dirty_limit(paths.proc_root), host=host_signature(paths),
+                       else None, dirty_limit_bytes=dirty_limit(proc_root), host=host_signature(paths, proc_root),
                        measured_at=time.time(), rounds=rounds, probe_bytes=probe_bytes, note=note)
 
 
@@ -218,27 +221,27 @@ def save(paths: Paths, m: Measurement) -> None:
     write_atomic(paths.capture_rates, (json.dumps(asdict(m), indent=1) + "\n").encode(), 0o644)
 
 
-def is_current(m: Measurement | None, paths: Paths, now: float | None = None) -> bool:
+def is_current(m: Measurement | None, paths: Paths, now: float | None = None, proc_root: Path = PROC) -> bool:
     """Whether m still speaks for this machine: measured here (same kernel, memory, spool filesystem) and less
     than MAX_AGE ago."""
     if m is None:
         return False
     now = time.time() if now is None else now
     try:
-        host = host_signature(paths)
+        host = host_signature(paths, proc_root)
     except OSError:
         return False
     return m.host == host and 0 <= now - m.measured_at < MAX_AGE
 
 
-def refresh(paths: Paths, force: bool = False) -> tuple[Measurement | None, str | None]:
+def refresh(paths: Paths, force: bool = False, proc_root: Path = PROC) -> tuple[Measurement | None, str | None]:
     """Measures and saves unless the saved measurement is current (or force). Returns the measurement in effect
     and the problem that kept a new one from being taken, if any."""
     old = load(paths)
-    if not force and is_current(old, paths):
+    if not force and is_current(old, paths, proc_root=proc_root):
         return old, None
     try:
-        new = measure(paths)
+        new = measure(paths, proc_root=proc_root)
         save(paths, new)
     except OSError as e:
         return old, f"cannot measure the spool's write rates: {e}"
