@@ -15,9 +15,7 @@ from corehandler.config import (
     config_files,
     config_json,
     load_config,
-    render_csplice_settings,
     render_toml,
-    write_csplice_settings,
 )
 from corehandler.errors import EXIT_CONFIG, ConfigError
 from corehandler.paths import Paths
@@ -29,8 +27,7 @@ SHIPPED = Path(__file__).resolve().parents[2] / "config" / "corehandler.toml"
 @pytest.fixture
 def paths(tmp_path) -> Paths:
     (tmp_path / "etc").mkdir()
-    return Paths(state_dir=tmp_path / "state", config_dir=tmp_path / "etc", csplice_settings=tmp_path / "csplice.conf",
-                 proc_root=tmp_path / "proc", sysctl_d=tmp_path / "sysctl.d", run_dir=tmp_path / "run")
+    return Paths(state_dir=tmp_path / "state", config_dir=tmp_path / "etc", run_dir=tmp_path / "run")
 
 
 def write(path: Path, text: str) -> Path:
@@ -240,56 +237,3 @@ def test_config_json_has_parsed_values():
     assert data["capture"]["min_free"] == "15%"
     assert data["capture"]["timeout"] == 3600.0
     assert data["state_dir"] == "/var/lib/corehandler"
-
-
-def parse_settings(text: str) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
-
-
-def test_render_csplice_settings(paths):
-    write(paths.config_file, '[capture]\nstrategy = "splice"\nmin_free = "12.5%"\ntimeout = "1.5s"\n'
-                             'collect_maps = true\nmax_dump_size = "1G"\n')
-    c = load_config(paths)
-    s = parse_settings(render_csplice_settings(c, c.paths(paths)))
-    assert s == {
-        "spool_dir": "/var/lib/corehandler/spool", "strategy": "splice", "chunk_size": str(256 << 10),
-        "pipe_size": str(1 << 20),
-        "max_dump_size": str(1 << 30), "direct_above": "0", "direct_rate": "0", "min_free": "13%", "max_pending": "64",
-        "max_per_exe_per_minute": "16", "timeout": "2", "fsync": "no", "sparse": "yes",
-        "collect_environ": "no", "collect_maps": "yes",
-    }
-    s = parse_settings(render_csplice_settings(Config.model_validate({"capture": {"min_free": "1G"}}), paths))
-    assert s["min_free"] == str(1 << 30)
-    assert s["spool_dir"] == str(paths.spool_dir)
-
-
-def test_auto_strategy_is_resolved_by_choose_strategy(paths, monkeypatch):
-    seen = []
-    monkeypatch.setattr(config_mod, "choose_strategy", lambda root: seen.append(root) or "rw2")
-    s = parse_settings(render_csplice_settings(Config(), paths))
-    assert s["strategy"] == "rw2" and seen == [paths.proc_root]
-    # auto also picks direct for big processes; an explicit strategy is used for every dump.
-    assert s["direct_above"] == str(2 << 30)  # the default (bench/results/capture.md)
-    s = parse_settings(render_csplice_settings(Config.model_validate({"capture": {"direct_above": "1G"}}), paths))
-    assert s["direct_above"] == str(1 << 30)
-    s = parse_settings(render_csplice_settings(Config.model_validate({"capture": {"strategy": "rw"}}), paths))
-    assert s["direct_above"] == "0"
-
-
-def test_write_csplice_settings_is_atomic_and_0644(paths):
-    write_csplice_settings(Config(), paths)
-    target = paths.csplice_settings
-    assert stat.S_IMODE(target.stat().st_mode) == 0o644
-    assert target.read_text() == render_csplice_settings(Config(), paths)
-    assert [p.name for p in target.parent.iterdir() if p.name.startswith(".")] == []
-    # Replacing it leaves no temp file, and a reader holding the old file keeps the old content.
-    with open(target) as old:
-        write_csplice_settings(Config.model_validate({"capture": {"max_pending": 5}}), paths)
-        assert "max_pending=64" in old.read()
-    assert "max_pending=5" in target.read_text()
-
-
-def test_write_csplice_settings_error_is_config_error(paths, tmp_path):
-    blocker = write(tmp_path / "file", "")
-    with pytest.raises(ConfigError, match="cannot write csplice settings"):
-        write_csplice_settings(Config(), Paths(csplice_settings=blocker / "csplice.conf"))

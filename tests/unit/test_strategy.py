@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from corehandler import config, csplice_contract
-from corehandler.paths import Paths
+from corehandler.host import handler
+from corehandler.paths import Host, Paths
 
 STOCK = b"""\
 ffffffff81000000 T _stext
@@ -23,7 +24,9 @@ LOOKALIKES = b"ffffffff81760000 T vmsplice_to_pipe_v2\nffffffff81760000 T __vmsp
 
 def rendered_strategy(proc_root, capture: dict | None = None) -> str:
     cfg = config.Config.model_validate({"capture": capture or {}})
-    return config.csplice_settings(cfg, Paths(proc_root=proc_root))["strategy"]
+    paths = Paths(state_dir=proc_root / "state")
+    facts = handler.facts(Host(proc_root=proc_root), paths)
+    return csplice_contract.settings_values(cfg.capture, paths.spool_dir, facts)["strategy"]
 
 
 @pytest.mark.parametrize("kallsyms,patched", [

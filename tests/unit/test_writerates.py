@@ -7,33 +7,43 @@ import dataclasses
 
 import pytest
 
-from corehandler import config
-from corehandler.host import writerates
+from corehandler import config, csplice_contract
+from corehandler.host import handler, writerates
 from corehandler.host.writerates import Measurement, MiB
-from corehandler.paths import Paths
+from corehandler.paths import Host, Paths
 
 
 @pytest.fixture
-def paths(tmp_path) -> Paths:
-    proc = tmp_path / "proc"
+def proc(tmp_path):
+    return tmp_path / "proc"
+
+
+@pytest.fixture
+def paths(tmp_path, proc) -> Paths:
     (proc / "sys" / "vm").mkdir(parents=True)
     (proc / "meminfo").write_text("MemTotal:       25000000 kB\nMemAvailable:   20000000 kB\n")
     (proc / "sys" / "vm" / "dirty_bytes").write_text("0\n")
     (proc / "sys" / "vm" / "dirty_ratio").write_text("20\n")
-    p = Paths(state_dir=tmp_path / "state", proc_root=proc)
+    p = Paths(state_dir=tmp_path / "state")
     p.spool_dir.mkdir(parents=True)
     return p
 
 
+def proc_of(paths: Paths):
+    return paths.state_dir.parent / "proc"
+
+
 def measured(paths: Paths, buffered: float, direct: float | None, **kw) -> Measurement:
+    proc = proc_of(paths)
     return Measurement(buffered_bps=buffered * MiB, direct_bps=direct and direct * MiB,
-                       dirty_limit_bytes=writerates.dirty_limit(paths.proc_root), host=writerates.host_signature(paths),
+                       dirty_limit_bytes=writerates.dirty_limit(proc), host=writerates.host_signature(paths, proc),
                        measured_at=kw.pop("measured_at", 1e9), rounds=3, probe_bytes=64 * MiB, **kw)
 
 
 def rendered(paths: Paths, capture: dict | None = None, key: str = "direct_above") -> int:
     cfg = config.Config.model_validate({"capture": capture or {}})
-    return int(config.csplice_settings(cfg, paths)[key])
+    facts = handler.facts(Host(proc_root=proc_of(paths)), paths)
+    return int(csplice_contract.settings_values(cfg.capture, paths.spool_dir, facts)[key])
 
 
 # 20% of MemAvailable (20000000 kB), rounded down to whole MiB.
@@ -64,8 +74,8 @@ def test_page_cache_faster_means_direct_from_the_start_only_past_the_dirty_limit
 
 
 def test_dirty_bytes_wins_over_dirty_ratio(paths):
-    (paths.proc_root / "sys" / "vm" / "dirty_bytes").write_text(str(600 * MiB + 5))
-    assert writerates.dirty_limit(paths.proc_root) == 600 * MiB + 5
+    (proc_of(paths) / "sys" / "vm" / "dirty_bytes").write_text(str(600 * MiB + 5))
+    assert writerates.dirty_limit(proc_of(paths)) == 600 * MiB + 5
     assert writerates.choose(measured(paths, 3000, 200)).direct_above == 600 * MiB
 
 
@@ -102,19 +112,19 @@ def test_an_unreadable_measurement_is_none(paths):
 
 def test_a_measurement_is_current_on_the_same_machine_for_max_age(paths):
     m = measured(paths, 320, 1400, measured_at=1e9)
-    assert writerates.is_current(m, paths, now=1e9 + writerates.MAX_AGE - 1)
-    assert not writerates.is_current(m, paths, now=1e9 + writerates.MAX_AGE + 1)
-    assert not writerates.is_current(m, paths, now=1e9 - 60)  # the clock went back: measure again
-    assert not writerates.is_current(None, paths)
+    assert writerates.is_current(m, paths, now=1e9 + writerates.MAX_AGE - 1, proc_root=proc_of(paths))
+    assert not writerates.is_current(m, paths, now=1e9 + writerates.MAX_AGE + 1, proc_root=proc_of(paths))
+    assert not writerates.is_current(m, paths, now=1e9 - 60, proc_root=proc_of(paths))  # the clock went back: measure again
+    assert not writerates.is_current(None, paths, proc_root=proc_of(paths))
     for key, value in (("kernel", "0.0.0"), ("mem_total", 1), ("spool_dev", -1)):
         moved = dataclasses.replace(m, host={**m.host, key: value})
-        assert not writerates.is_current(moved, paths, now=1e9), key
+        assert not writerates.is_current(moved, paths, now=1e9, proc_root=proc_of(paths)), key
 
 
 def test_refresh_measures_only_when_the_saved_one_is_not_current(paths, monkeypatch):
     calls = []
-    monkeypatch.setattr(writerates, "measure", lambda p: calls.append(p) or measured(p, 320, 1400))
-    monkeypatch.setattr(writerates, "is_current", lambda m, p: m is not None)
+    monkeypatch.setattr(writerates, "measure", lambda p, **kw: calls.append(p) or measured(p, 320, 1400))
+    monkeypatch.setattr(writerates, "is_current", lambda m, p, **kw: m is not None)
     first, problem = writerates.refresh(paths)
     assert problem is None and calls == [paths] and writerates.load(paths) == first
     again, _ = writerates.refresh(paths)
@@ -127,7 +137,7 @@ def test_a_failed_measurement_keeps_the_old_one_and_says_why(paths, monkeypatch)
     old = measured(paths, 320, 1400)
     writerates.save(paths, old)
 
-    def fail(p):
+    def fail(p, **kw):
         raise OSError("less than 5 GiB free")
 
     monkeypatch.setattr(writerates, "measure", fail)
@@ -139,9 +149,9 @@ def test_the_daemon_renders_only_after_a_new_measurement(paths, monkeypatch):
     """serve's start: measured in a thread of its own, csplice.conf re-rendered (then) only when a measurement
     was taken."""
     rendered = []
-    monkeypatch.setattr(writerates, "measure", lambda p: measured(p, 320, 1400))
+    monkeypatch.setattr(writerates, "measure", lambda p, **kw: measured(p, 320, 1400))
     writerates.refresh_in_background(paths, lambda: rendered.append(writerates.load(paths))).join(10)
     assert rendered == [measured(paths, 320, 1400)]
-    monkeypatch.setattr(writerates, "is_current", lambda m, p: True)
+    monkeypatch.setattr(writerates, "is_current", lambda m, p, **kw: True)
     writerates.refresh_in_background(paths, lambda: rendered.append("again")).join(10)
     assert len(rendered) == 1
