@@ -142,10 +142,11 @@ def feeder() -> Path:
 
 @pytest.fixture
 def host_core_settings():
-    """Exclusive use of the host's core_pattern, core_pipe_limit and fixed csplice.conf, restored afterwards on
-    every exit path, failure included. Yields the saved sysctl values."""
-    with host_core.host_core_settings(paths.CSPLICE_SETTINGS) as saved:
-        yield saved
+    """The host's handler borrowed (host/handler.py borrow()): core_pattern, core_pipe_limit, csplice.conf and
+    our sysctl.d file restored afterwards on every exit path, failure included. Yields the Borrowed, whose
+    `.found` holds the sysctls as they were (handler.live())."""
+    with host_core.borrowed("tests") as lent:
+        yield lent
 
 
 def _start_s3(root: Path) -> s3server.S3Server:

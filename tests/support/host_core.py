@@ -1,35 +1,44 @@
-"""Exclusive use of the host's kernel.core_pattern, core_pipe_limit and csplice's fixed settings file, for the
-tests (tests/conftest.py's host_core_settings fixture) and the benchmarks (bench/) alike."""
+"""Exclusive use of the host's handler (core_pattern, core_pipe_limit, csplice.conf, our sysctl.d file) for the
+tests (tests/conftest.py's host_core_settings fixture) and the benchmarks (bench/) alike: a thin user of
+host/handler.py's borrow, the one writer of host state. Everything is put back on every exit path; processes
+started meanwhile (a test's `corehandler install`, a daemon) hold the lock too."""
 
 from __future__ import annotations
 
 import contextlib
 from pathlib import Path
 
-# One lock for the tests, the benchmarks and doctor --probe: core_pattern is global.
-from corehandler.host.sysctl import CORE_PATTERN_LOCK, held_lock
-
-SYSCTLS = ("kernel/core_pattern", "kernel/core_pipe_limit")
+from corehandler import paths
+from corehandler.config import CaptureConfig
+from corehandler.csplice_contract import SPECIFIERS
+from corehandler.host import handler
+from corehandler.paths import Host
 
 
 @contextlib.contextmanager
-def host_core_settings(settings_file: Path):
-    """Takes the lock, yields the saved sysctl values; on any exit puts back the sysctls and settings_file (and
-    removes its directory again if this made it and it is empty)."""
-    with held_lock(CORE_PATTERN_LOCK):
-        saved = {name: Path("/proc/sys", name).read_text() for name in SYSCTLS}
-        made_dir = not settings_file.parent.exists()
-        saved_settings = settings_file.read_bytes() if settings_file.exists() else None
-        try:
-            settings_file.parent.mkdir(parents=True, exist_ok=True)
-            yield saved
-        finally:
-            for name, value in saved.items():
-                Path("/proc/sys", name).write_text(value)
-            if saved_settings is not None:
-                settings_file.write_bytes(saved_settings)
-            else:
-                settings_file.unlink(missing_ok=True)
-                if made_dir:
-                    with contextlib.suppress(OSError):
-                        settings_file.parent.rmdir()
+def borrowed(what: str = "tests"):
+    """The host lock held and a handler.Borrowed yielded; `.found` is what the host had (handler.live()),
+    read under the lock before anything changed."""
+    host = Host()
+    # borrow puts csplice.conf back (removes it, where there was none) but not the directory a write made for
+    # it: the default state dir, which must stay absent on a host without a native install.
+    made_dir = not host.csplice_settings.parent.exists()
+    try:
+        with handler.borrow(host, what) as lent:
+            lent.found = handler.live(host)
+            yield lent
+    finally:
+        if made_dir:
+            with contextlib.suppress(OSError):
+                host.csplice_settings.parent.rmdir()
+
+
+def capture_into(lent, state_dir: Path, capture=None, pattern: str | None = None, pipe_limit: int = 16) -> str:
+    """Within a borrow: csplice.conf as state_dir's installation renders it (handler.settings_for, capture the
+    config's [capture], its defaults when None), then the pattern live (this build's csplice by default).
+    Returns the pattern."""
+    pattern = pattern or f"|{paths.csplice_path()} {SPECIFIERS}"
+    assert len(pattern) <= 127, f"too long for core_pattern: {pattern}"
+    lent.write_settings(handler.settings_for(capture or CaptureConfig(), paths.Paths(state_dir=state_dir), Host()))
+    lent.point(pattern, pipe_limit)
+    return pattern

@@ -2,8 +2,8 @@
 running or not, the Debian package, the state and config directories. tests/conftest.py takes a snapshot when
 the session starts and compares at its end; a difference fails the run, naming what changed.
 
-Both snapshots are taken under host_core's lock: another run (or a benchmark) on this machine changes these
-only while it holds it, and puts them back before letting go.
+Both snapshots are taken under the host lock (host/sysctl.py held_lock): another run (or a benchmark) on this
+machine changes these only while it holds it (host/handler.py borrow), and puts them back before letting go.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import subprocess
 from pathlib import Path
 
 from corehandler.host import supervise
+from corehandler.host.sysctl import CORE_PATTERN_LOCK, held_lock
 from corehandler.paths import DEFAULT_CONFIG_DIR, DEFAULT_STATE_DIR, Paths
-from support.host_core import CORE_PATTERN_LOCK, held_lock
 
 SYSCTLS = ("kernel/core_pattern", "kernel/core_pipe_limit", "fs/suid_dumpable")
 SYSCTL_DIRS = (Path("/etc/sysctl.d"), Path("/usr/lib/sysctl.d"), Path("/run/sysctl.d"))
@@ -97,7 +97,7 @@ def snapshot() -> dict[str, str]:
 
 
 def locked_snapshot() -> dict[str, str]:
-    with held_lock(CORE_PATTERN_LOCK):
+    with held_lock(CORE_PATTERN_LOCK, "tests: host snapshot"):
         return snapshot()
 
 

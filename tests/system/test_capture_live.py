@@ -16,12 +16,14 @@ from pathlib import Path
 import pytest
 
 from corehandler import paths
+from corehandler.config import CaptureConfig
 from corehandler.csplice_contract import PIDFD_SPECIFIER, SPECIFIERS, STRATEGIES
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernel"))
 import kernel_matrix  # noqa: E402
 
 from support.crash import _allow_core, build_crasher  # noqa: E402
+from support.host_core import capture_into  # noqa: E402
 from support.waiting import wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.root, pytest.mark.live_kernel]
@@ -46,11 +48,11 @@ def test_a_real_crash_is_captured_word_for_word(host_core_settings, tools, tmp_p
     spool = tmp_path / "spool"
     if fstype(tmp_path) in ("tmpfs", "ramfs"):
         pytest.fail(f"{tmp_path} is on {fstype(tmp_path)}: direct would fall back to rw")
-    settings = {"spool_dir": spool, "strategy": strategy, "direct_above": 0, "min_free": 0, "max_pending": 0,
-                "max_per_exe_per_minute": 0, "sparse": "yes"}
-    paths.CSPLICE_SETTINGS.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
-    Path("/proc/sys/kernel/core_pipe_limit").write_text("16")
-    Path("/proc/sys/kernel/core_pattern").write_text(f"|{paths.csplice_path()} {SPECIFIERS} {PIDFD_SPECIFIER}")
+    # An explicit strategy is used for every dump, whole (direct_above=0).
+    capture = CaptureConfig.model_validate({"strategy": strategy, "min_free": "0", "max_pending": 0,
+                                            "max_per_exe_per_minute": 0, "sparse": True})
+    capture_into(host_core_settings, spool.parent, capture,
+                 pattern=f"|{paths.csplice_path()} {SPECIFIERS} {PIDFD_SPECIFIER}")
     mib = 40  # twenty of direct's 2 MiB slots: both writers busy and every slot refilled
     argv = [str(crasher), "segv", str(mib)] + (["--untouched-half"] if half else [])
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, preexec_fn=_allow_core)

@@ -21,10 +21,11 @@ from pathlib import Path
 import pytest
 
 from corehandler import paths
-from corehandler.config import Config, write_csplice_settings
+from corehandler.config import CaptureConfig
 from corehandler.csplice_contract import SPECIFIERS
 from support.crash import build_crasher
 from support.daemon_harness import wait_for
+from support.host_core import capture_into
 
 pytestmark = [pytest.mark.root, pytest.mark.live_kernel]
 
@@ -57,15 +58,12 @@ def world(host_core_settings):
         (state / "spool").mkdir(mode=0o700, parents=True)
         crasher = build_crasher(base / "bin")
         os.chmod(base / "bin", 0o755)
-        write_csplice_settings(Config.model_validate({"capture": {"min_free": "0", "max_per_exe_per_minute": 0}}),
-                               paths.Paths(state_dir=state))
         wrapper = base / "w"
         wrapper.write_text(f"#!/bin/sh\nCSPLICE_BUNDLE_ROOT={bundles} exec {paths.csplice_path()} \"$@\"\n")
         wrapper.chmod(0o700)
-        pattern = f"|{wrapper} {SPECIFIERS}"
-        assert len(pattern) < 128
-        Path("/proc/sys/kernel/core_pattern").write_text(pattern)
-        Path("/proc/sys/kernel/core_pipe_limit").write_text("16")
+        capture_into(host_core_settings, state,
+                     CaptureConfig.model_validate({"min_free": "0", "max_per_exe_per_minute": 0}),
+                     pattern=f"|{wrapper} {SPECIFIERS}")
 
         victim = subprocess.Popen(["unshare", "--mount", "--pid", "--fork", "sleep", "600"])
         init = wait_for(lambda: _only_child(victim.pid), what="the victim's init")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from corehandler import csplice_contract
+from corehandler.errors import SystemFailure
 from corehandler.host import kernelprobe, sysctl
 
 pytestmark = [pytest.mark.root, pytest.mark.live_kernel]
@@ -30,9 +31,9 @@ def test_socket_mode_is_reported_exactly_when_the_kernel_takes_a_socket_pattern(
     modes = kernelprobe.core_modes()["value"] or []
     # The kernel itself decides: it refuses a core_pattern of a kind it does not parse.
     try:
-        PATTERN.write_text("@@/run/corehandler-doctor-test.socket")
+        host_core_settings.point("@@/run/corehandler-doctor-test.socket")
         accepted = PATTERN.read_text().startswith("@@")
-    except OSError:
+    except SystemFailure:
         accepted = False
     assert ("socket" in modes) == accepted
     if platform.release().startswith("6.18"):
@@ -43,11 +44,12 @@ def current() -> tuple[str, str]:
     return PATTERN.read_text(), Path("/proc/sys/kernel/core_pipe_limit").read_text()
 
 
-def test_probe_finds_pidfd_and_the_kernels_copy_kind_and_restores_the_pattern(host_core_settings, tmp_path):
-    # The fixture holds the host lock (other users' tests change core_pattern too): the probe takes another.
-    PATTERN.write_text("core.doctor-test")
+def test_probe_finds_pidfd_and_the_kernels_copy_kind_and_restores_the_pattern(host_core_settings):
+    # The fixture has borrowed the handler: the probe's own borrow, in this process, holds the same lock again
+    # and puts back what it found, the fixture's pattern.
+    host_core_settings.point("core.doctor-test", 3)
     before = current()
-    found = {f["name"]: f for f in kernelprobe.probe_crash(lock=tmp_path / "lock")}
+    found = {f["name"]: f for f in kernelprobe.probe_crash()}
     assert current() == before
     use_pipe = found["coredump_use_pipe"]
     assert use_pipe["how"] == "probed"
@@ -61,12 +63,12 @@ def test_probe_finds_pidfd_and_the_kernels_copy_kind_and_restores_the_pattern(ho
         assert isinstance(found["pidfd_specifier"]["value"], bool)
 
 
-def test_a_failed_probe_restores_the_pattern(host_core_settings, tmp_path, monkeypatch):
-    PATTERN.write_text("core.doctor-test")
+def test_a_failed_probe_restores_the_pattern(host_core_settings, monkeypatch):
+    host_core_settings.point("core.doctor-test", 3)
     before = current()
     monkeypatch.setattr(kernelprobe, "CHILD", "pass")  # a probe process that does not crash
-    with pytest.raises(kernelprobe.SystemFailure, match="did not die of SIGSEGV"):
-        kernelprobe.probe_crash(timeout=5, lock=tmp_path / "lock")
+    with pytest.raises(SystemFailure, match="did not die of SIGSEGV"):
+        kernelprobe.probe_crash(timeout=5)
     assert current() == before
     assert sysctl.read(sysctl.CORE_PATTERN) == "core.doctor-test"
 

@@ -17,11 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from corehandler import paths
-from corehandler.config import Config, write_csplice_settings
-from corehandler.csplice_contract import SPECIFIERS
+from corehandler.config import CaptureConfig
 from support.crash import build_crasher
 from support.daemon_harness import wait_for
+from support.host_core import capture_into
 
 pytestmark = [pytest.mark.root, pytest.mark.live_kernel]
 
@@ -35,12 +34,9 @@ MiB = 1 << 20
 def spool(host_core_settings):
     base = Path(tempfile.mkdtemp(prefix="cht-drain-"))
     try:
-        write_csplice_settings(Config.model_validate({"capture": {
-            "min_free": "0", "max_per_exe_per_minute": 0, "max_dump_size": "8M", "strategy": "rw"}}),
-            paths.Paths(state_dir=base / "state"))
         (base / "state" / "spool").mkdir(mode=0o700, parents=True)
-        Path("/proc/sys/kernel/core_pattern").write_text(f"|{paths.csplice_path()} {SPECIFIERS}")
-        Path("/proc/sys/kernel/core_pipe_limit").write_text("16")
+        capture_into(host_core_settings, base / "state", CaptureConfig.model_validate({
+            "min_free": "0", "max_per_exe_per_minute": 0, "max_dump_size": "8M", "strategy": "rw"}))
         yield base / "state" / "spool", build_crasher(base / "bin")
     finally:
         shutil.rmtree(base)

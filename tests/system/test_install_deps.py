@@ -1,7 +1,8 @@
 """scripts/install-deps leaves the host's crash handler alone: a package's postinst that takes the handler (as
 systemd-coredump's applies its sysctl.d file) is undone live, and its boot-time file is masked. apt-get and
 dpkg-query are stand-ins here that do what the real ones did on a fresh machine; the sysctls are the host's,
-under host_core_settings."""
+borrowed (host_core_settings): the stand-in apt-get plays a foreign package's postinst, the one writer of
+core_pattern here that is not host/handler.py, and the borrow puts back whatever it leaves."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
+from corehandler.host import sysctl
 
 pytestmark = [pytest.mark.root, pytest.mark.live_kernel]
 
@@ -60,13 +63,12 @@ def no_mask():
 
 
 def test_installing_test_deps_keeps_the_live_handler(host_core_settings, no_mask, tmp_path):
-    Path("/proc/sys/kernel/core_pattern").write_text("|/bin/false install-deps-test %p\n")
-    Path("/proc/sys/kernel/core_pipe_limit").write_text("3\n")
+    host_core_settings.point("|/bin/false install-deps-test %p", 3)
     stand_ins(tmp_path / "bin", tmp_path / "installed")
     result = subprocess.run([str(ROOT / "scripts" / "install-deps"), "test"], capture_output=True, text=True,
                             env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}, timeout=60)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "installed").exists(), "the stand-in apt-get did not run"
-    assert Path("/proc/sys/kernel/core_pattern").read_text() == "|/bin/false install-deps-test %p\n"
-    assert Path("/proc/sys/kernel/core_pipe_limit").read_text() == "3\n"
+    assert sysctl.read(sysctl.CORE_PATTERN) == "|/bin/false install-deps-test %p"
+    assert sysctl.read(sysctl.CORE_PIPE_LIMIT) == "3"
     assert os.readlink(MASK) == "/dev/null"

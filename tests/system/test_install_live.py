@@ -1,8 +1,9 @@
 """The real kernel: `corehandler install`, real crashes through csplice, `corehandler uninstall`.
 
 Runs the installed CLI (the console script beside this interpreter) against a temporary state directory, so
-the host's /var/lib/corehandler spool is never used; core_pattern, core_pipe_limit and the fixed csplice.conf
-are saved and restored by the host_core_settings fixture, and /etc/sysctl.d/50-corehandler.conf by this file.
+the host's /var/lib/corehandler spool is never used; core_pattern, core_pipe_limit, the fixed csplice.conf and
+/etc/sysctl.d/50-corehandler.conf are the host's handler, borrowed by the host_core_settings fixture
+(host/handler.py borrow()) and put back by it whatever the test leaves.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from pathlib import Path
 import pytest
 
 from corehandler import paths as paths_mod
-from corehandler.csplice_contract import SPECIFIERS
+from corehandler.csplice_contract import SPECIFIERS, parse_settings
 from corehandler.host import sysctl
+from corehandler.paths import Host
 from support.crash import PATTERN, build_crasher
 from support.waiting import wait_for
 
@@ -38,19 +40,6 @@ def cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
     script = Path(sys.executable).parent / "corehandler"
     command = [str(script)] if script.exists() else [sys.executable, "-m", "corehandler"]
     return subprocess.run(command + list(args), capture_output=True, text=True, timeout=60, **kwargs)
-
-
-@pytest.fixture
-def sysctl_d_file():
-    """Our sysctl.d file as it was, put back afterwards (install writes the host's /etc/sysctl.d)."""
-    before = SYSCTL_D_FILE.read_bytes() if SYSCTL_D_FILE.exists() else None
-    try:
-        yield SYSCTL_D_FILE
-    finally:
-        if before is None:
-            SYSCTL_D_FILE.unlink(missing_ok=True)
-        else:
-            SYSCTL_D_FILE.write_bytes(before)
 
 
 @pytest.fixture
@@ -152,9 +141,15 @@ def check_pattern(core: Path, loads: list, crasher_stdout: str) -> None:
             assert struct.unpack("<Q", f.read(8))[0] == (word * 8) ^ PATTERN
 
 
-def test_install_capture_real_crashes_uninstall(host_core_settings, sysctl_d_file, dirs, tmp_path):
+def bytes_or_none(path: Path) -> bytes | None:
+    return path.read_bytes() if path.exists() else None
+
+
+def test_install_capture_real_crashes_uninstall(host_core_settings, dirs, tmp_path):
     options, spool = dirs
-    saved = {name: value.removesuffix("\n") for name, value in host_core_settings.items()}
+    saved = host_core_settings.found
+    settings_before = bytes_or_none(Host().csplice_settings)
+    sysctl_d_before = bytes_or_none(SYSCTL_D_FILE)
 
     # The records are checked in the spool, so no daemon may ingest them first (test_daemon_live covers that).
     result = cli(*options, "install", "--force", "--no-daemon")
@@ -167,7 +162,12 @@ def test_install_capture_real_crashes_uninstall(host_core_settings, sysctl_d_fil
     assert int(sysctl.read(sysctl.CORE_PIPE_LIMIT)) >= 16
     assert sysctl.read_sysctl_d(Path("/etc/sysctl.d")) == {"kernel.core_pattern": live_pattern,
                                                           "kernel.core_pipe_limit": sysctl.read(sysctl.CORE_PIPE_LIMIT)}
-    assert f"spool_dir={spool}\n" in paths_mod.CSPLICE_SETTINGS.read_text()
+    # csplice.conf names this installation as the handler's owner: its state dir and its id.
+    settings = parse_settings(Host().csplice_settings.read_text())
+    assert settings["spool_dir"] == str(spool)
+    assert (settings["owner"], settings["installation"]) == (str(spool.parent),
+                                                            (spool.parent / "installation-id").read_text().strip())
+    assert (spool.parent / "previous-handler.conf").exists()
     assert stat.S_IMODE(spool.stat().st_mode) == 0o700
 
     crasher = build_crasher(tmp_path / "bin")
@@ -195,22 +195,24 @@ def test_install_capture_real_crashes_uninstall(host_core_settings, sysctl_d_fil
     assert result.returncode == 0, result.stderr
     status = json.loads(result.stdout)
     assert status["installed"] and status["core_pattern_matches"] and status["settings"]["state"] == "current"
+    assert status["capture"]["this"] and status["capture"]["owner"] == str(spool.parent), status["capture"]
     assert status["spool"]["pending"] == len(crashes)
 
     result = cli(*options, "uninstall")
     print(result.stdout)
     assert result.returncode == 0, result.stderr
-    assert sysctl.read(sysctl.CORE_PATTERN) == saved["kernel/core_pattern"]
-    assert sysctl.read(sysctl.CORE_PIPE_LIMIT) == saved["kernel/core_pipe_limit"]
-    assert not SYSCTL_D_FILE.exists()
-    assert not (spool.parent / "previous-sysctl.json").exists()
+    # Exactly what install found goes back: the sysctls, csplice.conf and our sysctl.d file.
+    assert {name: sysctl.read(name) for name in saved} == saved
+    assert bytes_or_none(Host().csplice_settings) == settings_before
+    assert bytes_or_none(SYSCTL_D_FILE) == sysctl_d_before
+    assert not (spool.parent / "previous-handler.conf").exists()
     assert len(list(spool.glob("*.json"))) == len(crashes)  # uninstall never deletes dumps
 
 
-def test_install_refuses_another_handler(host_core_settings, sysctl_d_file, dirs):
+def test_install_refuses_another_handler(host_core_settings, dirs):
     options, spool = dirs
     other = "|/bin/false %p"
-    sysctl.write(sysctl.CORE_PATTERN, other)
+    host_core_settings.point(other, host_core_settings.found[sysctl.CORE_PIPE_LIMIT])
     result = cli(*options, "install")
     assert result.returncode == 5
     assert result.stderr == ("corehandler: another core handler is installed (/bin/false): `corehandler install "
@@ -219,11 +221,40 @@ def test_install_refuses_another_handler(host_core_settings, sysctl_d_file, dirs
     assert not spool.exists()
 
 
-def test_install_runs_the_daemon_end_to_end(host_core_settings, sysctl_d_file, dirs, tmp_path):
+def test_install_refuses_another_live_installation_unless_forced(host_core_settings, tmp_path):
+    """A second state dir's install names the installation that captures; --force takes the handler over, and
+    the first's uninstall then leaves the host alone."""
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "corehandler.toml").write_text('[capture]\nmin_free = "64M"\n')
+    first, second = tmp_path / "first", tmp_path / "second"
+    a = ["--config-dir", str(etc), "--state-dir", str(first)]
+    b = ["--config-dir", str(etc), "--state-dir", str(second)]
+    result = cli(*a, "install", "--force", "--no-daemon")
+    assert result.returncode == 0, result.stderr
+    pattern = sysctl.read(sysctl.CORE_PATTERN)
+    refused = cli(*b, "install", "--no-daemon")
+    assert refused.returncode == 5 and f"the installation in {first}" in refused.stderr, refused.stderr
+    assert parse_settings(Host().csplice_settings.read_text())["owner"] == str(first)
+    result = cli(*b, "install", "--force", "--no-daemon")
+    assert result.returncode == 0, result.stderr
+    assert parse_settings(Host().csplice_settings.read_text())["owner"] == str(second)
+    owned = Host().csplice_settings.read_bytes()
+    result = cli(*a, "uninstall")
+    assert result.returncode == 0, result.stderr
+    assert sysctl.read(sysctl.CORE_PATTERN) == pattern and Host().csplice_settings.read_bytes() == owned
+    # The second puts back exactly what it took over: the first's handler (the borrow restores the host's).
+    result = cli(*b, "uninstall")
+    assert result.returncode == 0, result.stderr
+    assert sysctl.read(sysctl.CORE_PATTERN) == pattern
+    assert parse_settings(Host().csplice_settings.read_text())["owner"] == str(first)
+
+
+def test_install_runs_the_daemon_end_to_end(host_core_settings, dirs, tmp_path):
     """What the README's first command leaves behind: a crash ends up compressed in the store, listed, and
     byte-identical out of it; uninstall stops the daemon and restores the kernel's settings."""
     options, spool = dirs
-    saved = {name: value.removesuffix("\n") for name, value in host_core_settings.items()}
+    saved = host_core_settings.found
     crasher = build_crasher(tmp_path / "bin")
 
     result = cli(*options, "install", "--force")
@@ -249,4 +280,4 @@ def test_install_runs_the_daemon_end_to_end(host_core_settings, sysctl_d_file, d
         result = cli(*options, "uninstall")
     assert result.returncode == 0, result.stderr
     assert json.loads(cli(*options, "--json", "status").stdout)["daemon"]["state"] != "running"
-    assert {name: Path("/proc/sys", name).read_text().removesuffix("\n") for name in saved} == saved
+    assert {name: sysctl.read(name) for name in saved} == saved

@@ -10,13 +10,14 @@ import urllib.request
 
 import pytest
 
-from corehandler import paths
+from corehandler.config import CaptureConfig
 from corehandler.csplice_contract import SPECIFIERS
 from corehandler.observe import journal
 from corehandler.observe.metrics import MetricsObserver
 from corehandler.store.dumprow import row_from_record
 from corehandler.store.index import Store
 from support.crash import build_crasher, crash, python_crash
+from support.host_core import capture_into
 from support.journald import PrivateJournald, expected_dump_fields, field_bytes, mismatches
 from support.prometheus import PrometheusServer, free_port
 from support.records import store_dump
@@ -28,19 +29,11 @@ CRASHER_MIB = (2, 8)
 CRASHES = len(CRASHER_MIB) + 1
 
 
-def crash_for_real(csplice, spool, crasher) -> list[dict]:
-    """Crashes CRASHES real processes with csplice as the live handler; the committed records.
-
-    Runs under host_core_settings (the caller holds it): core_pattern and csplice.conf are restored after.
-    """
-    pattern = f"|{csplice} {SPECIFIERS}"
-    assert len(pattern) <= 127, f"csplice's path is too long for core_pattern: {pattern}"
-    paths.CSPLICE_SETTINGS.parent.mkdir(parents=True, exist_ok=True)
-    paths.CSPLICE_SETTINGS.write_text(f"spool_dir={spool}\nmin_free=0\n")
-    with open("/proc/sys/kernel/core_pipe_limit", "w") as f:
-        f.write("16\n")
-    with open("/proc/sys/kernel/core_pattern", "w") as f:
-        f.write(pattern + "\n")
+def crash_for_real(lent, csplice, spool, crasher) -> list[dict]:
+    """Crashes CRASHES real processes with csplice as the live handler (lent: the borrowed handler, which
+    puts core_pattern and csplice.conf back after); the committed records."""
+    capture_into(lent, spool.parent, CaptureConfig.model_validate({"min_free": "0"}),
+                 pattern=f"|{csplice} {SPECIFIERS}")
     for mib in CRASHER_MIB:
         result = crash(crasher, "abort", mib)
         assert result.returncode == -signal.SIGABRT, result
@@ -57,7 +50,7 @@ def test_real_crashes_reach_prometheus_and_the_journal(csplice, tmp_path, host_c
     spool.mkdir(mode=0o700)
     store.mkdir(mode=0o700)
     crasher = build_crasher(tmp_path / "bin")
-    records = crash_for_real(csplice, spool, crasher)
+    records = crash_for_real(host_core_settings, csplice, spool, crasher)
     assert len(records) == CRASHES
     assert all(r["capture"]["complete"] for r in records)
     assert [r["proc"]["exe"] == str(crasher) for r in records] == [True, True, False]

@@ -2,8 +2,9 @@
 
 core_pattern becomes "@@<socket>": the kernel connects to the listener, csplice answers its request (taking
 the dump or refusing it before it is written) and captures the stream. Like test_install_live (whose checks
-these reuse), it runs the installed CLI against a temporary state directory under the host_core_settings lock,
-and puts everything back: core_pattern, core_pipe_limit, csplice.conf, sysctl.d, the listener.
+these reuse), it runs the installed CLI against a temporary state directory with the host's handler borrowed
+(host_core_settings), and puts everything back: core_pattern, core_pipe_limit, csplice.conf, sysctl.d (the
+borrow), the listener (uninstall).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_install_live import check_pattern, cli, parse_core, sysctl_d_file, wait_for_record  # noqa: F401 (a fixture)
+from test_install_live import check_pattern, cli, parse_core, wait_for_record
 
 from corehandler.cli.common import base_paths
 from corehandler.host import listener, supervise, sysctl
@@ -38,14 +39,14 @@ RLIM_INF = resource.RLIM_INFINITY
 
 
 @pytest.fixture
-def socket_mode(host_core_settings, sysctl_d_file, tmp_path):
+def socket_mode(host_core_settings, tmp_path):
     """corehandler installed in socket mode on SOCKET (no daemon: the records are checked in the spool, so
     they stay pending and max_pending is off; the storm's limit is the per-executable one)."""
     yield from _installed(tmp_path, "--force", "--no-daemon", "--mode", "socket")
 
 
 @pytest.fixture
-def package_socket_mode(host_core_settings, sysctl_d_file, tmp_path):
+def package_socket_mode(host_core_settings, tmp_path):
     """As the package's postinst installs it (`install --package`, the mode from the config): postinst has no
     listener of its own to start, so install must start it."""
     yield from _installed(tmp_path, "--package", config='mode = "socket"\n')

@@ -16,9 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from corehandler import paths
-from corehandler.config import Config, write_csplice_settings
-from corehandler.csplice_contract import SPECIFIERS
+from corehandler.config import Config
 from corehandler.daemon import Settings
 from corehandler.errors import EXIT_NOMATCH
 from corehandler.store import analyses
@@ -26,6 +24,7 @@ from corehandler.store.index import Store
 from support.asuser import run_as
 from support.crash import build_crasher, crash
 from support.daemon_harness import Running, wait_for
+from support.host_core import capture_into
 
 pytestmark = [pytest.mark.root, pytest.mark.live_kernel]
 
@@ -56,11 +55,9 @@ def test_a_user_lists_and_dumps_their_own_real_crash_only(host_core_settings):
         crasher = build_crasher(base / "bin")
         os.chmod(base / "bin", 0o755)
         config = Config.model_validate({"capture": {"min_free": "0", "max_per_exe_per_minute": 0}})
-        write_csplice_settings(config, paths.Paths(state_dir=state))
         state.mkdir(mode=0o700)  # as v0.1 made it: the daemon opens it to users
         (state / "spool").mkdir(mode=0o700)
-        Path("/proc/sys/kernel/core_pattern").write_text(f"|{paths.csplice_path()} {SPECIFIERS}")
-        Path("/proc/sys/kernel/core_pipe_limit").write_text("16")
+        capture_into(host_core_settings, state, config.capture)
         with Running(Settings(state, threads=1, sweep_interval=0.2)):
             theirs = subprocess.run([str(crasher), "segv", "2"], preexec_fn=_as_user_with_cores,
                                     capture_output=True, timeout=120)
