@@ -39,6 +39,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
+import common  # noqa: E402
 from common import (  # noqa: E402
     describe_cache,
     filesystem_of,
@@ -53,12 +54,13 @@ from common import (  # noqa: E402
 from sdcd import systemd_coredump  # noqa: E402
 
 from corehandler import paths  # noqa: E402
-from corehandler.config import Config, render_csplice_settings  # noqa: E402
-from corehandler.csplice_contract import PIDFD_SPECIFIER, SPECIFIERS  # noqa: E402
-from corehandler.host import writerates  # noqa: E402
+from corehandler.config import CaptureConfig  # noqa: E402
+from corehandler.csplice_contract import PIDFD_SPECIFIER, SPECIFIERS, settings_values  # noqa: E402
+from corehandler.host import handler, writerates  # noqa: E402
+from corehandler.paths import Host  # noqa: E402
 from support import cbuild  # noqa: E402
 from support.crash import build_crasher  # noqa: E402
-from support.host_core import host_core_settings  # noqa: E402
+from support.host_core import borrowed  # noqa: E402
 from support.waiting import wait_for  # noqa: E402
 
 MiB = 1 << 20
@@ -77,9 +79,8 @@ RW_LOOP = "loop"
 def default_tuning(state: paths.Paths) -> dict:
     """csplice.conf's capture keys as the default config renders them on this kernel, with the write rates
     measured into state (the bench's own state dir: install and the daemon measure the same way)."""
-    rendered = render_csplice_settings(Config(), state)
+    values = settings_values(CaptureConfig(), state.spool_dir, handler.facts(Host(), state))
     keys = ("strategy", "chunk_size", "pipe_size", "direct_above", "direct_rate", "sparse")
-    values = dict(line.split("=", 1) for line in rendered.splitlines() if line and not line.startswith("#"))
     return {k: values[k] for k in keys}
 
 
@@ -134,9 +135,8 @@ FEEDER_METHODS = (DEFAULT, "rw-256K-1M", "direct", "rw2-1M", "splice2-256K-1M", 
 
 def csplice_settings(spool: Path, tuning: dict) -> str:
     # Limits off: a benchmark is a crash storm by design; no free-space floor (the busy page cache's files).
-    lines = {"spool_dir": spool, "max_pending": 0, "max_per_exe_per_minute": 0, "min_free": 0,
-             "sparse": "yes", **tuning}
-    return "".join(f"{k}={v}\n" for k, v in lines.items())
+    return common.csplice_settings(spool, **{"max_pending": 0, "max_per_exe_per_minute": 0, "min_free": 0,
+                                             "sparse": "yes", **tuning})
 
 
 class Tools:
@@ -255,29 +255,30 @@ def odirect_once(tools: Tools, size: int) -> float:
     return float(out)
 
 
-def measure(tools: Tools, method: str, mib: int, half: bool, sdcd) -> tuple[float, str | None]:
+def measure(tools: Tools, lent, method: str, mib: int, half: bool, sdcd) -> tuple[float, str | None]:
+    """One crash of method's; lent: the borrowed handler (host/handler.py borrow()) that points the kernel."""
     written = mib * MiB // 2 if half else mib * MiB  # half untouched: the rest is zeros, holes in the file
     if method == ODIRECT:
         return odirect_once(tools, written), None
     if method == BOTH:
-        Path("/proc/sys/kernel/core_pattern").write_text("|" + " ".join(tools.handler_argv(FLOOR, "")))
+        lent.point("|" + " ".join(tools.handler_argv(FLOOR, "")), CORE_PIPE_LIMIT)
         dd = [str(tools.baselines), "odirect", str(tools.out / "odirect"), str(written)]
         return crash_once(tools, mib, half, alongside=dd)[0], None
     if method == SDCD:
-        Path("/proc/sys/kernel/core_pattern").write_text(sdcd.pattern)
+        lent.point(sdcd.pattern, CORE_PIPE_LIMIT)
         hold = crash_once(tools, mib, half)[0]
         sdcd.wait_stored()
         return hold, None
     if method == NODUMP:
-        Path("/proc/sys/kernel/core_pattern").write_text("core")
+        lent.point("core", CORE_PIPE_LIMIT)
         return crash_once(tools, mib, half, dump=False)[0], None
     argv = tools.handler_argv(method, str(tools.out / "core.%P"))
     if method in CSPLICE:
-        paths.CSPLICE_SETTINGS.write_text(csplice_settings(tools.spool, CSPLICE[method]))
+        lent.write_settings(csplice_settings(tools.spool, CSPLICE[method]))
         argv += f"{SPECIFIERS} {PIDFD_SPECIFIER}".split()
     pattern = "|" + " ".join(argv)
     assert len(pattern) <= 127, pattern
-    Path("/proc/sys/kernel/core_pattern").write_text(pattern)
+    lent.point(pattern, CORE_PIPE_LIMIT)
     hold, pid = crash_once(tools, mib, half)
     return hold, tools.check(method, written, pid)
 
@@ -293,19 +294,17 @@ def live(tools: Tools, workloads, methods, runs: int, tiny_runs: int, states) ->
             res = results[state] = {"cache_before": page_cache_state(), "workloads": {}, "strategies": {}}
             if tiny_runs:
                 tiny = res["workloads"]["tiny (1 MiB)"] = {m: [] for m in TINY_METHODS}
-                with host_core_settings(paths.CSPLICE_SETTINGS):
-                    Path("/proc/sys/kernel/core_pipe_limit").write_text(CORE_PIPE_LIMIT)
+                with borrowed("bench/capture.py") as lent:
                     for run in range(tiny_runs):
                         for method in rotated(TINY_METHODS, run):
-                            tiny[method].append(measure(tools, method, 1, False, sdcd)[0])
+                            tiny[method].append(measure(tools, lent, method, 1, False, sdcd)[0])
                             tools.clean()
             for run in range(runs):
-                with host_core_settings(paths.CSPLICE_SETTINGS):
-                    Path("/proc/sys/kernel/core_pipe_limit").write_text(CORE_PIPE_LIMIT)
+                with borrowed("bench/capture.py") as lent:
                     for label, mib, half in rotated(workloads, run):
                         samples = res["workloads"].setdefault(label, {m: [] for m in methods})
                         for method in rotated(methods, run):
-                            hold, strategy = measure(tools, method, mib, half, sdcd)
+                            hold, strategy = measure(tools, lent, method, mib, half, sdcd)
                             samples[method].append(hold)
                             if strategy:
                                 res["strategies"].setdefault(label, {}).setdefault(method, []).append(strategy)

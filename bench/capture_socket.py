@@ -39,12 +39,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from common import filesystem_of, machine, markdown_table, median, paired_ratio  # noqa: E402
+from common import csplice_settings, filesystem_of, machine, markdown_table, median, paired_ratio  # noqa: E402
 
 from corehandler import paths  # noqa: E402
 from corehandler.host import listener  # noqa: E402
 from support.crash import build_crasher  # noqa: E402
-from support.host_core import host_core_settings  # noqa: E402
+from support.host_core import borrowed  # noqa: E402
 
 MiB = 1 << 20
 SOCKET = Path("/run/corehandler-bench/capture/coredump.socket")
@@ -56,8 +56,7 @@ STORM = 200
 
 
 def settings(spool: Path, **extra) -> str:
-    lines = {"spool_dir": spool, "min_free": 0, **extra}
-    return "".join(f"{k}={v}\n" for k, v in lines.items())
+    return csplice_settings(spool, **{"min_free": 0, **extra})
 
 
 class Bench:
@@ -69,6 +68,7 @@ class Bench:
         subprocess.run(["gcc", "-O2", "-o", str(self.baselines), str(HERE / "baselines.c")], check=True)
         self.csplice = paths.csplice_path()
         self.listener: subprocess.Popen | None = None
+        self.lent = None  # the borrowed handler (support/host_core.py), while run() holds it
 
     def clean(self) -> None:
         shutil.rmtree(self.spool, ignore_errors=True)
@@ -89,7 +89,7 @@ class Bench:
     def use(self, handler: str, **limits) -> None:
         """core_pattern and csplice.conf for handler."""
         self.stop_listener()
-        paths.CSPLICE_SETTINGS.write_text(settings(self.spool, **limits))
+        self.lent.write_settings(settings(self.spool, **limits))
         if handler == "none":
             pattern = str(self.work / "no-core.%p")
         elif handler == "null":
@@ -101,7 +101,7 @@ class Bench:
         else:
             self.start_listener(exec_each=handler == "socket-exec")
             pattern = f"@@{SOCKET}"
-        Path("/proc/sys/kernel/core_pattern").write_text(pattern)
+        self.lent.point(pattern, 16)
 
     def spawn(self, handler: str, mib: int) -> subprocess.Popen:
         rlimit = 0 if handler == "none" else resource.RLIM_INFINITY
@@ -226,8 +226,7 @@ def run(args) -> dict:
     sizes = {"tiny (1 MiB)": 1, "256 MiB dense": 256, "1 GiB dense": 1024}
     holds = {w: {h: [] for h in HANDLERS} for w in [*sizes, "1 GiB refused (max 64M)"]}
     storms = {h: [] for h in HANDLERS}
-    with host_core_settings(paths.CSPLICE_SETTINGS):
-        Path("/proc/sys/kernel/core_pipe_limit").write_text("16")
+    with borrowed("bench/capture_socket.py") as bench.lent:
         try:
             for r in range(args.rounds):
                 for handler in rotated(HANDLERS, r):
@@ -377,8 +376,7 @@ def buffer_experiment(args) -> str:
     sizes = {"256 MiB dense": 256, "1 GiB dense": 1024}
     holds = {w: {h: [] for h in BUFFER_HANDLERS} for w in sizes}
     kernel_default = int(WMEM_DEFAULT.read_text())
-    with host_core_settings(paths.CSPLICE_SETTINGS):
-        Path("/proc/sys/kernel/core_pipe_limit").write_text("16")
+    with borrowed("bench/capture_socket.py") as bench.lent:
         try:
             for r in range(args.rounds):
                 for handler in rotated(BUFFER_HANDLERS, r):

@@ -1,13 +1,19 @@
 """What every benchmark in bench/ shares: medians and paired ratios, the markdown table, the machine's
-description. Exclusive use of the host's core_pattern is tests/support/host_core.py's, shared with the tests."""
+description, csplice.conf for a tuning. Exclusive use of the host's core_pattern and csplice.conf is
+tests/support/host_core.py's borrow (host/handler.py, the one writer), shared with the tests."""
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import statistics
 import subprocess
 from pathlib import Path
+
+from corehandler import paths
+from corehandler.config import CaptureConfig
+from corehandler.csplice_contract import Facts, parse_settings, render_settings
 
 
 def median(values) -> float:
@@ -29,6 +35,24 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+@functools.cache
+def csplice_builtin() -> Facts:
+    """What csplice uses for strategy, direct_above and direct_rate when csplice.conf leaves them out (`csplice
+    --list-settings`): a tuning that names none of them runs on these, as on csplice's built-ins."""
+    listed = subprocess.run([str(paths.csplice_path()), "--list-settings"], capture_output=True, text=True,
+                            check=True).stdout
+    values = parse_settings(listed)
+    return Facts(values["strategy"], int(values["direct_above"]), int(values["direct_rate"]))
+
+
+def csplice_settings(spool: Path, **tuning) -> str:
+    """csplice.conf writing into spool with tuning's keys (the one renderer, csplice_contract.render_settings);
+    every key the tuning leaves out at csplice's built-in default (the config's defaults are csplice's,
+    csplice_builtin() the rest), so csplice runs as on the tuning's keys alone."""
+    return render_settings(CaptureConfig(), spool, csplice_builtin(),
+                           overrides={k: str(v) for k, v in tuning.items()})
 
 
 def publish(out: Path, text: str) -> None:

@@ -41,6 +41,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from common import (  # noqa: E402
+    csplice_settings,
     describe_cache,
     filesystem_of,
     machine,
@@ -57,7 +58,7 @@ from corehandler.config import CompressionConfig  # noqa: E402
 from corehandler.csplice_contract import SPECIFIERS  # noqa: E402
 from corehandler.store import compress  # noqa: E402
 from support.crash import build_crasher  # noqa: E402
-from support.host_core import host_core_settings  # noqa: E402
+from support.host_core import borrowed  # noqa: E402
 from support.waiting import wait_for  # noqa: E402
 
 MiB = 1 << 20
@@ -74,13 +75,7 @@ def _allow_core():
 
 def csplice_conf(spool: Path) -> str:
     spool.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return "".join(f"{k}={v}\n" for k, v in {"spool_dir": spool, "max_pending": 0, "max_per_exe_per_minute": 0,
-                                               "min_free": 0, "strategy": "rw"}.items())
-
-
-def set_pattern(pattern: str) -> None:
-    Path("/proc/sys/kernel/core_pattern").write_text(pattern)
-    Path("/proc/sys/kernel/core_pipe_limit").write_text("16")
+    return csplice_settings(spool, max_pending=0, max_per_exe_per_minute=0, min_free=0, strategy="rw")
 
 
 def timed_crash(argv: list[str]) -> tuple[float, float]:
@@ -110,12 +105,13 @@ def wait_records(spool: Path, n: int, timeout: float = 120) -> list[dict]:
 
 # -- 1. compression of real cores ----------------------------------------------------------------------------
 
-def capture_cores(crasher: Path, dense_mib: int) -> dict[str, Path]:
+def capture_cores(lent, crasher: Path, dense_mib: int) -> dict[str, Path]:
+    """Real cores of the crasher, kept; lent: the borrowed handler (support/host_core.py)."""
     spool, cores = WORK / "capture" / "spool", WORK / "cores"
     shutil.rmtree(WORK / "capture", ignore_errors=True)
     cores.mkdir(parents=True, exist_ok=True)
-    paths.CSPLICE_SETTINGS.write_text(csplice_conf(spool))
-    set_pattern(f"|{paths.csplice_path()} {SPECIFIERS}")
+    lent.write_settings(csplice_conf(spool))
+    lent.point(f"|{paths.csplice_path()} {SPECIFIERS}", 16)
     kinds = {"dense": [str(crasher), "segv", str(dense_mib)],
              "sparse": [str(crasher), "segv", str(dense_mib * 2), "--untouched-half"],
              "typical (python3)": ["python3", "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"]}
@@ -199,9 +195,10 @@ def newest_row(index: Path) -> tuple[int, str | None, str | None, str | None]:
         return 0, None, None, None
 
 
-def bench_crash_to_stored(crasher: Path, sizes: list[int], runs: int, sdcd) -> tuple[str, dict]:
+def bench_crash_to_stored(lent, crasher: Path, sizes: list[int], runs: int, sdcd) -> tuple[str, dict]:
     """csplice's hold, crash to listed and crash to stored with the default config, zstd alone on the same
-    core, and systemd-coredump's hold of the same crash, alternating in the same run."""
+    core, and systemd-coredump's hold of the same crash, alternating in the same run (lent: the borrowed
+    handler, support/host_core.py)."""
     etc, state = WORK / "etc", WORK / "state"
     shutil.rmtree(state, ignore_errors=True)
     etc.mkdir(parents=True, exist_ok=True)
@@ -210,10 +207,13 @@ def bench_crash_to_stored(crasher: Path, sizes: list[int], runs: int, sdcd) -> t
         "[capture]\nmin_free = \"0\"\nmax_per_exe_per_minute = 0\n[metrics]\nenabled = false\n"
         "[journal]\nenabled = false\n[retention]\nkeep_free = \"0\"\nmax_use = \"0\"\n")
     level, threads = DAEMON_LEVEL, compress.resolve_threads(DAEMON_THREADS)
+    cli = [sys.executable, "-P", "-m", "corehandler", "--config-dir", str(etc), "--state-dir", str(state)]
+    # The bench's state dir claims the handler (csplice.conf from the config, naming it), so that its daemon
+    # owns csplice.conf and renders it as a host's would; the borrow puts everything back.
+    subprocess.run(cli + ["install", "--force", "--no-daemon"], check=True, capture_output=True, timeout=300)
     ours = f"|{paths.csplice_path()} {SPECIFIERS}"
-    set_pattern(ours)
-    daemon = subprocess.Popen([sys.executable, "-P", "-m", "corehandler", "--config-dir", str(etc),
-                               "--state-dir", str(state), "serve"], stderr=subprocess.PIPE, text=True)
+    lent.point(ours, 16)
+    daemon = subprocess.Popen(cli + ["serve"], stderr=subprocess.PIPE, text=True)
     rows, samples, loads = [], {}, []
     try:
         while "Watching" not in daemon.stderr.readline():
@@ -223,7 +223,7 @@ def bench_crash_to_stored(crasher: Path, sizes: list[int], runs: int, sdcd) -> t
             holds, listed, stored, alone, theirs = [], [], [], [], []
             for _ in range(runs):
                 before = newest_row(index)[0]
-                set_pattern(ours)
+                lent.point(ours, 16)
                 t0, hold = timed_crash([str(crasher), "segv", str(mib)])
                 # A crash that never reaches our spool (another csplice.conf put in place meanwhile) fails the run.
                 row = wait_for(lambda: (r := newest_row(index))[0] > before and r, 600, "the dump listed",
@@ -243,7 +243,7 @@ def bench_crash_to_stored(crasher: Path, sizes: list[int], runs: int, sdcd) -> t
                 for f in (state / "store").rglob("*.zst"):
                     f.unlink()
                 if sdcd:
-                    set_pattern(sdcd.pattern)
+                    lent.point(sdcd.pattern, 16)
                     theirs.append(timed_crash([str(crasher), "segv", str(mib)])[1])
                     sdcd.wait_stored()
             store_stage = [s - v for s, v in zip(stored, listed)]
@@ -300,15 +300,15 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench/compress.py needs root (it crashes real processes through core_pattern)", file=sys.stderr)
         return 2
-    # SIGTERM unwinds like an error, so host_core_settings puts core_pattern and csplice.conf back.
+    # SIGTERM unwinds like an error, so the borrow puts core_pattern, csplice.conf and sysctl.d back.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     WORK.mkdir(parents=True, exist_ok=True)
     crasher = build_crasher(WORK / "bin")
     parts = [f"# Compression and ingest (bench/compress.py)\n\n{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} "
              f"UTC, {machine()}; store on {filesystem_of(WORK)}; medians of {a.runs} runs.\n"]
     try:
-        with host_core_settings(paths.CSPLICE_SETTINGS):
-            cores = capture_cores(crasher, a.dense_mib) if a.compression else {}
+        with borrowed("bench/compress.py") as lent:
+            cores = capture_cores(lent, crasher, a.dense_mib) if a.compression else {}
             if cores:
                 parts.append("## zstd on real kernel cores, stored as the daemon does (compress, fsync, rename)\n\n"
                              + bench_compression(cores, a.runs))
@@ -316,7 +316,7 @@ def main() -> int:
                 core.unlink()
             if a.indexed:
                 with systemd_coredump(WORK) if a.systemd_coredump else contextlib.nullcontext() as sdcd:
-                    text, samples = bench_crash_to_stored(crasher, a.indexed_mib, a.runs, sdcd)
+                    text, samples = bench_crash_to_stored(lent, crasher, a.indexed_mib, a.runs, sdcd)
                 workers = compress.resolve_threads(DAEMON_THREADS)
                 parts.append("## Crash to listed and to stored, `corehandler serve` running (default config: "
                              f"strategy auto, zstd level {DAEMON_LEVEL}, {workers} worker threads)\n\n"

@@ -1,7 +1,8 @@
 """systemd-coredump (Compress=yes, its defaults) as a benchmark baseline, without touching the host's journal or
 /var/lib/systemd/coredump: its socket served by systemd-socket-activate, a standalone systemd-journald, and its
-store bind-mounted from a work directory, all in a private mount namespace that vanishes with it. The caller holds
-the core_pattern lock (tests/support/host_core.py) and sets `pattern` (from its sysctl.d file) per crash."""
+store bind-mounted from a work directory, all in a private mount namespace that vanishes with it. The caller has
+borrowed the host's handler (tests/support/host_core.py) and points it at `pattern` (from its sysctl.d file) per
+crash."""
 
 from __future__ import annotations
 
