@@ -148,7 +148,8 @@ def render_settings(capture, spool_dir: Path, facts: Facts, owner: Owner | None 
                     overrides: Mapping[str, str] | None = None) -> str:
     """csplice.conf, the one renderer: the settings, then the owner. overrides (benchmarks and tests that pin
     a strategy or a size) replace values of the same keys."""
-    values = settings_values(capture, spool_dir, facts) | dict(overrides or {})
+    values = settings_values(capture, spool_dir, facts)
+    values |= {key: _setting_value(value) for key, value in (overrides or {}).items()}
     lines = [SETTINGS_HEADER, f"# capture.strategy = {capture.strategy}"]
     lines += [_one_line(key, str(value)) for key, value in values.items()]
     if owner is not None:
@@ -156,6 +157,18 @@ def render_settings(capture, spool_dir: Path, facts: Facts, owner: Owner | None 
         if owner.installation:
             lines.append(_one_line(INSTALLATION_KEY, owner.installation))
     return "\n".join(lines) + "\n"
+
+
+def builtin_facts(program: Path) -> Facts:
+    """What csplice uses for the auto settings when csplice.conf leaves them out (`csplice --list-settings`): a
+    file rendered on these runs as csplice's built-ins would (tests and benchmarks that pin a few keys)."""
+    try:
+        listed = subprocess.run([str(program), "--list-settings"], capture_output=True, text=True, check=True,
+                                timeout=10).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise SystemFailure(f"cannot run {program} --list-settings: {e}") from None
+    values = parse_settings(listed)
+    return Facts(values["strategy"], int(values["direct_above"]), int(values["direct_rate"]))
 
 
 def parse_settings(text: str) -> dict[str, str]:

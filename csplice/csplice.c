@@ -173,7 +173,13 @@ static int setup(Crash *c, int argc, char *argv[], int in_fd, const char **proc_
         if (argc - 1 < _ARG_REQUIRED && !c->socket_mode)
                 log_full(LOG_WARNING, "Only %d of %d core_pattern arguments given, recording what there is",
                          argc - 1, _ARG_REQUIRED);
-        if (settings_load(&c->settings, settings_path) < 0)
+        /* A relative path would be read from wherever the caller stood: refused aloud, not followed. */
+        if (settings_path[0] != '/') {
+                settings_defaults(&c->settings);
+                (void) snprintf(c->settings.error, sizeof c->settings.error,
+                                "CSPLICE_SETTINGS=%s is not an absolute path, using built-in defaults", settings_path);
+                log_full(LOG_WARNING, "%s", c->settings.error);
+        } else if (settings_load(&c->settings, settings_path) < 0)
                 log_full(LOG_WARNING, "%s", c->settings.error);
 
         if (c->settings.timeout > 0) {

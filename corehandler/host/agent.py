@@ -145,10 +145,10 @@ class Options:
     keep_on_stop: bool = False
 
 
-def run(config: Config, paths: Paths, options: Options, serve: Callable[[], int]) -> int:
+def run(config: Config, paths: Paths, options: Options, serve: Callable[[], int], host: Host = Host()) -> int:
     """start, then serve() (the daemon in the foreground, 0 once a stop was asked for); then the previous handler
     back unless keep_on_stop. serve() raising leaves csplice in core_pattern: capture goes on without us."""
-    done = start(config, paths, options.csplice, force=options.force)
+    done = start(config, paths, options.csplice, force=options.force, host=host)
     replaced = f"; replaced {done['replaced']!r}" if done["replaced"] is not None else ""
     log.info("Installed: core_pattern = %s, core_pipe_limit = %s%s", done["core_pattern"], done["core_pipe_limit"],
              replaced)
@@ -156,7 +156,7 @@ def run(config: Config, paths: Paths, options: Options, serve: Callable[[], int]
     if code != 0 or options.keep_on_stop:
         log.info("Leaving core_pattern to csplice, which keeps capturing into %s", paths.spool_dir)
         return code
-    put_back = stop(paths)
+    put_back = stop(paths, host)
     if put_back["restored"] is not None:
         log.info("Put back core_pattern = %s, core_pipe_limit = %s (from %s)",
                  put_back["restored"][sysctl.CORE_PATTERN], put_back["restored"][sysctl.CORE_PIPE_LIMIT],

@@ -90,15 +90,17 @@ def _read_bytes(path: Path) -> bytes | None:
         raise SystemFailure(f"cannot read {path}: {e.strerror}") from None
 
 
-def settings_owner_of(host: Host) -> Owner | None:
-    """The installation csplice.conf names, None when it is missing or names none."""
+def settings_owner_of(host: Host) -> Owner:
+    """The installation csplice.conf names. A file that is missing or names neither owner nor spool leaves
+    csplice on its built-in spool (csplice/settings.c), the default state dir's, where csplice.conf lives."""
     data = _read_bytes(host.csplice_settings)
-    return None if data is None else settings_owner(data.decode(errors="replace"))
+    found = None if data is None else settings_owner(data.decode(errors="replace"))
+    return found or Owner(str(host.csplice_settings.parent), None)
 
 
 def owner(host: Host, socket_path: Path | None = None) -> Owner | None:
     """The installation that captures this host's crashes now: None when the live pattern is not corehandler's
-    (another handler, a file pattern) or csplice.conf names nobody."""
+    (another handler, a file pattern)."""
     if not is_corehandler(sysctl.read(CORE_PATTERN, host.sysctl_root), socket_path):
         return None
     return settings_owner_of(host)
@@ -190,10 +192,20 @@ def _render_previous(previous: Previous) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
+def _parse_previous(text: str) -> dict[str, str]:
+    # Not sysctl.d's parser, which strips: a pattern's trailing spaces are part of it.
+    values = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition(" = ")
+        if sep and not name.startswith(("#", ";")):
+            values[name] = value
+    return values
+
+
 def read_previous(paths: Paths) -> Previous | None:
     path = paths.previous_handler
     try:
-        values = sysctl.parse_sysctl_d(path.read_text())
+        values = _parse_previous(path.read_text())
     except FileNotFoundError:
         return _read_legacy_previous(paths)
     except (OSError, ValueError) as e:
@@ -287,6 +299,8 @@ class Claim:
 
     def __init__(self, host: Host, paths: Paths, found: Previous, already_ours: bool):
         self.host, self.paths, self.found, self.already_ours = host, paths, found, already_ours
+        if not already_ours:
+            _put_file(paths.previous_handler, _render_previous(found), 0o600)
         self.me = this_installation(paths, create=True)
 
     @property
@@ -313,6 +327,7 @@ class Claim:
             if not self.already_ours:
                 with contextlib.suppress(SystemFailure):
                     _restore(self.host, self.found, persistent=persist is not None)
+                    _forget_previous(self.paths)
             raise
         return target if persist else None
 
@@ -322,32 +337,33 @@ def _describe(found: Owner) -> str:
     return f"the installation in {found.state_dir}{ident}"
 
 
+def check_claim(host: Host, paths: Paths, *, force: bool = False, socket_path: Path | None = None) -> bool:
+    """Raises HandlerConflictError where claim() would refuse (without force: another handler in core_pattern,
+    systemd-coredump, apport, ...; another live installation's csplice); True if this installation owns the
+    handler already. Changes nothing: install asks before it makes its state dirs."""
+    pattern = sysctl.read(CORE_PATTERN, host.sysctl_root)
+    program = handler_program(pattern)
+    current = owner(host, socket_path)
+    mine = is_me(current, paths)
+    if not force and program is not None and not is_corehandler(pattern, socket_path):
+        raise HandlerConflictError(f"another core handler is installed ({program}): `corehandler install "
+                                   f"--force` replaces it and uninstall puts it back")
+    if not force and not mine and current is not None and is_live(current):
+        raise HandlerConflictError(f"{_describe(current)} captures this host's crashes ({program} in "
+                                   f"core_pattern): uninstall it there, or take the handler over with --force "
+                                   f"(its uninstall then leaves the host to you)")
+    return mine
+
+
 @contextlib.contextmanager
 def claim(host: Host, paths: Paths, *, force: bool = False, socket_path: Path | None = None,
           what: str = "install"):
-    """Yields a Claim inside the host lock. Refuses, unless forced: another handler in core_pattern (systemd-
-    coredump, apport, ...), and another live installation's csplice. What the host had is saved once in
+    """Yields a Claim inside the host lock, after check_claim(). What the host had is saved once in
     paths.previous_handler (not when this installation owns the handler already: a second install keeps the
-    values from before the first)."""
+    values from before the first). paths' state dir must exist: its installation id is made here."""
     with sysctl.held_lock(host.lock, what):
-        found = _found(host)
-        pattern = found.sysctls[CORE_PATTERN]
-        program = handler_program(pattern)
-        current = owner(host, socket_path)
-        mine = is_me(current, paths)
-        if not force and program is not None and not is_corehandler(pattern, socket_path):
-            raise HandlerConflictError(f"another core handler is installed ({program}): `corehandler install "
-                                       f"--force` replaces it and uninstall puts it back")
-        if not force and not mine and current is not None and is_live(current):
-            raise HandlerConflictError(f"{_describe(current)} captures this host's crashes ({program} in "
-                                       f"core_pattern): uninstall it there, or take the handler over with "
-                                       f"--force (its uninstall then leaves the host to you)")
-        # Saved values of this installation outlive a take-over by another and back: they are the host's.
-        already_ours = mine or (current is None and is_corehandler(pattern, socket_path)
-                                and paths.previous_handler.exists())
-        if not already_ours:
-            _put_file(paths.previous_handler, _render_previous(found), 0o600)
-        yield Claim(host, paths, found, already_ours)
+        mine = check_claim(host, paths, force=force, socket_path=socket_path)
+        yield Claim(host, paths, _found(host), mine)
 
 
 def refresh(host: Host, paths: Paths, text: str, *, socket_path: Path | None = None,
@@ -374,22 +390,29 @@ def _restore(host: Host, previous: Previous, *, persistent: bool) -> None:
 
 
 def release(host: Host, paths: Paths, *, socket_path: Path | None = None, persistent: bool = True) -> dict:
-    """What paths' claim found goes back exactly (the kernel's defaults if nothing was saved), if this
-    installation still owns the handler; otherwise the host is left alone. persistent=False leaves the sysctl.d
-    file as it is (the agent's). The saved values are spent either way."""
+    """What paths' claim found goes back exactly (the kernel's defaults if nothing was saved) if csplice.conf
+    still names this installation: the sysctls if the live pattern is still corehandler's (another handler that
+    took over since keeps them), csplice.conf, and our sysctl.d file unless persistent=False (the agent's).
+    Another installation's handler is left alone. The saved values are spent either way."""
     with sysctl.held_lock(host.lock, "uninstall"):
         current = sysctl.read(CORE_PATTERN, host.sysctl_root)
-        mine = owns(host, paths, socket_path)
-        restored = None
+        mine = is_me(settings_owner_of(host), paths)
+        live_ours = mine and is_corehandler(current, socket_path)
         previous = read_previous(paths)
         # Nothing saved (the kernel's defaults) or saved by v0.3: no csplice.conf or sysctl.d file known from
         # before, so ours go.
         base = previous or Previous(dict(KERNEL_DEFAULTS), None, None)
+        if live_ours:
+            # The pattern first: once it is not ours, no new crash reaches csplice.
+            _write_sysctl(host, CORE_PATTERN, base.sysctls[CORE_PATTERN])
+            _write_sysctl(host, CORE_PIPE_LIMIT, base.sysctls[CORE_PIPE_LIMIT])
         if mine:
-            _restore(host, base, persistent=persistent)
-            restored = dict(base.sysctls)
+            _put_file(host.csplice_settings, base.settings)
+            if persistent:
+                _put_file(sysctl.sysctl_d_file(host.sysctl_d), base.sysctl_d)
         _forget_previous(paths)
-    return {"was_installed": restored is not None, "restored": restored,
+    restored = dict(base.sysctls) if live_ours else None
+    return {"was_installed": live_ours, "restored": restored,
             "restored_from": None if restored is None else ("saved" if previous else "kernel defaults"),
             "left_alone": None if restored is not None else current,
             "sysctl_d_removed": bool(mine and persistent and base.sysctl_d is None)}
@@ -415,6 +438,8 @@ def borrow(host: Host = Host(), what: str = "borrowed"):
     too (sysctl.LOCK_TOKEN_ENV in os.environ): a test's `corehandler install` or daemon can write."""
     with sysctl.held_lock(host.lock, what) as token:
         found = _found(host)
+        # The directory a borrower's csplice.conf may make (the default state dir) goes with the file.
+        made_dir = not host.csplice_settings.parent.exists()
         before = os.environ.get(sysctl.LOCK_TOKEN_ENV)
         os.environ[sysctl.LOCK_TOKEN_ENV] = token
         try:
@@ -425,3 +450,6 @@ def borrow(host: Host = Host(), what: str = "borrowed"):
             else:
                 os.environ[sysctl.LOCK_TOKEN_ENV] = before
             _restore(host, found, persistent=True)
+            if made_dir:
+                with contextlib.suppress(OSError):
+                    host.csplice_settings.parent.rmdir()

@@ -133,6 +133,7 @@ def install(config: Config, paths: Paths, *, host: Host = Host(), csplice: Path 
     if mode not in MODES:
         raise SystemFailure(f"unknown mode {mode!r}: one of {', '.join(MODES)}")
     pattern = core_pattern_for(program, sysctl.read("kernel.osrelease", host.sysctl_root))
+    handler.check_claim(host, paths, force=force, socket_path=socket_path)  # before anything is made
     ensure_state_dirs(paths)
     try:
         account.ensure()  # the analyser's own user: crashes are unwound as it, never as root

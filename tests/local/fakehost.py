@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from corehandler.host import install
-from corehandler.paths import Paths
+from corehandler.paths import Host, Paths
 
 SYSTEMD_PATTERN = "|/lib/systemd/systemd-coredump %P %u %g %s %t 9223372036854775808 %h %d"
 
@@ -17,8 +17,12 @@ class FakeHost:
                  bin_dir: Path | None = None):
         self.root = tmp_path
         self.paths = Paths(state_dir=tmp_path / "var/lib/corehandler", config_dir=tmp_path / "etc/corehandler",
-                           csplice_settings=tmp_path / "var/lib/corehandler/csplice.conf",
-                           proc_root=tmp_path / "proc", sysctl_d=tmp_path / "etc/sysctl.d", run_dir=tmp_path / "run")
+                           run_dir=tmp_path / "run")
+        # The machine's side: what host/handler.py writes, under a lock of this fake host's own.
+        self.machine = Host(proc_root=tmp_path / "proc", sysctl_d=tmp_path / "etc/sysctl.d",
+                            csplice_settings=tmp_path / "var/lib/corehandler/csplice.conf",
+                            lock=tmp_path / "run/corehandler/lock/core-pattern.lock")
+        (tmp_path / "run").mkdir(exist_ok=True)
         self.kernel = tmp_path / "proc/sys/kernel"
         self.kernel.mkdir(parents=True)
         self.set("osrelease", release)
@@ -36,8 +40,13 @@ class FakeHost:
             monkeypatch.setattr(install, "ROOT_UID", os.getuid())
             monkeypatch.setattr(install, "TRUSTED_UIDS", frozenset({0, os.getuid()}))
 
+    def installation(self, name: str) -> Paths:
+        """Another installation (state dir) on this host."""
+        return Paths(state_dir=self.root / name, config_dir=self.root / f"etc/{name}",
+                     run_dir=self.root / f"run/{name}")
+
     def set(self, name: str, value: str) -> None:
-        # As the kernel shows it: the value and a newline.
+        # The fake kernel's own tree, as another handler's installer would leave it: the value and a newline.
         (self.kernel / name).write_text(value + "\n")
 
     def get(self, name: str) -> str:

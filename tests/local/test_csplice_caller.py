@@ -160,8 +160,8 @@ def wait_for_lines(kmsg: Kmsg, tag: str) -> list[str]:
 def test_kernel_start_logs_to_the_kernel_log(host_core_settings, tmp_path):
     """The settings come from the fixed path (no environment); the non-ELF warning must reach /dev/kmsg."""
     spool = tmp_path / "spool"
-    paths.CSPLICE_SETTINGS.write_text(render_settings({"spool_dir": str(spool), "min_free": 0,
-                                                       "max_pending": 0, "max_per_exe_per_minute": 0}))
+    host_core_settings.write_settings(render_settings({"spool_dir": str(spool), "min_free": 0, "max_pending": 0,
+                                                       "max_per_exe_per_minute": 0}))
     kmsg = Kmsg()
     try:
         pid, status = as_the_kernel(paths.csplice_path(), core_args(os.getpid()), b"no core here\n" * 100)

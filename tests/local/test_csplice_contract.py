@@ -11,7 +11,8 @@ from pathlib import Path
 
 from corehandler import config, csplice_contract
 from corehandler.analysis import identity
-from corehandler.paths import Paths
+from corehandler.host import handler as host_handler
+from corehandler.paths import Host, Paths
 from support.csplice_harness import Handler
 
 
@@ -40,21 +41,23 @@ def test_settings_are_the_capture_section_with_the_same_defaults(csplice, tmp_pa
     (what it uses without a file) are the config's defaults as rendered on a stock kernel."""
     in_c = dict(line.split("=", 1) for line in listed(csplice, "--list-settings"))
     # No kallsyms: stock; no measured write rates in this state dir: direct_above unmeasured.
-    in_python = config.csplice_settings(config.Config(), Paths(proc_root=tmp_path, state_dir=tmp_path))
-    in_python["spool_dir"] = str(Paths().spool_dir)  # the state dir's only other trace
+    facts = host_handler.facts(Host(proc_root=tmp_path), Paths(state_dir=tmp_path))
+    in_python = csplice_contract.settings_values(config.CaptureConfig(), Paths().spool_dir, facts)
     assert list(in_c) == list(in_python)
     assert in_c == in_python
     assert list(in_python)[1:] == list(config.CaptureConfig.model_fields)
 
 
 def test_the_rendered_file_is_read_back_as_written(csplice, tmp_path):
-    """Non-default values of every type (size, percent, duration, boolean, strategy) reach csplice unchanged:
-    the record lists the settings csplice ran with."""
+    """Non-default values of every type (size, percent, duration, boolean, strategy) reach csplice unchanged,
+    the owner's keys beside them (which csplice ignores): the record lists the settings csplice ran with."""
     cfg = config.Config.model_validate({"capture": {
         "strategy": "splice", "chunk_size": "128K", "pipe_size": 0, "max_dump_size": "5M", "min_free": "1%",
         "max_pending": 0, "max_per_exe_per_minute": 0, "timeout": "90s", "fsync": True, "sparse": False}})
     handler = Handler(tmp_path / "h")
-    handler.settings_path.write_text(config.render_csplice_settings(cfg, Paths(state_dir=tmp_path / "h")))
+    text = host_handler.settings_for(cfg.capture, Paths(state_dir=tmp_path / "h"), Host(proc_root=tmp_path))
+    assert "\nowner=" in text
+    handler.settings_path.write_text(text)
     settings = handler.feed(4096).record["handler"]["settings"]
     assert settings["error"] is None and settings["from_file"]
     assert {k: settings[k] for k in config.CaptureConfig.model_fields} == {

@@ -67,6 +67,7 @@ def test_bad_settings_file_means_defaults_and_a_warning(tmp_path, case):
         bad.mkdir()
     elif content is not None:
         # Valid lines around the bad one: a half-applied file is not what we get either.
+        # not the host's: a private file (CSPLICE_SETTINGS)
         bad.write_bytes(b"spool_dir=" + bytes(tmp_path) + b"/elsewhere\nstrategy=splice\n" + content)
     handler.settings_path = bad
     # The kernel's view of the filesystem, except that /var/lib is ours.
@@ -80,6 +81,26 @@ def test_bad_settings_file_means_defaults_and_a_warning(tmp_path, case):
     assert s["error"] and str(bad) in s["error"]
     assert s["error"] in result.record["errors"]
     assert result.capture["complete"] and result.capture["bytes"] == 2 * MiB
+    assert not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.root
+def test_a_relative_settings_path_is_refused_aloud(tmp_path, monkeypatch):
+    """A relative CSPLICE_SETTINGS would be read from wherever csplice was started: never followed, and said."""
+    var_lib = tmp_path / "var-lib"
+    handler = Handler(var_lib / "corehandler")
+    decoy = tmp_path / "csplice.conf"
+    # not the host's: a file a relative name would find from this directory
+    decoy.write_text(f"spool_dir={tmp_path}/elsewhere\n")
+    monkeypatch.chdir(tmp_path)
+    handler.settings_path = Path("csplice.conf")
+    handler.wrapper = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                       f'mount --bind "{var_lib}" /var/lib && exec "$@"', "sh"]
+    result = handler.feed(1 * MiB)
+    assert result.returncode == 0, result.stderr
+    s = result.record["handler"]["settings"]
+    assert (s["from_file"], s["source"], s["spool_dir"]) == (False, "built-in defaults", DEFAULT_SPOOL)
+    assert "CSPLICE_SETTINGS=csplice.conf is not an absolute path" in s["error"] and s["error"] in result.stderr
     assert not (tmp_path / "elsewhere").exists()
 
 

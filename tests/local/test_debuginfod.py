@@ -83,7 +83,7 @@ def test_server_down_then_up_resymbolises_with_the_same_exact_key(tmp_path, prog
     assert "Analysed From: the mini core" in info["stdout"]
 
 
-def test_the_daemon_fetches_beside_ingest_and_resymbolises(tmp_path, program, host_core_settings):
+def test_the_daemon_fetches_beside_ingest_and_resymbolises(tmp_path, program):
     disk, served, build_id = program
     state, etc = setup_state(tmp_path)
     c = realcore.crash(disk, tmp_path / "core", "thread")
@@ -122,7 +122,7 @@ def schedule(state) -> list[tuple]:
         return store.db.execute("SELECT id, tries, due FROM resymbolise").fetchall()
 
 
-def test_the_daemon_tries_again_on_its_schedule_once_the_server_is_up(tmp_path, program, host_core_settings):
+def test_the_daemon_tries_again_on_its_schedule_once_the_server_is_up(tmp_path, program):
     """Ingested while the server is down: the dump waits on the schedule; the daemon started later beside the
     server fetches when it is due, re-symbolises from the mini core, keeps the exact key and ends the schedule."""
     disk, served, build_id = program

@@ -12,7 +12,7 @@ import pytest
 from fakehost import SYSTEMD_PATTERN, FakeHost
 
 from corehandler import csplice_contract
-from corehandler.config import Config, render_csplice_settings
+from corehandler.config import Config
 from corehandler.errors import (
     EXIT_CONFLICT,
     EXIT_PERMISSION,
@@ -21,7 +21,7 @@ from corehandler.errors import (
     SystemFailure,
     UnsafePathError,
 )
-from corehandler.host import install, overview, sysctl
+from corehandler.host import handler, install, overview, sysctl
 from corehandler.paths import DIR_MODES
 from corehandler.store.dumprow import row_from_record
 from corehandler.store.index import Store
@@ -57,43 +57,47 @@ def test_core_pattern_length_limit(tmp_path):
 
 
 def test_is_ours():
-    assert install.is_ours(f"|/usr/libexec/corehandler/csplice {SPECS}")
-    assert install.is_ours("|/opt/venv/lib/corehandler/libexec/csplice %P")
-    assert not install.is_ours(SYSTEMD_PATTERN)
-    assert not install.is_ours("core")
-    assert not install.is_ours("/var/crash/csplice")  # a file pattern, not a pipe
-    assert install.handler_program(SYSTEMD_PATTERN) == "/lib/systemd/systemd-coredump"
-    assert install.handler_program("core.%p") is None
+    assert handler.is_corehandler(f"|/usr/libexec/corehandler/csplice {SPECS}")
+    assert handler.is_corehandler("|/opt/venv/lib/corehandler/libexec/csplice %P")
+    assert not handler.is_corehandler(SYSTEMD_PATTERN)
+    assert not handler.is_corehandler("core")
+    assert not handler.is_corehandler("/var/crash/csplice")  # a file pattern, not a pipe
+    assert handler.handler_program(SYSTEMD_PATTERN) == "/lib/systemd/systemd-coredump"
+    assert handler.handler_program("core.%p") is None
 
 
 def test_install_over_a_file_pattern(host):
-    done = install.install(Config(), host.paths, csplice=host.csplice)
+    done = install.install(Config(), host.paths, host=host.machine, csplice=host.csplice)
     pattern = f"|{host.csplice} {SPECS} %F"
     assert host.get("core_pattern") == pattern
     assert host.get("core_pipe_limit") == "16"
     assert done["core_pattern"] == pattern and done["replaced"] == "core"
     assert done["csplice_version"]
-    assert sysctl.read_sysctl_d(host.paths.sysctl_d) == {"kernel.core_pattern": pattern, "kernel.core_pipe_limit": "16"}
+    assert sysctl.read_sysctl_d(host.machine.sysctl_d) == {"kernel.core_pattern": pattern,
+                                "kernel.core_pipe_limit": "16"}
     for d, kind in ((host.paths.state_dir, "state"), (host.paths.spool_dir, "spool"), (host.paths.store_dir, "store")):
         assert mode(d) == DIR_MODES[kind]
-    saved = json.loads((host.paths.state_dir / "previous-sysctl.json").read_text())
-    assert (saved["kernel.core_pattern"], saved["kernel.core_pipe_limit"]) == ("core", "0")
-    assert mode(host.paths.state_dir / "previous-sysctl.json") == 0o600
-    assert host.paths.csplice_settings.read_text() == render_csplice_settings(Config(), host.paths)
-    assert f"spool_dir={host.paths.spool_dir}\n" in host.paths.csplice_settings.read_text()
+    saved = handler.read_previous(host.paths)
+    assert saved.sysctls == {"kernel.core_pattern": "core", "kernel.core_pipe_limit": "0"}
+    assert saved.settings is None and saved.sysctl_d is None
+    assert mode(host.paths.previous_handler) == 0o600
+    text = host.machine.csplice_settings.read_text()
+    assert text == handler.settings_for(Config().capture, host.paths, host.machine)
+    assert f"spool_dir={host.paths.spool_dir}\n" in text
+    assert f"owner={host.paths.state_dir}\ninstallation={done['installation']}\n" in text
 
 
 def test_install_tightens_existing_state_dirs(host):
     host.paths.spool_dir.mkdir(parents=True, mode=0o777)
     os.chmod(host.paths.spool_dir, 0o777)
     os.chmod(host.paths.state_dir, 0o755)
-    install.install(Config(), host.paths, csplice=host.csplice)
+    install.install(Config(), host.paths, host=host.machine, csplice=host.csplice)
     assert mode(host.paths.state_dir) == DIR_MODES["state"] and mode(host.paths.spool_dir) == DIR_MODES["spool"]
 
 
 def test_old_kernel_gets_no_pidfd(tmp_path, csplice, monkeypatch, short_dir):
     host = FakeHost(tmp_path, csplice, monkeypatch, release="6.1.0-26-amd64", bin_dir=short_dir)
-    install.install(Config(), host.paths, csplice=host.csplice)
+    install.install(Config(), host.paths, host=host.machine, csplice=host.csplice)
     assert host.get("core_pattern") == f"|{host.csplice} {SPECS}"
 
 
@@ -101,23 +105,23 @@ def test_another_handler_is_refused_without_force(host):
     host.set("core_pattern", SYSTEMD_PATTERN)
     with pytest.raises(HandlerConflictError, match="another core handler is installed "
                                                    r"\(/lib/systemd/systemd-coredump\).*--force") as err:
-        install.install(Config(), host.paths, csplice=host.csplice)
+        install.install(Config(), host.paths, host=host.machine, csplice=host.csplice)
     assert err.value.exit_code == EXIT_CONFLICT
     assert host.get("core_pattern") == SYSTEMD_PATTERN
-    assert not host.paths.state_dir.exists() and not host.paths.sysctl_d.exists()
+    assert not host.paths.state_dir.exists() and not host.machine.sysctl_d.exists()
 
 
 def test_force_replace_then_uninstall_restores_exactly(host):
     host.set("core_pattern", SYSTEMD_PATTERN + "  ")  # trailing spaces are part of the value
     host.set("core_pipe_limit", "0")
-    install.install(Config(), host.paths, csplice=host.csplice, force=True)
-    assert install.is_ours(host.get("core_pattern"))
-    done = install.uninstall(host.paths)
+    install.install(Config(), host.paths, host=host.machine, csplice=host.csplice, force=True)
+    assert handler.is_corehandler(host.get("core_pattern"))
+    done = install.uninstall(host.paths, host=host.machine)
     assert host.get("core_pattern") == SYSTEMD_PATTERN + "  "
     assert host.get("core_pipe_limit") == "0"
     assert done["restored_from"] == "saved" and done["sysctl_d_removed"]
-    assert sysctl.read_sysctl_d(host.paths.sysctl_d) is None
-    assert not (host.paths.state_dir / "previous-sysctl.json").exists()
+    assert sysctl.read_sysctl_d(host.machine.sysctl_d) is None
+    assert not host.paths.previous_handler.exists()
     # Dumps are never deleted by uninstall.
     assert host.paths.spool_dir.is_dir()
 
@@ -125,39 +129,40 @@ def test_force_replace_then_uninstall_restores_exactly(host):
 def test_reinstall_keeps_the_values_from_before_the_first_install(host):
     host.set("core_pattern", "/var/crash/core.%p")
     host.set("core_pipe_limit", "4")
-    install.install(Config(), host.paths, csplice=host.csplice)
-    first = (host.paths.state_dir / "previous-sysctl.json").read_bytes()
-    done = install.install(Config.model_validate({"capture": {"max_pending": 3}}), host.paths, csplice=host.csplice)
+    install.install(Config(), host.paths, host=host.machine, csplice=host.csplice)
+    first = host.paths.previous_handler.read_bytes()
+    done = install.install(Config.model_validate({"capture": {"max_pending": 3}}), host.paths, host=host.machine,
+                           csplice=host.csplice)
     assert not done["previous_saved"] and done["replaced"] is None
-    assert (host.paths.state_dir / "previous-sysctl.json").read_bytes() == first
-    assert "max_pending=3" in host.paths.csplice_settings.read_text()
-    install.uninstall(host.paths)
+    assert host.paths.previous_handler.read_bytes() == first
+    assert "max_pending=3" in host.machine.csplice_settings.read_text()
+    install.uninstall(host.paths, host=host.machine)
     assert (host.get("core_pattern"), host.get("core_pipe_limit")) == ("/var/crash/core.%p", "4")
 
 
 def test_larger_pipe_limit_is_kept(host):
     host.set("core_pipe_limit", "64")
-    install.install(Config(), host.paths, csplice=host.csplice)
+    install.install(Config(), host.paths, host=host.machine, csplice=host.csplice)
     assert host.get("core_pipe_limit") == "64"
-    install.uninstall(host.paths)
+    install.uninstall(host.paths, host=host.machine)
     assert host.get("core_pipe_limit") == "64"
 
 
 def test_uninstall_without_saved_values_restores_kernel_defaults(host):
     host.set("core_pattern", f"|/somewhere/else/csplice {SPECS}")
     host.set("core_pipe_limit", "16")
-    done = install.uninstall(host.paths)
+    done = install.uninstall(host.paths, host=host.machine)
     assert done["restored_from"] == "kernel defaults"
     assert (host.get("core_pattern"), host.get("core_pipe_limit")) == ("core", "0")
 
 
 def test_uninstall_leaves_another_handler_alone(host):
-    install.install(Config(), host.paths, csplice=host.csplice)
+    install.install(Config(), host.paths, host=host.machine, csplice=host.csplice)
     host.set("core_pattern", SYSTEMD_PATTERN)  # someone else took over since
-    done = install.uninstall(host.paths)
+    done = install.uninstall(host.paths, host=host.machine)
     assert done["restored"] is None and done["restored_from"] is None and done["left_alone"] == SYSTEMD_PATTERN
     assert not done["was_installed"]
-    assert not (host.paths.state_dir / "previous-sysctl.json").exists()
+    assert not host.paths.previous_handler.exists()
     assert host.get("core_pattern") == SYSTEMD_PATTERN and host.get("core_pipe_limit") == "16"
     assert done["sysctl_d_removed"]
 
@@ -165,18 +170,19 @@ def test_uninstall_leaves_another_handler_alone(host):
 def test_a_refused_core_pattern_leaves_nothing_half_installed(host):
     host.set("core_pipe_limit", "2")
     pattern_file = host.kernel / "core_pattern"
-    pattern_file.unlink()
-    pattern_file.symlink_to("/dev/null")  # accepts writes, reads back empty: as a kernel refusing the value
+    pattern_file.unlink()  # not the host's: the fake kernel
+    # not the host's: accepts writes, reads back empty: as a kernel refusing the value
+    pattern_file.symlink_to("/dev/null")
     with pytest.raises(SystemFailure, match="kernel.core_pattern was set to .* but the kernel reports ''"):
-        install.install(Config(), host.paths, csplice=host.csplice)
+        install.install(Config(), host.paths, host=host.machine, csplice=host.csplice)
     assert host.get("core_pipe_limit") == "2"
-    assert sysctl.read_sysctl_d(host.paths.sysctl_d) is None
+    assert sysctl.read_sysctl_d(host.machine.sysctl_d) is None
 
 
 def test_not_root_is_refused(host, monkeypatch):
     monkeypatch.setattr(install.os, "geteuid", lambda: install.ROOT_UID + 1000)
-    for verb in (lambda: install.install(Config(), host.paths, csplice=host.csplice),
-                 lambda: install.uninstall(host.paths)):
+    for verb in (lambda: install.install(Config(), host.paths, host=host.machine, csplice=host.csplice),
+                 lambda: install.uninstall(host.paths, host=host.machine)):
         with pytest.raises(NotRootError, match="needs root") as err:
             verb()
         assert err.value.exit_code == EXIT_PERMISSION
@@ -192,7 +198,7 @@ def test_not_root_is_refused(host, monkeypatch):
 def test_unsafe_csplice_path_is_refused(host, make_unsafe, message):
     make_unsafe(host)
     with pytest.raises(UnsafePathError, match=message) as err:
-        install.install(Config(), host.paths, csplice=host.csplice)
+        install.install(Config(), host.paths, host=host.machine, csplice=host.csplice)
     assert err.value.exit_code == EXIT_PERMISSION
     assert host.get("core_pattern") == "core"
 
@@ -202,7 +208,7 @@ def test_csplice_owned_by_another_user_is_refused(host):
         pytest.skip("chown to another user needs root")
     os.chown(host.csplice.parent, 1234, 1234)
     with pytest.raises(UnsafePathError, match="is owned by uid 1234, not root"):
-        install.install(Config(), host.paths, csplice=host.csplice)
+        install.install(Config(), host.paths, host=host.machine, csplice=host.csplice)
 
 
 def test_sticky_world_writable_directory_is_accepted(host):
@@ -213,26 +219,26 @@ def test_sticky_world_writable_directory_is_accepted(host):
 def test_symlinked_csplice_is_installed_by_its_real_path(host, tmp_path):
     link = tmp_path / "link-csplice"
     link.symlink_to(host.csplice)
-    install.install(Config(), host.paths, csplice=link)
+    install.install(Config(), host.paths, host=host.machine, csplice=link)
     assert host.get("core_pattern").startswith(f"|{host.csplice} ")
 
 
 def test_missing_csplice(host):
     with pytest.raises(SystemFailure, match="csplice not found"):
-        install.install(Config(), host.paths, csplice=host.csplice.parent / "nope")
+        install.install(Config(), host.paths, host=host.machine, csplice=host.csplice.parent / "nope")
 
 
 def test_start_daemon_hook(host):
     calls = []
-    done = install.install(Config(), host.paths, csplice=host.csplice, start_daemon=calls.append)
+    done = install.install(Config(), host.paths, host=host.machine, csplice=host.csplice, start_daemon=calls.append)
     assert calls == [host.paths] and done["daemon_started"]
     stops = []
-    install.uninstall(host.paths, stop_daemon=stops.append)
+    install.uninstall(host.paths, host=host.machine, stop_daemon=stops.append)
     assert stops == [host.paths]
 
 
 def test_status_before_and_after_install(host):
-    before = overview.status(Config(), host.paths, csplice=host.csplice)
+    before = overview.status(Config(), host.paths, host=host.machine, csplice=host.csplice)
     assert before["installed"] is False and before["core_pattern"] == "core"
     assert before["core_pattern_matches"] is False and before["core_pipe_limit_ok"] is False
     assert before["sysctl_d"]["exists"] is False and before["previous"] is None
@@ -243,20 +249,21 @@ def test_status_before_and_after_install(host):
     assert before["csplice"]["version"] and before["csplice"]["problem"] is None
     json.dumps(before)
 
-    install.install(Config(), host.paths, csplice=host.csplice)
-    after = overview.status(Config(), host.paths, csplice=host.csplice)
+    install.install(Config(), host.paths, host=host.machine, csplice=host.csplice)
+    after = overview.status(Config(), host.paths, host=host.machine, csplice=host.csplice)
     assert after["installed"] and after["core_pattern_matches"] and after["core_pipe_limit_ok"]
     assert after["core_pipe_limit"] == 16
-    assert after["sysctl_d"] == {"path": str(host.paths.sysctl_d / "50-corehandler.conf"), "exists": True,
+    assert after["sysctl_d"] == {"path": str(host.machine.sysctl_d / "50-corehandler.conf"), "exists": True,
                                  "matches_live": True}
     assert after["previous"]["kernel.core_pattern"] == "core"
     assert after["settings"]["state"] == "current"
     changed = Config.model_validate({"capture": {"fsync": True}})
-    assert overview.status(changed, host.paths, csplice=host.csplice)["settings"]["state"].startswith("differs")
+    assert overview.status(changed, host.paths, host=host.machine,
+                           csplice=host.csplice)["settings"]["state"].startswith("differs")
 
 
 def test_status_counts_spool_and_store(host):
-    install.install(Config(), host.paths, csplice=host.csplice)
+    install.install(Config(), host.paths, host=host.machine, csplice=host.csplice)
     spool = host.paths.spool_dir
     for i in range(3):
         (spool / f"1700000000{i}-0123456789abcdef-{100 + i}.json").write_text("{}")
@@ -268,7 +275,7 @@ def test_status_counts_spool_and_store(host):
                                          path=None, raw_bytes=size, stored_bytes=size, sha256=None))
         # A dump retention deleted (its count kept per rule) is no stored dump.
         store.delete(store.get("17000000002-0123456789abcdef-2"), "max_count")
-    st = overview.status(Config(), host.paths, csplice=host.csplice)
+    st = overview.status(Config(), host.paths, host=host.machine, csplice=host.csplice)
     assert st["spool"]["pending"] == 3
     assert st["spool"]["bytes"] >= 3 * 8196
     assert st["store"] == {"path": str(host.paths.index_path), "count": 2, "bytes": 3000, "corrupt": 0}
@@ -277,36 +284,43 @@ def test_status_counts_spool_and_store(host):
 def test_status_reports_an_unreadable_index_instead_of_failing(host):
     host.paths.state_dir.mkdir(parents=True)
     host.paths.index_path.write_bytes(b"not a database" * 100)
-    st = overview.status(Config(), host.paths, csplice=host.csplice)
+    st = overview.status(Config(), host.paths, host=host.machine, csplice=host.csplice)
     assert "error" in st["store"]
 
 
 def test_status_reports_an_unsafe_csplice(host):
     os.chmod(host.csplice, 0o777)
-    st = overview.status(Config(), host.paths, csplice=host.csplice)
+    st = overview.status(Config(), host.paths, host=host.machine, csplice=host.csplice)
     assert "writable by group or others" in st["csplice"]["problem"]
     assert st["core_pattern_expected"] is None
 
 
 def test_install_over_another_installations_csplice_puts_it_back_on_uninstall(host):
-    """scripts/setup's /opt/corehandler is live and this install has its own state dir (the system tests'):
-    that csplice is the handler to restore, not the kernel's defaults."""
-    other = f"|/opt/corehandler/libexec/csplice {SPECS}"
-    host.set("core_pattern", other)
-    host.set("core_pipe_limit", "16")
-    done = install.install(Config(), host.paths, csplice=host.csplice)
+    """scripts/setup's /opt/corehandler is live and this install has its own state dir (the system tests'): it
+    is refused naming that installation, and forced, uninstall gives that installation its handler back,
+    csplice.conf and all."""
+    opt = host.installation("opt")
+    install.install(Config(), opt, host=host.machine, csplice=host.csplice)
+    other = host.get("core_pattern")
+    before = host.machine.csplice_settings.read_bytes(), sysctl.read_sysctl_d(host.machine.sysctl_d)
+    with pytest.raises(HandlerConflictError, match=f"the installation in {opt.state_dir}"):
+        install.install(Config(), host.paths, host=host.machine, csplice=host.csplice)
+    done = install.install(Config(), host.paths, host=host.machine, csplice=host.csplice, force=True)
     assert done["previous_saved"] and done["replaced"] == other
-    install.uninstall(host.paths)
+    assert not handler.owns(host.machine, opt) and handler.owns(host.machine, host.paths)
+    install.uninstall(host.paths, host=host.machine)
     assert (host.get("core_pattern"), host.get("core_pipe_limit")) == (other, "16")
+    assert (host.machine.csplice_settings.read_bytes(), sysctl.read_sysctl_d(host.machine.sysctl_d)) == before
+    assert handler.owns(host.machine, opt)
 
 
 def test_reinstall_from_another_path_keeps_the_values_from_before_the_first_install(host, tmp_path):
     host.set("core_pattern", "/var/crash/core.%p")
-    install.install(Config(), host.paths, csplice=host.csplice)
+    install.install(Config(), host.paths, host=host.machine, csplice=host.csplice)
     moved = host.csplice.parent.parent / "moved" / "csplice"
     moved.parent.mkdir()
     shutil.copy(host.csplice, moved)
-    done = install.install(Config(), host.paths, csplice=moved)
+    done = install.install(Config(), host.paths, host=host.machine, csplice=moved)
     assert not done["previous_saved"] and done["replaced"] is None
-    install.uninstall(host.paths)
+    install.uninstall(host.paths, host=host.machine)
     assert host.get("core_pattern") == "/var/crash/core.%p"

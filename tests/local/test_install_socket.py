@@ -18,7 +18,7 @@ from fakehost import FakeHost
 from corehandler.cli.install import _listener_line
 from corehandler.config import Config
 from corehandler.errors import HandlerConflictError, SystemFailure
-from corehandler.host import install, listener, overview
+from corehandler.host import handler, install, listener, overview
 from corehandler.observe.metrics import MetricsObserver
 
 SOCKET = Path("/run/corehandler/capture/coredump.socket")
@@ -30,8 +30,8 @@ def host(tmp_path, csplice, monkeypatch):
     short = Path(tempfile.mkdtemp(prefix="ch-"))
     host = FakeHost(tmp_path, csplice, monkeypatch, bin_dir=short)
     host.set("core_modes", "file pipe socket")
-    (host.paths.proc_root / "net").mkdir()
-    (host.paths.proc_root / "net" / "unix").write_text(HEADER)
+    (host.machine.proc_root / "net").mkdir()
+    (host.machine.proc_root / "net" / "unix").write_text(HEADER)
     yield host
     shutil.rmtree(short)
 
@@ -48,11 +48,11 @@ class FakeListener:
             self.listen(command[2])
 
     def listen(self, path: str, flags: str = "00010000", state: str = "01") -> None:
-        with open(self.host.paths.proc_root / "net" / "unix", "a") as f:
+        with open(self.host.machine.proc_root / "net" / "unix", "a") as f:
             f.write(f"0000000012345678: 00000002 00000000 {flags} 0001 {state} 18185 {path}\n")
 
     def gone(self) -> None:
-        (self.host.paths.proc_root / "net" / "unix").write_text(HEADER)
+        (self.host.machine.proc_root / "net" / "unix").write_text(HEADER)
 
     def stop(self, paths) -> None:
         self.stopped += 1
@@ -60,12 +60,12 @@ class FakeListener:
 
 
 def test_socket_patterns_are_ours_only_on_our_socket():
-    assert install.is_ours(f"@@{SOCKET}", SOCKET) and install.is_ours(f"@{SOCKET}", SOCKET)
-    assert not install.is_ours("@@/run/systemd/coredump", SOCKET)
-    assert not install.is_ours(f"@@{SOCKET}")  # without our socket path nobody can tell
-    assert install.handler_program("@@/run/systemd/coredump") == "/run/systemd/coredump"
-    assert install.mode_of(f"@@{SOCKET}") == "socket" and install.mode_of("|/x/csplice") == "pipe"
-    assert install.mode_of("core") is None
+    assert handler.is_corehandler(f"@@{SOCKET}", SOCKET) and handler.is_corehandler(f"@{SOCKET}", SOCKET)
+    assert not handler.is_corehandler("@@/run/systemd/coredump", SOCKET)
+    assert not handler.is_corehandler(f"@@{SOCKET}")  # without our socket path nobody can tell
+    assert handler.handler_program("@@/run/systemd/coredump") == "/run/systemd/coredump"
+    assert handler.mode_of(f"@@{SOCKET}") == "socket" and handler.mode_of("|/x/csplice") == "pipe"
+    assert handler.mode_of("core") is None
 
 
 @pytest.mark.parametrize("release, modes, prefix", [("6.18.44", "file pipe socket", "@@"), ("6.17.0", "", "@@"),
@@ -77,27 +77,30 @@ def test_socket_prefix_by_kernel(host, release, modes, prefix):
         host.set("core_modes", modes)
     else:
         (host.kernel / "core_modes").unlink()
-    assert listener.socket_prefix(host.paths.proc_root) == prefix
+    assert listener.socket_prefix(host.machine.proc_root) == prefix
 
 
 def test_install_socket_mode_starts_the_listener_first_then_uninstall(host):
     fake = FakeListener(host)
-    done = install.install(Config(), host.paths, csplice=host.csplice, mode="socket", start_listener=fake.start,
+    done = install.install(Config(), host.paths, host=host.machine, csplice=host.csplice, mode="socket",
+                           start_listener=fake.start,
                            stop_listener=fake.stop)
     assert fake.started == [[str(host.csplice), "--listen", str(SOCKET), "--max-connections", "16"]]
     assert host.get("core_pattern") == f"@@{SOCKET}" == done["core_pattern"]
     assert done["mode"] == "socket" and done["listening"] is True and fake.stopped == 0
 
-    st = overview.status(Config(), host.paths, csplice=host.csplice)
+    st = overview.status(Config(), host.paths, host=host.machine, csplice=host.csplice)
     assert st["installed"] and st["mode"] == "socket" and st["core_pattern_matches"]
     assert st["listener"]["listening"] is True and st["listener"]["socket_path"] == str(SOCKET)
-    assert overview.capture_state(Config(), host.paths) == {"mode": "socket", "listening": True, "refused_peers": 0}
+    assert overview.capture_state(Config(), host.paths, host.machine) == {"mode": "socket", "listening": True,
+                                  "refused_peers": 0}
 
     fake.gone()  # the listener died: the kernel now drops dumps silently, and status must say so
-    assert overview.status(Config(), host.paths, csplice=host.csplice)["listener"]["listening"] is False
-    assert overview.capture_state(Config(), host.paths)["listening"] is False
+    assert overview.status(Config(), host.paths, host=host.machine,
+                           csplice=host.csplice)["listener"]["listening"] is False
+    assert overview.capture_state(Config(), host.paths, host.machine)["listening"] is False
 
-    done = install.uninstall(host.paths, socket_path=SOCKET, stop_listener=fake.stop)
+    done = install.uninstall(host.paths, host=host.machine, socket_path=SOCKET, stop_listener=fake.stop)
     assert done["was_installed"] and host.get("core_pattern") == "core" and fake.stopped == 1
 
 
@@ -106,11 +109,12 @@ def test_packaged_socket_mode_survives_a_reboot_and_pipe_mode_gives_the_package_
     its own): socket mode writes ours, whose name in /etc overrides the package's at boot, and a later pipe-mode
     install removes it again."""
     fake = FakeListener(host)
-    ours = host.paths.sysctl_d / "50-corehandler.conf"
-    install.install(Config(), host.paths, csplice=host.csplice, mode="socket", start_listener=fake.start,
+    ours = host.machine.sysctl_d / "50-corehandler.conf"
+    install.install(Config(), host.paths, host=host.machine, csplice=host.csplice, mode="socket",
+                    start_listener=fake.start,
                     stop_listener=fake.stop, write_sysctl_d=False)
     assert f"kernel.core_pattern = @@{SOCKET}\n" in ours.read_text()
-    install.install(Config(), host.paths, csplice=host.csplice, mode="pipe", stop_listener=fake.stop,
+    install.install(Config(), host.paths, host=host.machine, csplice=host.csplice, mode="pipe", stop_listener=fake.stop,
                     write_sysctl_d=False)
     assert host.get("core_pattern").startswith(f"|{host.csplice} ") and not ours.exists()
 
@@ -119,7 +123,8 @@ def test_socket_mode_fails_and_leaves_the_pattern_when_nothing_listens(host, mon
     monkeypatch.setattr(install, "LISTEN_TIMEOUT", 0.2)
     fake = FakeListener(host, answers=False)
     with pytest.raises(SystemFailure, match=f"nothing listens on {SOCKET}.*core_pattern left as it was"):
-        install.install(Config(), host.paths, csplice=host.csplice, mode="socket", start_listener=fake.start,
+        install.install(Config(), host.paths, host=host.machine, csplice=host.csplice, mode="socket",
+                        start_listener=fake.start,
                         stop_listener=fake.stop)
     assert host.get("core_pattern") == "core"
 
@@ -129,9 +134,9 @@ def test_a_socket_that_is_not_listening_does_not_count(host, monkeypatch):
     fake = FakeListener(host, answers=False)
     fake.listen(str(SOCKET), flags="00000000", state="03")
     fake.listen(str(SOCKET) + ".other")
-    assert not listener.listening(SOCKET, host.paths.proc_root)
+    assert not listener.listening(SOCKET, host.machine.proc_root)
     fake.listen(str(SOCKET))
-    assert listener.listening(SOCKET, host.paths.proc_root)
+    assert listener.listening(SOCKET, host.machine.proc_root)
 
 
 @pytest.mark.parametrize("release, answers", [("6.18.44", False), ("6.16.0", True)])
@@ -140,7 +145,8 @@ def test_auto_falls_back_to_pipe_mode(host, monkeypatch, release, answers):
     monkeypatch.setattr(install, "LISTEN_TIMEOUT", 0.2)
     host.set("osrelease", release)
     fake = FakeListener(host, answers=answers)
-    done = install.install(Config(), host.paths, csplice=host.csplice, mode="auto", start_listener=fake.start,
+    done = install.install(Config(), host.paths, host=host.machine, csplice=host.csplice, mode="auto",
+                           start_listener=fake.start,
                            stop_listener=fake.stop)
     assert done["mode"] == "pipe" and host.get("core_pattern").startswith(f"|{host.csplice} ")
     assert fake.stopped >= 1  # no listener left running for nobody
@@ -150,22 +156,23 @@ def test_socket_mode_needs_a_socket_kernel(host):
     host.set("osrelease", "6.1.0-26-amd64")
     (host.kernel / "core_modes").unlink()
     with pytest.raises(SystemFailure, match="no socket core_pattern.*--mode pipe"):
-        install.install(Config(), host.paths, csplice=host.csplice, mode="socket")
+        install.install(Config(), host.paths, host=host.machine, csplice=host.csplice, mode="socket")
     assert host.get("core_pattern") == "core"
 
 
 def test_another_socket_handler_is_a_conflict(host):
     host.set("core_pattern", "@@/run/systemd/coredump")
     with pytest.raises(HandlerConflictError, match=r"another core handler is installed \(/run/systemd/coredump\)"):
-        install.install(Config(), host.paths, csplice=host.csplice)
+        install.install(Config(), host.paths, host=host.machine, csplice=host.csplice)
     assert host.get("core_pattern") == "@@/run/systemd/coredump"
 
 
 def test_status_cli_says_loudly_when_nothing_listens(host):
     fake = FakeListener(host)
-    install.install(Config(), host.paths, csplice=host.csplice, mode="socket", start_listener=fake.start)
+    install.install(Config(), host.paths, host=host.machine, csplice=host.csplice, mode="socket",
+                    start_listener=fake.start)
     fake.gone()
-    line = _listener_line(overview.status(Config(), host.paths, csplice=host.csplice)["listener"])
+    line = _listener_line(overview.status(Config(), host.paths, host=host.machine, csplice=host.csplice)["listener"])
     assert "NOT LISTENING" in line and "DROPS EVERY DUMP SILENTLY" in line
 
 

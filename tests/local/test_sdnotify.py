@@ -49,9 +49,9 @@ def test_without_systemd_it_says_nothing(tmp_path, monkeypatch):
     assert "NOTIFY_SOCKET" not in os.environ
 
 
-def test_serve_tells_systemd(tmp_path, host_core_settings):
+def test_serve_tells_systemd(tmp_path):
     """`corehandler serve`, as corehandler.service runs it (Type=notify), says READY and then STOPPING on TERM.
-    serve renders the host's fixed csplice.conf: host_core_settings puts it back."""
+    Its state dir is not the host's handler's: it leaves the host's csplice.conf alone."""
     import signal
     import subprocess
     import sys

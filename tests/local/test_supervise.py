@@ -21,7 +21,7 @@ import pytest
 from corehandler.cli import install as cli_install
 from corehandler.config import Config
 from corehandler.host import overview, supervise
-from corehandler.paths import Paths
+from corehandler.paths import Host, Paths
 from support.waiting import wait_for
 
 
@@ -148,7 +148,7 @@ def test_status_says_when_and_why_the_listener_last_restarted(paths, tmp_path, m
     wait_for(lambda: supervise.status(paths, supervise.LISTENER).daemon_pid not in (None, st.daemon_pid),
              what="a new listener")
     monkeypatch.setattr(overview.listener, "listening", lambda path, proc_root: True)
-    entry = overview._listener_summary(Config(), paths, "socket")
+    entry = overview._listener_summary(Config(), paths, Host(), "socket")
     assert entry["restarts"] == 1 and entry["last_restart_why"] == "was killed by SIGKILL"
     line = cli_install._listener_line(entry)
     assert line.startswith("listening on ") and "; restarted 1 time, last at " in line

@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from corehandler import paths
+from corehandler import csplice_contract, paths
+from corehandler.config import CaptureConfig
 from support import cbuild
 from support.record_schema import check_record
 
@@ -80,13 +81,16 @@ def expected_digest(size: int, zero_regions: bool, pid: int, limit: int | None =
     return h.hexdigest()
 
 
+@functools.cache
+def _builtin() -> csplice_contract.Facts:
+    return csplice_contract.builtin_facts(paths.csplice_path())
+
+
 def render_settings(settings: dict) -> str:
-    lines = []
-    for key, value in settings.items():
-        if isinstance(value, bool):
-            value = "yes" if value else "no"
-        lines.append(f"{key}={value}")
-    return "\n".join(lines) + "\n"
+    """csplice.conf with these keys (raw values: a test may pass what csplice must refuse), every other key at
+    csplice's built-in default: the one renderer, csplice_contract.render_settings."""
+    return csplice_contract.render_settings(CaptureConfig(), Path(settings["spool_dir"]), _builtin(),
+                                            overrides=settings)
 
 
 @dataclass

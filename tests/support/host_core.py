@@ -20,17 +20,9 @@ def borrowed(what: str = "tests"):
     """The host lock held and a handler.Borrowed yielded; `.found` is what the host had (handler.live()),
     read under the lock before anything changed."""
     host = Host()
-    # borrow puts csplice.conf back (removes it, where there was none) but not the directory a write made for
-    # it: the default state dir, which must stay absent on a host without a native install.
-    made_dir = not host.csplice_settings.parent.exists()
-    try:
-        with handler.borrow(host, what) as lent:
-            lent.found = handler.live(host)
-            yield lent
-    finally:
-        if made_dir:
-            with contextlib.suppress(OSError):
-                host.csplice_settings.parent.rmdir()
+    with handler.borrow(host, what) as lent:
+        lent.found = handler.live(host)
+        yield lent
 
 
 def capture_into(lent, state_dir: Path, capture=None, pattern: str | None = None, pipe_limit: int = 16) -> str:

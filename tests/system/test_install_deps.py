@@ -32,6 +32,7 @@ else
     exit 1
 fi
 """)
+    # another party's: systemd-coredump's postinst as apt runs it, inside the test's borrow of the handler
     (bin_dir / "apt-get").write_text(f"""#!/bin/sh
 [ "$1" = update ] && exit 0
 touch {installed}

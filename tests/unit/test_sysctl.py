@@ -15,14 +15,15 @@ from corehandler.host import sysctl
 @pytest.fixture
 def root(tmp_path):
     (tmp_path / "kernel").mkdir()
-    (tmp_path / "kernel/core_pattern").write_text("core\n")
-    (tmp_path / "kernel/core_pipe_limit").write_text("0\n")
+    (tmp_path / "kernel/core_pattern").write_text("core\n")  # not the host's: a fake tree under tmp_path
+    (tmp_path / "kernel/core_pipe_limit").write_text("0\n")  # not the host's: a fake tree under tmp_path
     return tmp_path
 
 
 def test_read(root):
     assert sysctl.read(sysctl.CORE_PATTERN, root) == "core"
-    (root / "kernel/core_pattern").write_text("|/x/csplice %P  \n")  # a fake kernel's tree, under tmp_path
+    # not the host's: a fake kernel's tree, under tmp_path
+    (root / "kernel/core_pattern").write_text("|/x/csplice %P  \n")
     assert sysctl.read(sysctl.CORE_PATTERN, root) == "|/x/csplice %P  "
     with pytest.raises(SystemFailure, match=r"cannot read kernel.nope .*No such file"):
         sysctl.read("kernel.nope", root)
@@ -32,6 +33,7 @@ def test_sysctl_d_file_is_read_as_systemd_sysctl_reads_it(tmp_path):
     d = tmp_path / "sysctl.d"
     assert sysctl.read_sysctl_d(d) is None
     d.mkdir()
+    # not the host's: a fake tree under tmp_path
     (d / sysctl.SYSCTL_D_NAME).write_text("# comment\n; also\nkernel.core_pattern = |/x/csplice %P %i\n"
                                           "kernel.core_pipe_limit=16\n\n")
     assert sysctl.read_sysctl_d(d) == {sysctl.CORE_PATTERN: "|/x/csplice %P %i", sysctl.CORE_PIPE_LIMIT: "16"}

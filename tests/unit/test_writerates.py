@@ -114,7 +114,8 @@ def test_a_measurement_is_current_on_the_same_machine_for_max_age(paths):
     m = measured(paths, 320, 1400, measured_at=1e9)
     assert writerates.is_current(m, paths, now=1e9 + writerates.MAX_AGE - 1, proc_root=proc_of(paths))
     assert not writerates.is_current(m, paths, now=1e9 + writerates.MAX_AGE + 1, proc_root=proc_of(paths))
-    assert not writerates.is_current(m, paths, now=1e9 - 60, proc_root=proc_of(paths))  # the clock went back: measure again
+    # the clock went back: measure again
+    assert not writerates.is_current(m, paths, now=1e9 - 60, proc_root=proc_of(paths))
     assert not writerates.is_current(None, paths, proc_root=proc_of(paths))
     for key, value in (("kernel", "0.0.0"), ("mem_total", 1), ("spool_dev", -1)):
         moved = dataclasses.replace(m, host={**m.host, key: value})
