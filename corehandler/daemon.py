@@ -36,13 +36,13 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from corehandler import elfcore, paths, spool, steps
 from corehandler.analysis import debuginfod, findings, minicore, resymbolise, symbols, unwind
 from corehandler.errors import CorehandlerError
 from corehandler.inotify import IN_Q_OVERFLOW, Watch
-from corehandler.observe.observer import Observer, Stored
+from corehandler.observer import Observer, Stored
 from corehandler.store import analyses, attempts, compress, retention, userview
 from corehandler.store.dumprow import COMPRESSING, Dump, row_from_record
 from corehandler.store.index import Store
@@ -144,6 +144,17 @@ def _status(record: dict, info: elfcore.CoreInfo | None, core_missing: bool) -> 
             problems.insert(0, f"capture truncated: {capture['truncated_reason']}")
         return "truncated", problems
     return ("ok" if info.status == elfcore.STATUS_OK else "invalid"), problems
+
+
+def stored_event(dump: Dump, path: Path | None, analysis: Mapping[str, Any] | None) -> Stored:
+    """The event observers hear of a dump (corehandler/observer.py), from its index row: while the row is
+    `compressing` the stored file's figures are None."""
+    pending = dump.status == COMPRESSING
+    return Stored(id=dump.id, path=str(path) if path else None, raw_bytes=dump.raw_bytes,
+                  stored_bytes=None if pending else dump.stored_bytes,
+                  compress_seconds=None if pending else dump.compress_seconds or 0.0,
+                  ingest_seconds=dump.ingest_seconds or 0.0, ingested_at=dump.ingested_at, status=dump.status,
+                  problem=dump.problem, analysis=analysis)
 
 
 def _stand_in(spool_dir: Path, dump_id: str, error: str, **flags) -> dict:
@@ -361,9 +372,9 @@ class Daemon:
         return stored
 
     def _announce(self, event: str, dump: Dump) -> None:
-        """Tells the observers about the row about to be committed, with its figures (observe/observer.py);
+        """Tells the observers about the row about to be committed, with its figures (corehandler/observer.py);
         its analysis is already stored."""
-        stored = Stored.of(dump, self.store.file_path(dump), analyses.analysis_for(self.store, dump.id))
+        stored = stored_event(dump, self.store.file_path(dump), analyses.analysis_for(self.store, dump.id))
         self._notify(event, lambda obs: getattr(obs, event)(dump.record, stored))
 
     def _write_mini(self, dump_id: str, raw: Path, problems: list[str]) -> dict:

@@ -50,7 +50,7 @@ from corehandler.fleet.upload_queue import (
     ensure_schema,
     mark_lost,
 )
-from corehandler.observe.observer import Quiet
+from corehandler.observer import Quiet
 from corehandler.store import analyses
 from corehandler.store.dumprow import COMPRESSING
 from corehandler.store.index import Store
