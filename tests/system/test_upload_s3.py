@@ -19,8 +19,9 @@ from pyrage import x25519
 
 from corehandler.config import UploadConfig
 from corehandler.errors import EXIT_SYSTEM
-from corehandler.fleet import upload, upload_queue
+from corehandler.fleet import upload
 from corehandler.fleet.bucket import client as bucket_client
+from corehandler.store import upload_queue
 from corehandler.store.index import Store
 from support.daemon_harness import Running, wait_for
 from support.fleethost import Host, dump_keys, sha_file
