@@ -19,8 +19,8 @@ announcement and its commit makes the restarted daemon redo the stage and announ
 is the only one that repeats an announcement; a kill anywhere else (during compression, the long window,
 included) repeats none. Observers therefore may hear of a row a moment before the index shows it.
 
-COREHANDLER_TEST_PAUSE_AT=<point> (test-only) makes ingest stop forever at a named point so tests can kill
-the daemon there: ingested_announced, visible, compressing, compressed, stored, stored_announced, indexed,
+COREHANDLER_TEST_PAUSE_AT=<point> (test-only, testpause.py) makes ingest stop forever at a named point so tests
+can kill the daemon there: ingested_announced, visible, compressing, compressed, stored, stored_announced, indexed,
 core_removed.
 """
 
@@ -46,10 +46,10 @@ from corehandler.observer import Observer, Stored
 from corehandler.store import analyses, attempts, compress, retention, userview
 from corehandler.store.dumprow import COMPRESSING, Dump, row_from_record
 from corehandler.store.index import Store
+from corehandler.testpause import INGEST_ENV, pause
 
 log = logging.getLogger("corehandler.daemon")
 
-PAUSE_ENV = "COREHANDLER_TEST_PAUSE_AT"
 PAUSE_POINTS = ("ingested_announced", "visible", "compressing", "compressed", "stored", "stored_announced", "indexed",
                 "core_removed")
 
@@ -111,13 +111,6 @@ class Stopping(Exception):
 
 class _Retry(Exception):
     """Ingest failed in a way worth retrying later; the raw dump stays in the spool."""
-
-
-def _checkpoint_pause(point: str) -> None:
-    if os.environ.get(PAUSE_ENV) == point:
-        log.warning("Pausing at %s (%s, test-only)", point, PAUSE_ENV)
-        while True:
-            time.sleep(3600)
 
 
 def _status(record: dict, info: elfcore.CoreInfo | None, core_missing: bool) -> tuple[str, list[str]]:
@@ -227,7 +220,7 @@ class Daemon:
             pass
 
     def _checkpoint(self, point: str) -> None:
-        _checkpoint_pause(point)
+        pause(INGEST_ENV, point)
         if self._stop.is_set():
             raise Stopping(point)
 
@@ -309,7 +302,7 @@ class Daemon:
                               raw_bytes=raw.stat().st_size if info is not None else 0, stored_bytes=0,
                               sha256=None, ingest_seconds=time.monotonic() - start)
         self._announce("on_ingested", Dump.of_row(row))
-        _checkpoint_pause("ingested_announced")
+        pause(INGEST_ENV, "ingested_announced")
         self.store.insert(row)
         dump = self.store.get(dump_id)
         self._update_views(changed=[dump])
@@ -345,10 +338,10 @@ class Daemon:
                      compress_seconds=stored.seconds if stored else 0.0,
                      ingest_seconds=(dump.ingest_seconds or 0.0) + time.monotonic() - start)
         self._announce("on_stored", replace(dump, **final))
-        _checkpoint_pause("stored_announced")
+        pause(INGEST_ENV, "stored_announced")
         self.store.complete(dump.id, **final)
         dump = self.store.get(dump.id)
-        _checkpoint_pause("indexed")  # from here on, stopping would only delay the cleanup
+        pause(INGEST_ENV, "indexed")  # from here on, stopping would only delay the cleanup
         self._update_views(changed=[dump])
         return dump
 
@@ -449,7 +442,7 @@ class Daemon:
         if not spool.record_path(spool_dir, dump.id).exists() and not spool.core_path(spool_dir, dump.id).exists():
             return
         spool.core_path(spool_dir, dump.id).unlink(missing_ok=True)
-        _checkpoint_pause("core_removed")
+        pause(INGEST_ENV, "core_removed")
         spool.remove_record(spool_dir, dump.id)
         log.info("Ingested %s: %s%s, %d -> %d bytes", dump.id, dump.status,
                  f" ({dump.problem})" if dump.problem else "", dump.raw_bytes, dump.stored_bytes)

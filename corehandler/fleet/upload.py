@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import random
 import sqlite3
 import threading
@@ -46,12 +45,12 @@ from corehandler.store import analyses, upload_queue
 from corehandler.store.dumprow import COMPRESSING
 from corehandler.store.index import Store
 from corehandler.store.upload_queue import KEPT_BACK
+from corehandler.testpause import UPLOAD_ENV, pause
 
 log = logging.getLogger("corehandler.fleet.upload")
 
 # How soon a dump queued before its row was committed is looked at again (see _not_committed).
 NOT_COMMITTED_RETRY = 0.5
-PAUSE_ENV = "COREHANDLER_TEST_UPLOAD_PAUSE_AT"  # test-only: "core_sent" stops forever before the sidecar
 
 
 # --- the retry schedule -----------------------------------------------------------------------------------
@@ -288,7 +287,7 @@ class Uploader(Quiet):
                 core, head = self._send_core(dump, path, retry)
                 sent += core["bytes"] if core.pop("sent") else 0
                 upload_queue.keep_core(store.db, dump.id, core, head.get("ContentLength"), head.get("ChecksumSHA256"))
-            _pause("core_sent")
+            pause(UPLOAD_ENV, "core_sent")
         mini = self._send_mini(store, dump) if cfg.send == "cores" else None
         sent += mini["bytes"] if mini else 0
         doc = dict(sidecar(dump, host=self.target.host, core=core, budget=budget, analysis=analysis,
@@ -300,7 +299,7 @@ class Uploader(Quiet):
         sidecar_key = self._key(dump, bucket.SIDECAR_SUFFIX)
         self._client.put_object(Bucket=self.target.bucket, Key=sidecar_key, Body=body,
                                 ContentType="application/json", ChecksumAlgorithm="SHA256", **self._sse())
-        _pause("sidecar_sent")
+        pause(UPLOAD_ENV, "sidecar_sent")
         # Before the row is done: a dump this host finished is always in its day's index file.
         dataset.add(self._client, self.target, bucket.crash_day(dump.crashed_at), dataset.row(doc, sidecar_key),
                     self._sse())
@@ -468,12 +467,5 @@ class Uploader(Quiet):
                       err.reason, err.message)
         else:
             log.debug("Uploads still failing (%s), next try in %.0fs", err.reason, delay)
-
-
-def _pause(point: str) -> None:
-    if os.environ.get(PAUSE_ENV) == point:
-        log.warning("Pausing at %s (%s, test-only)", point, PAUSE_ENV)
-        while True:
-            time.sleep(3600)
 
 

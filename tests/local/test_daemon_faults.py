@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from corehandler.daemon import PAUSE_ENV, PAUSE_POINTS, Settings
+from corehandler.daemon import PAUSE_POINTS, Settings
+from corehandler.testpause import INGEST_ENV
 from corehandler.store import compress
 from corehandler.store.index import Store
 from support.daemon_harness import Recorder, Running, wait_for
@@ -30,7 +31,7 @@ _pending: dict[int, bytes] = {}  # output read past the last line wait_line retu
 def start(state_dir: Path, *args: str, pause: str | None = None) -> subprocess.Popen:
     env = dict(os.environ)
     if pause:
-        env[PAUSE_ENV] = pause
+        env[INGEST_ENV] = pause
     proc = subprocess.Popen([sys.executable, str(RUNDAEMON), str(state_dir), "--threads", "1", *args],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     for stream in (proc.stdout, proc.stderr):  # fd numbers are reused: forget an earlier process's output
