@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from corehandler.daemon import PAUSE_POINTS, Settings
-from corehandler.testpause import INGEST_ENV
+from corehandler.daemon import Settings
+from corehandler.ingest import PAUSE_POINTS
 from corehandler.store import compress
 from corehandler.store.index import Store
+from corehandler.testpause import INGEST_ENV
 from support.daemon_harness import Recorder, Running, wait_for
 from support.spoolfeed import fed_state, feed, write_settings
 
