@@ -7,7 +7,7 @@ change, nothing global). Per core and round, rounds interleaved:
   gdb            `gdb -batch -ex "thread apply all bt 64"`, the alternative unwinder, same core;
   compress       what ingest does without analysis: compress.store_file (zstd level 3) + verify;
   ingest         the same with the analysis started before compression and collected after it, as
-                 daemon.ingest runs them: added = ingest / compress - 1 is what analysis adds to the daemon's
+                 ingest.Ingest runs them: added = ingest / compress - 1 is what analysis adds to the daemon's
                  part of crash -> indexed (capture and csplice are untouched by it);
   mini core      analysis/minicore.write() from the raw core (default caps): its time, its size (per thread),
                  and its share of ingest (mini / compress), which it adds to crash -> indexed.

@@ -45,8 +45,8 @@ from corehandler.fleet import (
     bucket,  # noqa: E402
     reader,  # noqa: E402
     upload,  # noqa: E402
-    upload_queue,  # noqa: E402
 )
+from corehandler.store import upload_queue  # noqa: E402
 from corehandler.store.dumprow import row_from_record  # noqa: E402
 from corehandler.store.index import Store  # noqa: E402
 from support import cbuild  # noqa: E402

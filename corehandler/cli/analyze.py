@@ -14,8 +14,8 @@ from pathlib import Path
 from corehandler.analysis import debuginfod, findings, symbols, unwind
 from corehandler.cli.common import emit, load
 from corehandler.cli.selection import add_match_options, select
-from corehandler.daemon import analysis_limits, debuginfod_settings
 from corehandler.errors import NoMatchError, NotRootError
+from corehandler.ingest import analysis_limits, debuginfod_settings
 from corehandler.printable import display
 from corehandler.store import analyses, compress, userview
 from corehandler.store.dumprow import Dump

@@ -182,7 +182,7 @@ def _store_line(store: dict | None) -> str:
 
 
 def _upload_line(up: dict) -> str:
-    from corehandler.fleet.upload_queue import status_line
+    from corehandler.store.upload_queue import status_line
 
     where = up["url"] or "off (queue left from an earlier [upload])"
     if "error" in up:

@@ -17,7 +17,7 @@ from corehandler.fleet.upload import Uploader
 from corehandler.host import handler, overview, writerates
 from corehandler.observe.journal import JournalObserver
 from corehandler.observe.metrics import MetricsObserver
-from corehandler.observe.observer import Quiet
+from corehandler.observer import Quiet
 from corehandler.observe.sdnotify import SystemdNotifier
 from corehandler.paths import Host, csplice_path
 from corehandler.store import scrub

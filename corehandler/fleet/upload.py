@@ -1,8 +1,8 @@
-"""Upload: the durable queue in the index and the uploader that drains it into the fleet's bucket.
+"""Upload: the uploader that drains the durable queue in the index into the fleet's bucket.
 
-The queue is the `uploads` table of the index (one row per dump: state pending | uploading | done | failed,
-attempts, next attempt, last error and its reason). The daemon enqueues a dump when it is indexed; the
-uploader, a thread of the daemon with its own connection, sends the oldest due one:
+The queue is the `uploads` table of the index (store/upload_queue.py: one row per dump, state pending |
+uploading | done | failed, attempts, next attempt, last error and its reason). The daemon enqueues a dump when
+it is indexed; the uploader, a thread of the daemon with its own connection, sends the oldest due one:
 
   1. the fleet budget (if configured): claim one of N slots for the dump's signature and crash day with a
      conditional create; none left means the dump's core stays home and only its sidecar goes up;
@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import random
 import sqlite3
 import threading
@@ -41,28 +40,20 @@ from corehandler.errors import CorehandlerError
 from corehandler.fleet import bucket, dataset, seal, transfer
 from corehandler.fleet.bucket import BucketError, Target
 from corehandler.fleet.payload import check_object, digests, fallback_signature, sidecar, signature_key
-from corehandler.fleet.upload_queue import (
-    KEPT_BACK,
-    _count_failure,
-    backfill,
-    drop_waiting,
-    enqueue,
-    ensure_schema,
-    mark_lost,
-)
-from corehandler.observe.observer import Quiet
-from corehandler.store import analyses
+from corehandler.observer import Quiet
+from corehandler.store import analyses, upload_queue
 from corehandler.store.dumprow import COMPRESSING
 from corehandler.store.index import Store
+from corehandler.store.upload_queue import KEPT_BACK
+from corehandler.testpause import UPLOAD_ENV, pause
 
 log = logging.getLogger("corehandler.fleet.upload")
 
 # How soon a dump queued before its row was committed is looked at again (see _not_committed).
 NOT_COMMITTED_RETRY = 0.5
-PAUSE_ENV = "COREHANDLER_TEST_UPLOAD_PAUSE_AT"  # test-only: "core_sent" stops forever before the sidecar
 
 
-# --- the queue (plain functions on an index connection) --------------------------------------------------
+# --- the retry schedule -----------------------------------------------------------------------------------
 
 
 def backoff(attempts: int, initial: float, cap: float, rand: random.Random = random) -> float:
@@ -70,9 +61,6 @@ def backoff(attempts: int, initial: float, cap: float, rand: random.Random = ran
     half random) so a fleet that failed together does not retry together."""
     delay = min(cap, initial * 2 ** max(0, attempts - 1))
     return delay / 2 + rand.uniform(0, delay / 2)
-
-
-# --- what goes into the bucket -------------------------------------------------------------------------
 
 
 # --- the uploader ---------------------------------------------------------------------------------------
@@ -119,8 +107,8 @@ class Uploader(Quiet):
             if self._enqueue_db is None:
                 self._enqueue_db = sqlite3.connect(paths.index_path(self.state_dir), timeout=30,
                                                    check_same_thread=False)
-                ensure_schema(self._enqueue_db)
-            enqueue(self._enqueue_db, stored["id"], self._clock())
+                upload_queue.ensure_schema(self._enqueue_db)
+            upload_queue.enqueue(self._enqueue_db, stored["id"], self._clock())
         self._wake.set()
 
     def reconfigure(self, config) -> None:
@@ -190,14 +178,13 @@ class Uploader(Quiet):
 
     def _recover(self, store: Store) -> None:
         if self.target is None:
-            dropped = drop_waiting(store.db)
+            dropped = upload_queue.drop_waiting(store.db)
             if dropped:
                 log.info("Uploads are off: %d dumps left the upload queue", dropped)
             return
-        ensure_schema(store.db)  # only once uploads are on: `status` tells a queue that ever ran from none
-        with store.db:
-            store.db.execute("UPDATE uploads SET state = 'pending' WHERE state = 'uploading'")
-        queued = backfill(store.db, self._clock())
+        upload_queue.ensure_schema(store.db)  # only once uploads are on: `status` tells a queue that ever ran from none
+        upload_queue.resume(store.db)
+        queued = upload_queue.backfill(store.db, self._clock())
         if queued:
             log.info("Queued %d dumps for upload found in the store", queued)
 
@@ -217,10 +204,9 @@ class Uploader(Quiet):
                                if isinstance(e, CorehandlerError) else bucket.classify(e))
             self._client = None
             return max(0.0, self._hold_until - self._clock())
-        row = store.db.execute("SELECT id, attempts, budget FROM uploads WHERE state = 'pending' AND "
-                               "next_attempt <= ? ORDER BY next_attempt, queued_at, id LIMIT 1", (now,)).fetchone()
+        row = upload_queue.due(store.db, now)
         if row is None:
-            nxt = store.db.execute("SELECT MIN(next_attempt) FROM uploads WHERE state = 'pending'").fetchone()[0]
+            nxt = upload_queue.next_attempt(store.db)
             return 60.0 if nxt is None else min(60.0, max(0.01, nxt - now))
         self.upload_one(store, *row)
         return 0.0
@@ -243,33 +229,26 @@ class Uploader(Quiet):
         start = time.monotonic()
         dump = store.get(dump_id)
         if self._not_committed(dump_id, dump):
-            with store.db:  # not an attempt: the daemon commits the row just after announcing it
-                store.db.execute("UPDATE uploads SET next_attempt = ? WHERE id = ?",
-                                 (self._clock() + NOT_COMMITTED_RETRY, dump_id))
+            # not an attempt: the daemon commits the row just after announcing it
+            upload_queue.postpone(store.db, dump_id, self._clock() + NOT_COMMITTED_RETRY)
             return False
-        with store.db:
-            store.db.execute("UPDATE uploads SET state = 'uploading', attempts = attempts + 1 WHERE id = ?",
-                             (dump_id,))
+        upload_queue.begin(store.db, dump_id)
         if dump is None or dump.deleting:
-            mark_lost(store.db, dump_id, "deleted from the store before it was uploaded")
+            upload_queue.mark_lost(store.db, dump_id, "deleted from the store before it was uploaded")
             log.error("Dump %s was deleted before it was uploaded: lost to the fleet", dump_id)
             return False
         try:
             sent, core_key, budget = self._send(store, dump, budget, retry=attempts > 0)
         except Exception as e:
             if self._stop.is_set():  # the daemon is stopping: not a failure, the next start does it again
-                with store.db:
-                    store.db.execute("UPDATE uploads SET state = 'pending' WHERE id = ?", (dump_id,))
+                upload_queue.interrupted(store.db, dump_id)
                 log.info("Upload of %s interrupted by the daemon stopping; it resumes at the next start", dump_id)
                 return False
             self._failed(store, dump_id, attempts + 1, bucket.classify(e))
             return False
-        with store.db:
-            store.db.execute("UPDATE uploads SET state = 'done', done_at = ?, bytes = ?, seconds = ?, budget = ?, "
-                             "core_key = ?, sidecar_key = ?, last_error = NULL, reason = NULL WHERE id = ?",
-                             (self._clock(), sent, time.monotonic() - start, budget, core_key,
-                              self._key(dump, bucket.SIDECAR_SUFFIX), dump_id))
-            cleared = store.db.execute("DELETE FROM upload_problem").rowcount
+        cleared = upload_queue.done(store.db, dump_id, at=self._clock(), sent=sent,
+                                    seconds=time.monotonic() - start, budget=budget, core_key=core_key,
+                                    sidecar_key=self._key(dump, bucket.SIDECAR_SUFFIX))
         if cleared:
             log.info("Uploads work again")
         self._queue_failures = 0
@@ -299,8 +278,7 @@ class Uploader(Quiet):
         if send_core and cfg.fleet_budget > 0:
             if budget is None:
                 budget = self._claim(dump, signature)
-                with store.db:  # kept: a retry does not claim again
-                    store.db.execute("UPDATE uploads SET budget = ? WHERE id = ?", (budget, dump.id))
+                upload_queue.keep_budget(store.db, dump.id, budget)
             send_core = budget != KEPT_BACK
         core, sent = None, 0
         if send_core:
@@ -308,11 +286,8 @@ class Uploader(Quiet):
             if core is None:
                 core, head = self._send_core(dump, path, retry)
                 sent += core["bytes"] if core.pop("sent") else 0
-                with store.db:  # kept: a retry finds it in the bucket and does not send it again
-                    store.db.execute("UPDATE uploads SET core = ? WHERE id = ?", (json.dumps(
-                        {"core": core, "size": head.get("ContentLength"), "checksum": head.get("ChecksumSHA256")}),
-                        dump.id))
-            _pause("core_sent")
+                upload_queue.keep_core(store.db, dump.id, core, head.get("ContentLength"), head.get("ChecksumSHA256"))
+            pause(UPLOAD_ENV, "core_sent")
         mini = self._send_mini(store, dump) if cfg.send == "cores" else None
         sent += mini["bytes"] if mini else 0
         doc = dict(sidecar(dump, host=self.target.host, core=core, budget=budget, analysis=analysis,
@@ -324,7 +299,7 @@ class Uploader(Quiet):
         sidecar_key = self._key(dump, bucket.SIDECAR_SUFFIX)
         self._client.put_object(Bucket=self.target.bucket, Key=sidecar_key, Body=body,
                                 ContentType="application/json", ChecksumAlgorithm="SHA256", **self._sse())
-        _pause("sidecar_sent")
+        pause(UPLOAD_ENV, "sidecar_sent")
         # Before the row is done: a dump this host finished is always in its day's index file.
         dataset.add(self._client, self.target, bucket.crash_day(dump.crashed_at), dataset.row(doc, sidecar_key),
                     self._sse())
@@ -355,10 +330,9 @@ class Uploader(Quiet):
 
     def _kept_core(self, store: Store, dump_id: str) -> dict | None:
         """The core an earlier attempt sent and verified, when the bucket still holds it unchanged."""
-        kept = store.db.execute("SELECT core FROM uploads WHERE id = ?", (dump_id,)).fetchone()
-        if not kept or not kept[0]:
+        kept = upload_queue.kept_core(store.db, dump_id)
+        if kept is None:
             return None
-        kept = json.loads(kept[0])
         head = self._head(kept["core"]["key"])
         if head is None or head.get("ContentLength") != kept["size"] or head.get("ChecksumSHA256") != kept["checksum"]:
             return None
@@ -477,10 +451,7 @@ class Uploader(Quiet):
         # A multipart upload transfer.py could not abort (the server went away) is aborted before the next try.
         self._aborted_stale = False
         delay = backoff(attempts, self.config.retry_initial, self.config.retry_max)
-        with store.db:
-            store.db.execute("UPDATE uploads SET state = 'pending', next_attempt = ?, last_error = ?, reason = ? "
-                             "WHERE id = ?", (self._clock() + delay, err.message, err.reason, dump_id))
-            _count_failure(store.db, err.reason)
+        upload_queue.retry_at(store.db, dump_id, self._clock() + delay, err.reason, err.message)
         if err.reason in bucket.QUEUE_WIDE:
             self._queue_failed(store, err, counted=True)
         else:
@@ -491,24 +462,10 @@ class Uploader(Quiet):
         self._queue_failures += 1
         delay = backoff(self._queue_failures, self.config.retry_initial, self.config.retry_max)
         self._hold_until = self._clock() + delay
-        with store.db:
-            if not counted:
-                _count_failure(store.db, err.reason)
-            old = store.db.execute("SELECT reason, message FROM upload_problem").fetchone()
-            if old != (err.reason, err.message):
-                store.db.execute("INSERT OR REPLACE INTO upload_problem (one, reason, message, since) "
-                                 "VALUES (1, ?, ?, ?)", (err.reason, err.message, self._clock()))
-        if old != (err.reason, err.message):
+        if upload_queue.queue_failed(store.db, err.reason, err.message, self._clock(), counted=counted):
             log.error("Uploads to s3://%s are failing (%s): %s; retrying with backoff", self.target.bucket,
                       err.reason, err.message)
         else:
             log.debug("Uploads still failing (%s), next try in %.0fs", err.reason, delay)
-
-
-def _pause(point: str) -> None:
-    if os.environ.get(PAUSE_ENV) == point:
-        log.warning("Pausing at %s (%s, test-only)", point, PAUSE_ENV)
-        while True:
-            time.sleep(3600)
 
 

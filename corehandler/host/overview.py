@@ -51,7 +51,7 @@ def _store_summary(index_path: Path) -> dict | None:
 
 def _upload_summary(config: Config, index_path: Path) -> dict | None:
     """The upload queue and the problem holding it, if any; None when [upload] is off and never ran."""
-    from corehandler.fleet import upload_queue
+    from corehandler.store import upload_queue
 
     if not index_path.exists():
         return {"url": config.upload.url, "queue": None} if config.upload.url else None

@@ -45,7 +45,7 @@ from systemd import journal
 
 from corehandler import fields
 from corehandler.analysis import findings
-from corehandler.observe.observer import Quiet
+from corehandler.observer import Quiet
 from corehandler.printable import display
 from corehandler.store.dumprow import COMPRESSING
 

@@ -28,8 +28,8 @@ from prometheus_client.process_collector import ProcessCollector
 from corehandler import __version__, fields, paths
 from corehandler.atomicfile import write_atomic
 from corehandler.observe.analysis_metrics import AnalysisMetrics
-from corehandler.observe.observer import Quiet
 from corehandler.observe.upload_metrics import UploadCollector
+from corehandler.observer import Quiet
 from corehandler.store.dumprow import COMPRESSING, STATUSES
 from corehandler.store.index import Store, StoreError
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from systemd import daemon
 
-from corehandler.observe.observer import Quiet, Stored
+from corehandler.observer import Quiet, Stored
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import sqlite3
 from pathlib import Path
 
 from corehandler.fleet import bucket
-from corehandler.fleet.upload_queue import LOST, STATES, stats
+from corehandler.store.upload_queue import LOST, STATES, stats
 
 log = logging.getLogger("corehandler.upload")
 

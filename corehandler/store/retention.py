@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Sequence
 
 from corehandler import paths, spool
+from corehandler.store import upload_queue
 
 log = logging.getLogger(__name__)
 
@@ -208,8 +209,6 @@ def vacuum(store, policy: Policy, *, now: float | None = None, busy: Iterable[st
     if not any((policy.max_use, policy.keep_free, policy.max_age, policy.max_count, policy.max_per_exe,
                 policy.dropped_max_age, policy.dropped_max_count)):
         return []  # no limits: nothing to read
-    from corehandler.fleet import upload_queue  # the queue lives in the same index
-
     # A dump whose spool record is still there has not finished ingest (a kill between its index row and the
     # cleanup): the daemon completes it from that record, so its row must still be there.
     # A dump still compressing has no stored file yet: the daemon completes its row.

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from corehandler.observe.observer import Quiet
+from corehandler.observer import Quiet
 from corehandler.store import compress
 from corehandler.store.index import Store
 

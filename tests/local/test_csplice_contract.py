@@ -76,7 +76,7 @@ MIGRATION = "UPDATE dumps SET status = 'dropped' WHERE status = 'metadata_only'"
 
 
 def test_a_real_record_the_index_row_and_the_event_carry_the_quantities_by_their_one_name(csplice, tmp_path):
-    from corehandler.observe.observer import Stored
+    from corehandler.observer import Stored
     from corehandler.store.dumprow import STATUSES, Dump
 
     cap = Handler(tmp_path / "h").feed(8192).record["capture"]

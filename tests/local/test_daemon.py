@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from corehandler.daemon import Settings
-from corehandler.observe.observer import Quiet
+from corehandler.observer import Quiet
 from corehandler.store import compress
 from corehandler.store.index import Store
 from corehandler.store.retention import Policy

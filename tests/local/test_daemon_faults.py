@@ -17,9 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from corehandler.daemon import PAUSE_ENV, PAUSE_POINTS, Settings
+from corehandler.daemon import Settings
+from corehandler.ingest import PAUSE_POINTS
 from corehandler.store import compress
 from corehandler.store.index import Store
+from corehandler.testpause import INGEST_ENV
 from support.daemon_harness import Recorder, Running, wait_for
 from support.spoolfeed import fed_state, feed, write_settings
 
@@ -30,7 +32,7 @@ _pending: dict[int, bytes] = {}  # output read past the last line wait_line retu
 def start(state_dir: Path, *args: str, pause: str | None = None) -> subprocess.Popen:
     env = dict(os.environ)
     if pause:
-        env[PAUSE_ENV] = pause
+        env[INGEST_ENV] = pause
     proc = subprocess.Popen([sys.executable, str(RUNDAEMON), str(state_dir), "--threads", "1", *args],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     for stream in (proc.stdout, proc.stderr):  # fd numbers are reused: forget an earlier process's output

@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from corehandler.fleet import upload_queue
 from corehandler.observe import upload_metrics
 from corehandler.observe.metrics import MetricsObserver
-from corehandler.store import analyses
+from corehandler.store import analyses, upload_queue
 from corehandler.store.dumprow import row_from_record
 from corehandler.store.index import Store
 

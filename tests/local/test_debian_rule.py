@@ -90,7 +90,7 @@ def test_they_agree_on_random_hosts(tmp_path):
     rng = random.Random(33)
     t = str(tmp_path)
     patterns = ["core", CSPLICE, "|/x/csplice", "|/x/csplicer %P", f"@@{t}/run/capture.socket", "|/x/csplice  "]
-    lines = [f"owner={t}/a", f"owner={t}/b", "owner=", f"installation=1111", "installation=2222", "installation=",
+    lines = [f"owner={t}/a", f"owner={t}/b", "owner=", "installation=1111", "installation=2222", "installation=",
              f"spool_dir={t}/a/spool", f"spool_dir={t}/b/spool", " owner=" + t + "/a", "# owner=/nope", "strategy=rw"]
     for i in range(40):
         settings = None if rng.random() < 0.15 else "".join(rng.choice(lines) + "\n" for _ in range(rng.randint(0, 5)))

@@ -6,7 +6,7 @@ import functools
 import threading
 
 from corehandler.daemon import Daemon
-from corehandler.observe.observer import Quiet
+from corehandler.observer import Quiet
 from support import waiting
 
 # The daemon's passes compress and index: give them longer than waiting.wait_for's default.

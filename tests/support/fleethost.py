@@ -11,7 +11,8 @@ from pathlib import Path
 from corehandler.cli import main
 from corehandler.config import UploadConfig, toml_value
 from corehandler.daemon import Settings
-from corehandler.fleet import upload, upload_queue
+from corehandler.fleet import upload
+from corehandler.store import upload_queue
 from corehandler.store.dumprow import row_from_record
 from corehandler.store.index import Store
 from support.daemon_harness import Running, wait_for

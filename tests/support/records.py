@@ -10,7 +10,7 @@ from pathlib import Path
 
 import zstandard
 
-from corehandler.observe.observer import Stored
+from corehandler.observer import Stored
 from support.csplice_harness import Handler, core_args
 
 

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from corehandler.daemon import Daemon, Settings
-from corehandler.observe.observer import Quiet
+from corehandler.observer import Quiet
 from corehandler.store.retention import Policy
 
 

@@ -18,7 +18,7 @@ import pytest
 from corehandler import paths
 from corehandler.daemon import Settings
 from corehandler.observe import journal
-from corehandler.observe.observer import Quiet
+from corehandler.observer import Quiet
 from support import cbuild
 from support.daemon_harness import Running
 from support.journald import PrivateJournald

@@ -15,7 +15,8 @@ import pytest
 from corehandler.cli import main
 from corehandler.config import UploadConfig, toml_value
 from corehandler.daemon import Settings
-from corehandler.fleet import upload, upload_queue
+from corehandler.fleet import upload
+from corehandler.store import upload_queue
 from corehandler.store.index import Store
 from support import realcore
 from support.daemon_harness import Running, wait_for

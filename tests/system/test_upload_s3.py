@@ -19,9 +19,11 @@ from pyrage import x25519
 
 from corehandler.config import UploadConfig
 from corehandler.errors import EXIT_SYSTEM
-from corehandler.fleet import upload, upload_queue
+from corehandler.fleet import upload
 from corehandler.fleet.bucket import client as bucket_client
+from corehandler.store import upload_queue
 from corehandler.store.index import Store
+from corehandler.testpause import UPLOAD_ENV
 from support.daemon_harness import Running, wait_for
 from support.fleethost import Host, dump_keys, sha_file
 
@@ -108,7 +110,7 @@ def _rundaemon(host: Host, pause: str | None = None) -> subprocess.Popen:
     config.write_text(json.dumps(host.upload))
     env = dict(os.environ)
     if pause:
-        env[upload.PAUSE_ENV] = pause
+        env[UPLOAD_ENV] = pause
     return subprocess.Popen([sys.executable, str(RUNDAEMON), str(host.state), "--threads", "1",
                              *([] if host.settings.compression else ["--no-compression"]), "--upload", str(config)],
                             env=env, stdout=subprocess.DEVNULL, stderr=open(host.root / "daemon.log", "ab"))

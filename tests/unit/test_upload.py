@@ -19,7 +19,8 @@ from botocore.exceptions import ClientError, EndpointConnectionError
 from corehandler import paths, spool
 from corehandler.config import Config, UploadConfig
 from corehandler.errors import ConfigError
-from corehandler.fleet import bucket, credentials, payload, transfer, upload, upload_queue
+from corehandler.fleet import bucket, credentials, payload, transfer, upload
+from corehandler.store import upload_queue
 from corehandler.store.dumprow import row_from_record
 from corehandler.store.index import Store
 from support.fleethost import store_with_dump

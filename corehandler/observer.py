@@ -1,15 +1,13 @@
-"""What the daemon tells its observers (journald, metrics, the uploader, tests): the Observer protocol and the
-`Stored` event, built from the dump's index row so that every observer sees the figures the index keeps."""
+"""What the daemon tells its observers (journald, metrics, the scrub, the uploader, tests): the Observer protocol,
+Quiet, and the `Stored` event, which the daemon builds from the dump's index row so that every observer sees the
+figures the index keeps. A leaf: every part implements or calls this contract, so it imports none of them."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
-
-from corehandler.store.dumprow import COMPRESSING, Dump
 
 
 @dataclass(frozen=True)
@@ -29,15 +27,6 @@ class Stored(Mapping):
     status: str
     problem: str | None
     analysis: Mapping[str, Any] | None
-
-    @classmethod
-    def of(cls, dump: Dump, path: Path | None, analysis: Mapping[str, Any] | None) -> Stored:
-        pending = dump.status == COMPRESSING
-        return cls(id=dump.id, path=str(path) if path else None, raw_bytes=dump.raw_bytes,
-                   stored_bytes=None if pending else dump.stored_bytes,
-                   compress_seconds=None if pending else dump.compress_seconds or 0.0,
-                   ingest_seconds=dump.ingest_seconds or 0.0, ingested_at=dump.ingested_at, status=dump.status,
-                   problem=dump.problem, analysis=analysis)
 
     def __getitem__(self, key: str) -> Any:
         if key not in _FIELDS:
