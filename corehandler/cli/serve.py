@@ -17,8 +17,8 @@ from corehandler.fleet.upload import Uploader
 from corehandler.host import handler, overview, writerates
 from corehandler.observe.journal import JournalObserver
 from corehandler.observe.metrics import MetricsObserver
-from corehandler.observer import Quiet
 from corehandler.observe.sdnotify import SystemdNotifier
+from corehandler.observer import Quiet
 from corehandler.paths import Host, csplice_path
 from corehandler.store import scrub
 
