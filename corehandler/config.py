@@ -6,7 +6,7 @@ file means the defaults. Every error names the file, the key and the value that 
 
 Values come out parsed: sizes as int bytes, durations as float seconds, min_free/max_use/keep_free as
 units.SizeOrPercent. The models are also the documentation: each field's description becomes the comment
-above it in the shipped config/corehandler.toml (render_toml(..., commented_defaults=True)).
+above it in the shipped config/corehandler.toml (configtext.render_toml(..., commented_defaults=True)).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from corehandler.paths import DEFAULT_STATE_DIR, Paths
 
 
 @dataclasses.dataclass(frozen=True)
-class _Human:
+class Human:
     """Marks a field whose value is shown in human units (TOML output, the shipped file)."""
 
     format: Any
@@ -47,12 +47,12 @@ def _checked(parse, fmt, lo, hi):
 
 def Size(lo: int = 0, hi: int = units.MAX_SIZE):  # noqa: N802 (a type factory, read as a type)
     return Annotated[int, BeforeValidator(_checked(units.parse_size, units.format_size, lo, hi)),
-                     _Human(units.format_size)]
+                     Human(units.format_size)]
 
 
 def Duration(lo: float = 0.0, hi: float = units.MAX_DURATION):  # noqa: N802
     return Annotated[float, BeforeValidator(_checked(units.parse_duration, units.format_duration, lo, hi)),
-                     _Human(units.format_duration)]
+                     Human(units.format_duration)]
 
 
 def Durations(lo: float, hi: float, most: int):  # noqa: N802
@@ -64,7 +64,7 @@ def Durations(lo: float, hi: float, most: int):  # noqa: N802
             raise ValueError(f"must be a list of at most {most} durations")
         return [check(v) for v in value]
 
-    return Annotated[list[float], BeforeValidator(each), _Human(lambda v: [units.format_duration(x) for x in v])]
+    return Annotated[list[float], BeforeValidator(each), Human(lambda v: [units.format_duration(x) for x in v])]
 
 
 def _size_or_auto(value):
@@ -72,8 +72,8 @@ def _size_or_auto(value):
 
 
 SizeOrAuto = Annotated[int | Literal["auto"], BeforeValidator(_size_or_auto),
-                       _Human(lambda v: v if v == "auto" else units.format_size(v))]
-SizeOrPercent = Annotated[units.SizeOrPercent, BeforeValidator(units.SizeOrPercent.parse), _Human(str)]
+                       Human(lambda v: v if v == "auto" else units.format_size(v))]
+SizeOrPercent = Annotated[units.SizeOrPercent, BeforeValidator(units.SizeOrPercent.parse), Human(str)]
 Count = Annotated[int, Field(ge=0, le=2**31 - 1)]
 
 
@@ -111,7 +111,7 @@ def _ip_address(value) -> str:
         raise ValueError("must be an IP address such as 127.0.0.1 or ::1") from None
 
 
-AbsolutePath = Annotated[Path, BeforeValidator(_absolute_path), _Human(str)]
+AbsolutePath = Annotated[Path, BeforeValidator(_absolute_path), Human(str)]
 
 
 class _Section(BaseModel):
@@ -160,7 +160,7 @@ class KernelConfig(_Section):
         "pipe", description="pipe | socket | auto (install --mode overrides): the kernel runs csplice per crash, "
         "or connects to csplice's listener, which can refuse a dump before it is written (Linux 6.17+); auto = "
         "socket where the kernel has it and the listener answers")
-    socket_path: Annotated[Path, BeforeValidator(_socket_path), _Human(str)] = Field(
+    socket_path: Annotated[Path, BeforeValidator(_socket_path), Human(str)] = Field(
         Path("/run/corehandler/capture/coredump.socket"), description="the coredump socket in socket mode "
         "(absolute, shorter than 108 bytes; its directory is made root-only)")
     socket_max_connections: int = Field(16, ge=1, le=4096, description="dumps the listener captures at once in "
@@ -447,7 +447,7 @@ def load_config(paths: Paths) -> Config:
         raise ConfigError("; ".join(lines), file=file, key=key, value=value) from None
 
 
-# --- TOML output -----------------------------------------------------------------------------------------
+# --- TOML values, for error messages and the files that show a config (configtext.py) -------------------
 
 def toml_value(value: Any) -> str:
     if isinstance(value, bool):
@@ -461,61 +461,3 @@ def toml_value(value: Any) -> str:
     # A TOML basic string: JSON's escapes, minus the surrogate pairs and raw DEL that TOML refuses.
     text = json.dumps(str(value), ensure_ascii=False)
     return text.replace("\x7f", "\\u007f")
-
-
-def _fields(model: BaseModel) -> list[tuple[str, str, str]]:
-    """(key, value as TOML in human units, description) of a section's options."""
-    out = []
-    for name, info in type(model).model_fields.items():
-        if isinstance(getattr(model, name), BaseModel):
-            continue
-        value = getattr(model, name)
-        human = next((m for m in info.metadata if isinstance(m, _Human)), None)
-        out.append((name, toml_value(human.format(value) if human else value), info.description or ""))
-    return out
-
-
-def documented(config: Config) -> list[tuple[str | None, list[tuple[str, str, str]]]]:
-    """Every option as the shipped file and corehandler.toml(5) show it: (section, its (key, value,
-    description)), the top level (section None) first."""
-    sections = [(name, getattr(config, name)) for name in type(config).model_fields]
-    return [(None, _fields(config))] + [(name, _fields(s)) for name, s in sections if isinstance(s, BaseModel)]
-
-
-def _field_lines(fields: list[tuple[str, str, str]], commented: bool) -> list[str]:
-    lines = []
-    for name, text, description in fields:
-        if commented:
-            lines += [f"# {description}", f"#{name} = {text}"]
-        else:
-            lines.append(f"{name} = {text}")
-    return lines
-
-
-DEFAULTS_HEADER = """\
-# corehandler configuration. Every option is shown commented out with its default; uncomment to change it.
-# Drop-ins in corehandler.d/*.toml are read after this file, in name order; a later file wins key by key.
-# Sizes are binary ("64K", "4G", "1.5GiB"), durations "90s", "1h30m", "2w"; "15%" is a share of a filesystem.
-# `corehandler config check` validates it; `corehandler config show` prints what is in effect."""
-
-
-def render_toml(config: Config, *, commented_defaults: bool = False) -> str:
-    """The config as TOML in human units. commented_defaults renders the shipped file's form."""
-    out = [DEFAULTS_HEADER] if commented_defaults else []
-    for section, fields in documented(config):
-        out.append("\n".join(([f"[{section}]"] if section else []) + _field_lines(fields, commented_defaults)))
-    return "\n\n".join(out) + "\n"
-
-
-def config_json(config: Config) -> dict:
-    """The config with parsed values: sizes in bytes, durations in seconds, SizeOrPercent as "15%" or bytes."""
-    def plain(value):
-        if isinstance(value, BaseModel):
-            return {name: plain(getattr(value, name)) for name in type(value).model_fields}
-        if isinstance(value, units.SizeOrPercent):
-            return value.bytes if value.bytes is not None else units.format_percent(value.percent)
-        if isinstance(value, Path):
-            return str(value)
-        return value
-
-    return plain(config)

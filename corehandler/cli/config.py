@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from corehandler.cli.common import base_paths, emit, load
-from corehandler.config import config_files, config_json, render_toml
+from corehandler.config import config_files
+from corehandler.configtext import config_json, render_toml
 from corehandler.host import handler
 from corehandler.paths import Host
 

@@ -14,7 +14,8 @@ from pathlib import Path
 from corehandler import __version__, errors
 from corehandler.cli import argtree
 from corehandler.cli.selection import MATCH_HELP, TIME_HELP
-from corehandler.config import Config, documented
+from corehandler.config import Config
+from corehandler.configtext import documented
 from corehandler.csplice_contract import (
     INSTALLATION_KEY,
     OWNER_KEY,

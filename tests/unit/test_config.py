@@ -12,10 +12,9 @@ from corehandler import config as config_mod
 from corehandler.config import (
     Config,
     config_files,
-    config_json,
     load_config,
-    render_toml,
 )
+from corehandler.configtext import config_json, render_toml
 from corehandler.errors import EXIT_CONFIG, ConfigError
 from corehandler.paths import Paths
 from corehandler.units import SizeOrPercent
