@@ -36,7 +36,10 @@ def _parse(text: str) -> Holder:
 def hold(path: Path) -> int:
     """The lock, held (its fd: closing it, or exiting, lets go); raises CorehandlerError naming the daemon that
     holds it already. Readable by all (0644): any user's `status` may ask it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise CorehandlerError(f"cannot open the daemon's lock {path}: {e.strerror}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

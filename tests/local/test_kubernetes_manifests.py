@@ -30,6 +30,7 @@ AGENT = ROOT / "corehandler" / "host" / "agent.py"  # the agent's module, coreha
 
 # The agent's words, as agreed with it: its module names them once it is in the tree (contract()).
 LIBEXEC_DIR = "/var/lib/corehandler-agent/libexec"
+STATE_DIR = "/var/lib/corehandler-agent/state"
 RUN_DIR = "/run/corehandler"
 CONFIG_FILE = "/etc/corehandler/corehandler.toml"
 ENV_FORCE = "COREHANDLER_AGENT_FORCE"
@@ -281,7 +282,8 @@ def test_a_changed_config_rolls_the_pods(default):
 
 def contract() -> dict:
     """The agent's own constants where its module is in the tree, else the contract's words."""
-    words = {"LIBEXEC_DIR": LIBEXEC_DIR, "RUN_DIR": RUN_DIR, "CONFIG_FILE": CONFIG_FILE, "ENV_FORCE": ENV_FORCE,
+    words = {"LIBEXEC_DIR": LIBEXEC_DIR, "STATE_DIR": STATE_DIR, "RUN_DIR": RUN_DIR, "CONFIG_FILE": CONFIG_FILE,
+             "ENV_FORCE": ENV_FORCE,
              "ENV_KEEP_ON_STOP": ENV_KEEP_ON_STOP, "ENV_NODE_NAME": ENV_NODE_NAME}
     if AGENT.exists():
         from corehandler.host import agent
@@ -293,8 +295,9 @@ def contract() -> dict:
 def test_the_pods_paths_and_arguments_are_the_agents(default):
     words = contract()
     ds = default["DaemonSet"]
-    assert host_paths(ds) == {"state": str(paths.DEFAULT_STATE_DIR), "libexec": words["LIBEXEC_DIR"],
-                              "run": words["RUN_DIR"]}
+    # The agent's own installation; csplice.conf's directory (fixed in csplice) beside it, the host's.
+    assert host_paths(ds) == {"state": words["STATE_DIR"], "settings": str(paths.CSPLICE_SETTINGS.parent),
+                              "libexec": words["LIBEXEC_DIR"], "run": words["RUN_DIR"]}
     init, agent = container(ds, "install-csplice"), container(ds, "agent")
     assert init["args"] == ["agent", "install-csplice", "--dir", words["LIBEXEC_DIR"]]
     assert agent["args"] == ["agent", "run", "--dir", words["LIBEXEC_DIR"]]
