@@ -53,8 +53,9 @@ def hold(path: Path) -> int:
     return fd
 
 
-def holder(path: Path) -> Holder | None:
-    """The daemon holding the lock, None when none does (or the lock cannot be read)."""
+def held_text(path: Path) -> str | None:
+    """What a lock file says while someone holds its flock (its holder writes its name there); None when nobody
+    holds it, or it cannot be read. The host lock (host/sysctl.py) is asked the same way."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -63,6 +64,12 @@ def holder(path: Path) -> Holder | None:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         return None
     except BlockingIOError:
-        return _parse(os.pread(fd, 256, 0).decode(errors="replace"))
+        return os.pread(fd, 4096, 0).decode(errors="replace")
     finally:
         os.close(fd)
+
+
+def holder(path: Path) -> Holder | None:
+    """The daemon holding the lock, None when none does (or the lock cannot be read)."""
+    text = held_text(path)
+    return None if text is None else _parse(text)

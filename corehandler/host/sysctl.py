@@ -12,6 +12,7 @@ import secrets
 import time
 from pathlib import Path
 
+from corehandler import daemonlock
 from corehandler.errors import SystemFailure
 from corehandler.paths import HOST_LOCK
 
@@ -95,18 +96,8 @@ def _contents(fd: int) -> list[str]:
 
 def holder(lock: Path = CORE_PATTERN_LOCK) -> str | None:
     """Who holds the lock ("pid 123 (doctor --probe) since ..."), None when nobody does; needs root."""
-    try:
-        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return None
-    except BlockingIOError:
-        lines = _contents(fd)
-        return lines[0] if lines else "another process"
-    finally:
-        os.close(fd)
+    text = daemonlock.held_text(lock)
+    return None if text is None else (text.splitlines() or ["another process"])[0]
 
 
 class LockBusy(SystemFailure):
