@@ -80,8 +80,7 @@ def clean_host(host_core_settings):
                     "`apt-get purge corehandler` first")
     # The host's own supervised daemon (scripts/setup's) shares /run/corehandler with the package's.
     with host_aside.host_daemon_stopped(), host_aside.paths_aside(PRESERVED, "package-test"):
-        for name, value in FOREIGN.items():
-            Path("/proc/sys", name).write_text(value + "\n")
+        host_core_settings.point(FOREIGN["kernel/core_pattern"], FOREIGN["kernel/core_pipe_limit"])
         try:
             yield
         finally:
@@ -266,16 +265,16 @@ def supervisor_gone() -> bool:
 
 
 @pytest.mark.parametrize("saved", [True, False], ids=["saved-values", "nothing-saved"])
-def test_postrm_gives_the_kernel_a_handler_back_when_prerm_could_not(clean_host, saved):
+def test_postrm_gives_the_kernel_a_handler_back_when_prerm_could_not(host_core_settings, clean_host, saved):
     """prerm restores through `corehandler uninstall`; if that failed (or dpkg --force skipped it), the
     kernel must not be left naming a csplice that is gone: postrm, which runs without Python, restores
     what the postinst saved, or the kernel's defaults."""
-    Path("/proc/sys/kernel/core_pattern").write_text(f"|{CSPLICE} {SPECIFIERS}\n")
-    Path("/proc/sys/kernel/core_pipe_limit").write_text("16\n")
+    host_core_settings.point(f"|{CSPLICE} {SPECIFIERS}", 16)
     STATE.mkdir(mode=0o700)
-    if saved:
-        (STATE / "package-previous-sysctl.conf").write_text(
-            "".join(f"{name.replace('/', '.')} = {value}\n" for name, value in FOREIGN.items()))
+    if saved:  # as host/handler.py's claim saves it
+        (STATE / "previous-handler.conf").write_text(
+            "".join(f"{name.replace('/', '.')} = {value}\n" for name, value in FOREIGN.items())
+            + "corehandler.csplice_conf = absent\ncorehandler.sysctl_d = absent\n")
     result = run("sh", str(ROOT / "debian" / "corehandler.postrm"), "purge")
     expected = FOREIGN if saved else {"kernel/core_pattern": "core", "kernel/core_pipe_limit": "0"}
     assert {name: sysctl(name) for name in FOREIGN} == expected
