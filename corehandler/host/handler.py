@@ -42,6 +42,7 @@ KERNEL_DEFAULTS = {CORE_PATTERN: "core", CORE_PIPE_LIMIT: "0"}
 # The saved csplice.conf and sysctl.d file, in previous-handler.conf beside the sysctls.
 SETTINGS_KEY = "corehandler.csplice_conf"
 SYSCTL_D_KEY = "corehandler.sysctl_d"
+SETTINGS_DIR_KEY = "corehandler.csplice_conf_dir"
 ABSENT = "absent"
 # v0.3 saved the sysctls alone, as JSON: read when previous-handler.conf is missing.
 LEGACY_PREVIOUS = "previous-sysctl.json"
@@ -168,11 +169,13 @@ def settings_for(capture, paths: Paths, host: Host) -> str:
 @dataclass(frozen=True)
 class Previous:
     """What the host had before an installation claimed it. settings and sysctl_d: the files' bytes, None
-    where they were absent (or not known: a v0.3 record)."""
+    where they were absent (or not known: a v0.3 record); settings_dir: whether csplice.conf's directory was
+    there (the default state dir: a host without a native install has none, and keeps none)."""
     sysctls: dict[str, str]
     settings: bytes | None
     sysctl_d: bytes | None
     saved_at: float | None = None
+    settings_dir: bool = True
 
 
 def _encode(data: bytes | None) -> str:
@@ -188,7 +191,8 @@ def _render_previous(previous: Previous) -> bytes:
     lines = ["# What the host had before corehandler claimed its core handler; `corehandler uninstall` puts it",
              f"# back. Saved at {time.strftime('%Y-%m-%d %H:%M:%S %z', time.localtime(previous.saved_at))}."]
     lines += [f"{name} = {previous.sysctls[name]}" for name in NAMES]
-    lines += [f"{SETTINGS_KEY} = {_encode(previous.settings)}", f"{SYSCTL_D_KEY} = {_encode(previous.sysctl_d)}"]
+    lines += [f"{SETTINGS_KEY} = {_encode(previous.settings)}", f"{SYSCTL_D_KEY} = {_encode(previous.sysctl_d)}",
+              f"{SETTINGS_DIR_KEY} = {'present' if previous.settings_dir else ABSENT}"]
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -214,7 +218,8 @@ def read_previous(paths: Paths) -> Previous | None:
         raise SystemFailure(f"the saved handler {path} lacks {' or '.join(NAMES)}")
     try:
         return Previous({name: values[name] for name in NAMES}, _decode(values.get(SETTINGS_KEY)),
-                        _decode(values.get(SYSCTL_D_KEY)), path.stat().st_mtime)
+                        _decode(values.get(SYSCTL_D_KEY)), path.stat().st_mtime,
+                        values.get(SETTINGS_DIR_KEY) != ABSENT)
     except ValueError as e:
         raise SystemFailure(f"the saved handler {path} is damaged: {e}") from None
 
@@ -244,7 +249,8 @@ def _forget_previous(paths: Paths) -> None:
 
 def _found(host: Host) -> Previous:
     return Previous(live(host), _read_bytes(host.csplice_settings),
-                    _read_bytes(sysctl.sysctl_d_file(host.sysctl_d)), time.time())
+                    _read_bytes(sysctl.sysctl_d_file(host.sysctl_d)), time.time(),
+                    host.csplice_settings.parent.is_dir())
 
 
 # --- the writes, every one under the lock -----------------------------------------------------------------
@@ -380,13 +386,21 @@ def refresh(host: Host, paths: Paths, text: str, *, socket_path: Path | None = N
         return True
 
 
+def _restore_files(host: Host, previous: Previous, *, persistent: bool) -> None:
+    _put_file(host.csplice_settings, previous.settings)
+    if not previous.settings_dir:
+        # Made for csplice.conf: gone with it, unless something else is in it now (or it is a mount point).
+        with contextlib.suppress(OSError):
+            host.csplice_settings.parent.rmdir()
+    if persistent:
+        _put_file(sysctl.sysctl_d_file(host.sysctl_d), previous.sysctl_d)
+
+
 def _restore(host: Host, previous: Previous, *, persistent: bool) -> None:
     # The pattern first: once it is not ours, no new crash reaches csplice.
     _write_sysctl(host, CORE_PATTERN, previous.sysctls[CORE_PATTERN])
     _write_sysctl(host, CORE_PIPE_LIMIT, previous.sysctls[CORE_PIPE_LIMIT])
-    _put_file(host.csplice_settings, previous.settings)
-    if persistent:
-        _put_file(sysctl.sysctl_d_file(host.sysctl_d), previous.sysctl_d)
+    _restore_files(host, previous, persistent=persistent)
 
 
 def release(host: Host, paths: Paths, *, socket_path: Path | None = None, persistent: bool = True) -> dict:
@@ -407,9 +421,7 @@ def release(host: Host, paths: Paths, *, socket_path: Path | None = None, persis
             _write_sysctl(host, CORE_PATTERN, base.sysctls[CORE_PATTERN])
             _write_sysctl(host, CORE_PIPE_LIMIT, base.sysctls[CORE_PIPE_LIMIT])
         if mine:
-            _put_file(host.csplice_settings, base.settings)
-            if persistent:
-                _put_file(sysctl.sysctl_d_file(host.sysctl_d), base.sysctl_d)
+            _restore_files(host, base, persistent=persistent)
         _forget_previous(paths)
     restored = dict(base.sysctls) if live_ours else None
     return {"was_installed": live_ours, "restored": restored,
@@ -438,8 +450,6 @@ def borrow(host: Host = Host(), what: str = "borrowed"):
     too (sysctl.LOCK_TOKEN_ENV in os.environ): a test's `corehandler install` or daemon can write."""
     with sysctl.held_lock(host.lock, what) as token:
         found = _found(host)
-        # The directory a borrower's csplice.conf may make (the default state dir) goes with the file.
-        made_dir = not host.csplice_settings.parent.exists()
         before = os.environ.get(sysctl.LOCK_TOKEN_ENV)
         os.environ[sysctl.LOCK_TOKEN_ENV] = token
         try:
@@ -450,6 +460,3 @@ def borrow(host: Host = Host(), what: str = "borrowed"):
             else:
                 os.environ[sysctl.LOCK_TOKEN_ENV] = before
             _restore(host, found, persistent=True)
-            if made_dir:
-                with contextlib.suppress(OSError):
-                    host.csplice_settings.parent.rmdir()

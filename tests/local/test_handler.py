@@ -80,6 +80,19 @@ def test_a_claim_saves_what_was_there_once_and_names_its_installation(host, tmp_
     assert handler.read_previous(native) == saved
 
 
+def test_the_directory_made_for_csplice_conf_goes_with_it(host, tmp_path):
+    """A host without a native install has no /var/lib/corehandler: another state dir's install and uninstall
+    leave none behind, and neither does a borrow."""
+    host.csplice_settings.parent.rmdir()
+    native = installation(tmp_path, "native")
+    claim(host, native, force=True)
+    handler.release(host, native)
+    assert not host.csplice_settings.parent.exists()
+    with handler.borrow(host) as borrowed:
+        borrowed.write_settings("spool_dir=/elsewhere\n")
+    assert not host.csplice_settings.parent.exists()
+
+
 def test_another_handler_is_refused_unless_forced(host, tmp_path):
     with pytest.raises(HandlerConflictError, match="systemd-coredump"):
         claim(host, installation(tmp_path, "native"))
