@@ -4,10 +4,13 @@ run` with the DaemonSet's host paths mounted at the same paths, the ConfigMap's 
 the host and in another container go through the host's kernel into the agent's csplice and its daemon.
 
 The host is the node: its own corehandler (scripts/setup's daemon, state dir) is set aside for each test and put
-back afterwards, core_pattern under the tests' lock (tests/support/host_core.py), every container removed."""
+back afterwards, the host's handler borrowed (tests/support/host_core.py; the agent's container is given the
+borrow's token, so its claim and release hold the host lock too), every container removed. The agent is an
+installation of its own (agent.STATE_DIR): a native install beside it keeps its store, index and csplice.conf."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import resource
@@ -16,22 +19,27 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from corehandler.csplice_contract import SPECIFIERS
+from corehandler.csplice_contract import SPECIFIERS, parse_settings
 from corehandler.errors import EXIT_CONFLICT
-from corehandler.paths import DEFAULT_STATE_DIR
+from corehandler.host import agent as agent_mod
+from corehandler.host import handler
+from corehandler.host.sysctl import LOCK_TOKEN_ENV
+from corehandler.paths import DEFAULT_STATE_DIR, Host
 from support import host_aside, podman
 from support.crash import build_crasher
 from support.waiting import wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.live_kernel, pytest.mark.containers, pytest.mark.slow]
 
-STATE = DEFAULT_STATE_DIR
+STATE = DEFAULT_STATE_DIR  # a native install's, and the directory of the host's csplice.conf
 AGENT_ROOT = Path("/var/lib/corehandler-agent")
 LIBEXEC = AGENT_ROOT / "libexec"
+AGENT_STATE = agent_mod.STATE_DIR  # the agent's own installation
 RUN = Path("/run/corehandler")
 CSPLICE = LIBEXEC / "csplice"
 OURS = f"|{CSPLICE} {SPECIFIERS}"
@@ -48,8 +56,9 @@ def sysctl(name: str) -> str:
     return Path("/proc/sys/kernel", name).read_text().removesuffix("\n")
 
 
-def set_sysctl(name: str, value: str) -> None:
-    Path("/proc/sys/kernel", name).write_text(value + "\n")
+def lock_token() -> list[str]:
+    """The borrow's token for a container: its claim and release hold the host lock the test holds."""
+    return ["-e", f"{LOCK_TOKEN_ENV}={os.environ[LOCK_TOKEN_ENV]}"]
 
 
 class Node:
@@ -71,8 +80,10 @@ class Node:
         return name
 
     def mounts(self) -> list[str]:
-        return ["-v", f"{STATE}:{STATE}", "-v", f"{LIBEXEC}:{LIBEXEC}:ro", "-v", f"{RUN}:{RUN}",
-                "-v", f"{self.config}:/etc/corehandler/corehandler.toml:ro"]
+        """The DaemonSet's hostPaths: the agent's state dir, the directory of csplice.conf, csplice's directory
+        (read-only), /run/corehandler (the host lock) and the ConfigMap's file."""
+        return ["-v", f"{AGENT_STATE}:{AGENT_STATE}", "-v", f"{STATE}:{STATE}", "-v", f"{LIBEXEC}:{LIBEXEC}:ro",
+                "-v", f"{RUN}:{RUN}", "-v", f"{self.config}:/etc/corehandler/corehandler.toml:ro", *lock_token()]
 
     def install_csplice(self) -> subprocess.CompletedProcess:
         """The init container, with the DaemonSet's securityContext: not privileged, a read-only root, only the
@@ -104,13 +115,18 @@ class Node:
         got = podman.podman("exec", name, PYTHON, "-c", FETCH, check=check)
         return got.stdout if got.returncode == 0 else None
 
+    @staticmethod
+    def cli() -> list[str]:
+        """The CLI in the pod, on the agent's installation (its default state dir is a native install's)."""
+        return ["corehandler", "--state-dir", str(AGENT_STATE)]
+
     def dumps(self, agent: str) -> list[dict]:
         """`corehandler list` in the pod; [] until there is an index with dumps (exit 1: nothing matched)."""
-        got = podman.podman("exec", agent, "corehandler", "--json=short", "list", check=False)
+        got = podman.podman("exec", agent, *self.cli(), "--json=short", "list", check=False)
         return json.loads(got.stdout) if got.returncode == 0 and got.stdout.strip() else []
 
     def info(self, agent: str, dump_id: str) -> dict:
-        (found,) = json.loads(podman.podman("exec", agent, "corehandler", "--json=short", "info", dump_id).stdout)
+        (found,) = json.loads(podman.podman("exec", agent, *self.cli(), "--json=short", "info", dump_id).stdout)
         return found
 
     def dump_of(self, agent: str, pid: int, status: str = "ok") -> dict:
@@ -152,9 +168,9 @@ def node(host_daemon_stopped, host_core_settings, agent_image, tmp_path):
     with host_aside.paths_aside([STATE, AGENT_ROOT], "agent-test"):
         node = Node(image, tmp_path)
         try:
-            for name, value in BEFORE.items():
-                set_sysctl(name, value)
-            for d in (STATE, LIBEXEC, RUN):  # the DaemonSet's hostPath type DirectoryOrCreate
+            host_core_settings.point(BEFORE["core_pattern"], BEFORE["core_pipe_limit"])
+            node.lent = host_core_settings
+            for d in (AGENT_STATE, STATE, LIBEXEC, RUN):  # the DaemonSet's hostPath type DirectoryOrCreate
                 d.mkdir(mode=0o755, parents=True, exist_ok=True)
             node.install_csplice()
             yield node
@@ -211,7 +227,7 @@ def test_a_kill_mid_dump_and_crashes_while_the_agent_is_down_lose_nothing(node):
     podman.podman("kill", "--signal", "KILL", agent)
     assert sysctl("core_pattern").startswith(OURS)  # nothing ran to take csplice out
     small = node.crash_on_host()
-    wait_for(lambda: any(p.name.endswith(f"-{small}.json") for p in (STATE / "spool").iterdir()),
+    wait_for(lambda: any(p.name.endswith(f"-{small}.json") for p in (AGENT_STATE / "spool").iterdir()),
              what="csplice's record of the crash while the agent was down")
     agent = node.start_agent()
     first, second = node.dump_of(agent, big), node.dump_of(agent, small)
@@ -222,12 +238,12 @@ def test_a_kill_mid_dump_and_crashes_while_the_agent_is_down_lose_nothing(node):
 
 
 def test_another_handler_is_refused_unless_forced(node):
-    set_sysctl("core_pattern", FOREIGN)
+    node.lent.point(FOREIGN, BEFORE["core_pipe_limit"])
     refused = podman.podman("run", "--rm", *node.agent_args({}), check=False)
     assert refused.returncode == EXIT_CONFLICT, refused
-    assert refused.stderr.strip().splitlines()[-1] == (
-        "corehandler: another core handler is installed (/bin/false): the agent replaces it with --force "
-        "(COREHANDLER_AGENT_FORCE=1), and puts it back when stopped"), refused.stderr
+    said = refused.stderr.strip().splitlines()[-1]
+    assert said.startswith("corehandler: another core handler is installed (/bin/false): ") and \
+        "COREHANDLER_AGENT_FORCE=1 forces the agent" in said, refused.stderr
     assert sysctl("core_pattern") == FOREIGN
     agent = node.start_agent(COREHANDLER_AGENT_FORCE="1")
     assert sysctl("core_pattern").startswith(OURS)
@@ -239,7 +255,78 @@ def test_keep_on_stop_leaves_capture_on_until_agent_uninstall(node):
     agent = node.start_agent(COREHANDLER_AGENT_KEEP_ON_STOP="1")
     podman.podman("stop", "--time", "60", agent)
     assert sysctl("core_pattern").startswith(OURS)
-    done = podman.podman("run", "--rm", "--privileged", "--network", "none", "-v", f"{STATE}:{STATE}",
-                         "-v", f"{LIBEXEC}:{LIBEXEC}", node.image, "agent", "uninstall")
+    done = podman.podman("run", "--rm", "--privileged", "--network", "none", "-v", f"{AGENT_STATE}:{AGENT_STATE}",
+                         "-v", f"{STATE}:{STATE}", "-v", f"{LIBEXEC}:{LIBEXEC}", "-v", f"{RUN}:{RUN}", *lock_token(),
+                         node.image, "agent", "uninstall")
     assert "the agent uninstalled: core_pattern = core.cht-agent-before" in done.stdout, done
     assert {name: sysctl(name) for name in BEFORE} == BEFORE and not CSPLICE.exists()
+
+
+def tree(root: Path, skip: tuple[Path, ...] = ()) -> dict[str, tuple[str, int]]:
+    """Every file under root: its sha256 and mtime (ns)."""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.is_symlink() and path not in skip:
+            found[str(path)] = (hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mtime_ns)
+    return found
+
+
+def test_the_agent_forced_over_a_native_install_leaves_it_untouched(node, tmp_path):
+    """A native corehandler owns the host's handler, with a dump in its store: the agent refuses to start over
+    it, naming it; forced, it captures into its own state dir; stopped, it gives the handler back to the native
+    install, whose store, index and csplice.conf it never touched."""
+    etc = tmp_path / "native-etc"
+    etc.mkdir()
+    (etc / "corehandler.toml").write_text('[capture]\nmin_free = "0"\nmax_per_exe_per_minute = 0\n'
+                                          '[metrics]\nenabled = false\n[journal]\nenabled = false\n')
+    native = [sys.executable, "-P", "-m", "corehandler", "--config-dir", str(etc), "--state-dir", str(STATE)]
+
+    def cli(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(native + list(argv), capture_output=True, text=True, timeout=120)
+
+    done = cli("install", "--force", "--no-daemon")
+    assert done.returncode == 0, done.stderr
+    native_pattern = sysctl("core_pattern")
+    native_pid = node.crash_on_host()
+    daemon = subprocess.Popen(native + ["serve", "--sweep-interval", "1"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: [d for d in json.loads(cli("--json", "list").stdout or "[]")
+                          if d["pid"] == native_pid and d["status"] == "ok"], timeout=120,
+                 what="the native install's dump in its store")
+    finally:
+        daemon.terminate()
+        assert daemon.wait(60) == 0, daemon.stderr.read()
+    settings = Host().csplice_settings
+    assert parse_settings(settings.read_text())["owner"] == str(STATE)
+    assert (STATE / "index.sqlite").exists() and any((STATE / "store").rglob("*"))
+    before = tree(STATE, skip=(settings,))
+    settings_before = settings.read_bytes()
+
+    refused = podman.podman("run", "--rm", *node.agent_args({}), check=False)
+    assert refused.returncode == EXIT_CONFLICT, refused
+    assert f"the installation in {STATE}" in refused.stderr and "COREHANDLER_AGENT_FORCE=1" in refused.stderr, \
+        refused.stderr
+    assert sysctl("core_pattern") == native_pattern and settings.read_bytes() == settings_before
+
+    agent = node.start_agent(COREHANDLER_AGENT_FORCE="1")
+    assert sysctl("core_pattern").startswith(OURS)
+    assert parse_settings(settings.read_text())["owner"] == str(AGENT_STATE)
+    agent_pid = node.crash_on_host()
+    node.dump_of(agent, agent_pid)
+    assert (AGENT_STATE / "index.sqlite").exists()
+    # In the pod, status says that the agent's daemon runs and its installation captures.
+    status = json.loads(podman.podman("exec", agent, *node.cli(), "--json", "status").stdout)
+    assert status["daemon"]["state"] == "running" and status["capture"]["this"] is True, status
+    podman.podman("stop", "--time", "60", agent)
+    assert podman.inspect(agent)["State"]["ExitCode"] == 0
+
+    # The native install captures again, exactly as before; nothing of its state changed.
+    assert sysctl("core_pattern") == native_pattern
+    assert settings.read_bytes() == settings_before  # rewritten by the release, byte for byte
+    assert handler.owner(Host()).state_dir == str(STATE)
+    assert tree(STATE, skip=(settings,)) == before
+    assert [d["pid"] for d in json.loads(cli("--json", "list").stdout)] == [native_pid]
+    done = cli("uninstall")
+    assert done.returncode == 0, done.stderr
+    assert sysctl("core_pattern") == BEFORE["core_pattern"]
