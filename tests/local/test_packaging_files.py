@@ -66,7 +66,8 @@ def test_the_current_version_has_its_news_section_and_changelog_entry():
     signed = email.utils.parsedate_to_datetime(entry[1].splitlines()[0].split("  ", 1)[1])
     assert signed.date().isoformat() == dated[0]["date"], (signed, dated[0][0])
     _, body = release.news_section(news, version)
-    assert entry[0].rstrip("\n").splitlines()[2:] == release.changelog_items(body)
+    assert entry[0].rstrip("\n").splitlines()[2:] == release.changelog_items(body), \
+        "debian/changelog's entry is not NEWS.md's section: scripts/release --refresh-notes"
 
 
 def test_every_copy_of_the_version_is_pyprojects():
