@@ -174,7 +174,9 @@ def test_the_sysctl_template_names_csplice_with_the_design_argv():
 def test_debian_version_is_the_project_version():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     first = (ROOT / "debian" / "changelog").read_text().splitlines()[0]
-    assert re.match(rf"corehandler \({re.escape(project)}(-\d+)?\) ", first), (project, first)
+    # 3.0 (native): no Debian revision; a semver pre-release (0.5.0-rc.1) is dpkg's 0.5.0~rc.1 (scripts/release)
+    debian = project.split("+", 1)[0].replace("-", "~", 1)
+    assert re.match(rf"corehandler \({re.escape(debian)}\) ", first), (project, first)
 
 
 @pytest.mark.root

@@ -14,6 +14,7 @@ import re
 import shutil
 import stat
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -157,7 +158,8 @@ def test_install_crash_remove_purge(deb, clean_host, tmp_path_factory):
     for sub, kind in (("", "state"), ("spool", "spool"), ("store", "store")):
         st = os.stat(STATE / sub)
         assert stat.S_IMODE(st.st_mode) == DIR_MODES[kind] and st.st_uid == 0, sub
-    assert run("/usr/bin/corehandler", "--version").stdout.strip() == "corehandler 0.1.0"
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert run("/usr/bin/corehandler", "--version").stdout.strip() == f"corehandler {version}"
     # The package owns the boot-time setting in /usr/lib/sysctl.d; `install --package` wrote none in /etc.
     assert not os.path.lexists("/etc/sysctl.d/50-corehandler.conf")
 
