@@ -83,7 +83,7 @@ def test_a_claim_saves_what_was_there_once_and_names_its_installation(host, tmp_
 def test_the_directory_made_for_csplice_conf_goes_with_it(host, tmp_path):
     """A host without a native install has no /var/lib/corehandler: another state dir's install and uninstall
     leave none behind, and neither does a borrow."""
-    host.csplice_settings.parent.rmdir()
+    host.csplice_settings.parent.rmdir()  # not the host's: the fake host starts without that directory
     native = installation(tmp_path, "native")
     claim(host, native, force=True)
     handler.release(host, native)
