@@ -33,7 +33,7 @@ from corehandler.atomicfile import write_atomic
 from corehandler.config import Config
 from corehandler.csplice_contract import csplice_version
 from corehandler.errors import HandlerConflictError, SystemFailure
-from corehandler.host import install, sysctl
+from corehandler.host import handler, install, sysctl
 from corehandler.paths import Host, Paths, libexec_dir
 
 log = logging.getLogger("corehandler.agent")
@@ -118,8 +118,11 @@ def start(config: Config, paths: Paths, csplice: Path, *, force: bool = False, h
     try:
         return install.install(config, paths, host=host, csplice=program, force=force, mode="pipe",
                                write_sysctl_d=False, persistent=False, what="agent")
-    except HandlerConflictError as e:
-        raise HandlerConflictError(f"{e.message} ({ENV_FORCE}=1 forces the agent; its stop puts it back)") from None
+    except handler.HandlerTaken as e:
+        # install's advice is for a shell on the host; the agent's is its own switch.
+        raise HandlerConflictError(f"{e.who} captures this node's crashes: the agent replaces it with --force "
+                                   f"({ENV_FORCE}=1, forceReplace in the chart) and puts it back when stopped"
+                                   ) from None
 
 
 def stop(paths: Paths, host: Host = Host()) -> dict:

@@ -343,6 +343,14 @@ def _describe(found: Owner) -> str:
     return f"the installation in {found.state_dir}{ident}"
 
 
+class HandlerTaken(HandlerConflictError):
+    """Another handler owns the host's crashes: `who` names it, the message says what to do."""
+
+    def __init__(self, who: str, message: str):
+        super().__init__(message)
+        self.who = who
+
+
 def check_claim(host: Host, paths: Paths, *, force: bool = False, socket_path: Path | None = None) -> bool:
     """Raises HandlerConflictError where claim() would refuse (without force: another handler in core_pattern,
     systemd-coredump, apport, ...; another live installation's csplice); True if this installation owns the
@@ -352,12 +360,12 @@ def check_claim(host: Host, paths: Paths, *, force: bool = False, socket_path: P
     current = owner(host, socket_path)
     mine = is_me(current, paths)
     if not force and program is not None and not is_corehandler(pattern, socket_path):
-        raise HandlerConflictError(f"another core handler is installed ({program}): `corehandler install "
-                                   f"--force` replaces it and uninstall puts it back")
+        raise HandlerTaken(f"another core handler ({program})", f"another core handler is installed ({program}): "
+                           "`corehandler install --force` replaces it and uninstall puts it back")
     if not force and not mine and current is not None and is_live(current):
-        raise HandlerConflictError(f"{_describe(current)} captures this host's crashes ({program} in "
-                                   f"core_pattern): uninstall it there, or take the handler over with --force "
-                                   f"(its uninstall then leaves the host to you)")
+        who = f"{_describe(current)} ({program} in core_pattern)"
+        raise HandlerTaken(who, f"{who} captures this host's crashes: uninstall it there, or take the handler "
+                           "over with --force (its uninstall then leaves the host to you)")
     return mine
 
 

@@ -242,8 +242,8 @@ def test_another_handler_is_refused_unless_forced(node):
     refused = podman.podman("run", "--rm", *node.agent_args({}), check=False)
     assert refused.returncode == EXIT_CONFLICT, refused
     said = refused.stderr.strip().splitlines()[-1]
-    assert said.startswith("corehandler: another core handler is installed (/bin/false): ") and \
-        "COREHANDLER_AGENT_FORCE=1 forces the agent" in said, refused.stderr
+    assert said.startswith("corehandler: another core handler (/bin/false) captures this node's crashes: the agent "
+                           "replaces it with --force (COREHANDLER_AGENT_FORCE=1"), refused.stderr
     assert sysctl("core_pattern") == FOREIGN
     agent = node.start_agent(COREHANDLER_AGENT_FORCE="1")
     assert sysctl("core_pattern").startswith(OURS)

@@ -113,8 +113,9 @@ def test_run_installs_live_only_and_a_stop_puts_the_previous_handler_back(host, 
 
 def test_another_handler_is_refused_unless_forced(host, agent_csplice):
     host.set("core_pattern", SYSTEMD_PATTERN)
-    with pytest.raises(HandlerConflictError, match=r"another core handler is installed \(/lib/systemd/systemd-"
-                                                   "coredump\\)") as err:
+    with pytest.raises(HandlerConflictError, match=r"^another core handler \(/lib/systemd/systemd-coredump\) "
+                                                   r"captures this node's crashes: the agent replaces it with "
+                                                   r"--force \(COREHANDLER_AGENT_FORCE=1, forceReplace") as err:
         agent.run(Config(), mine(host), agent.Options(agent_csplice), serving(host), host.machine)
     assert err.value.exit_code == EXIT_CONFLICT
     assert host.get("core_pattern") == SYSTEMD_PATTERN and not mine(host).state_dir.exists()
@@ -142,8 +143,8 @@ def test_the_nodes_own_corehandler_is_refused_unless_forced_and_a_stop_gives_it_
                 "sysctl.d": sysctl.sysctl_d_file(host.machine.sysctl_d).read_bytes()}
 
     before = state()
-    with pytest.raises(HandlerConflictError, match=f"the installation in {host.paths.state_dir}, installation "
-                                                   f"{handler.installation_id(host.paths)} captures"):
+    with pytest.raises(HandlerConflictError, match=f"^the installation in {host.paths.state_dir}, installation "
+                                                   f"{handler.installation_id(host.paths)} \\("):
         agent.start(Config(), mine(host), agent_csplice, host=host.machine)
     assert host.get("core_pattern") == native and state() == before
     seen: list = []

@@ -253,10 +253,13 @@ def test_kubectl_kustomize_builds_the_base_monitoring_and_the_example_validly(tm
 
 # --- the ConfigMap is a corehandler.toml corehandler accepts ---------------------------------------------------
 
-def test_the_default_config_is_corehandlers_defaults_but_for_the_metrics_address(default, tmp_path):
+def test_the_default_config_is_corehandlers_defaults_but_for_the_metrics_address_and_state_dir(default, tmp_path):
     loaded = config_of(default["ConfigMap"], tmp_path)
     assert loaded.metrics.listen == "0.0.0.0" and loaded.metrics.port == 9577
-    assert loaded.model_copy(update={"metrics": config.Config().metrics}) == config.Config()
+    # The agent's own installation, which the CLI in the pod then reads too (`kubectl exec ... corehandler list`).
+    assert str(loaded.state_dir) == contract()["STATE_DIR"]
+    assert loaded.model_copy(update={"metrics": config.Config().metrics, "state_dir": config.Config().state_dir}) \
+        == config.Config()
 
 
 def test_the_values_an_admin_changes_reach_corehandler_toml(changed, tmp_path):

@@ -52,6 +52,9 @@ numbers, booleans and flat lists is also TOML.
 */ -}}
 {{- define "corehandler.config" -}}
 {{- $config := deepCopy (.Values.config | default (dict)) -}}
+{{- /* The agent's own installation (corehandler/host/agent.py STATE_DIR): `kubectl exec ... corehandler list`
+     in the pod reads it too. */ -}}
+{{- $_ := set $config "state_dir" "/var/lib/corehandler-agent/state" -}}
 {{- $metrics := get $config "metrics" | default (dict) -}}
 {{- $_ := set $metrics "enabled" true -}}
 {{- $_ := set $metrics "listen" "0.0.0.0" -}}
