@@ -14,8 +14,10 @@ Four verbs:
 
 Who owns the handler, the one rule (owner()): the live core_pattern is corehandler's (a csplice pipe pattern
 or a socket pattern on our socket) and csplice.conf names the installation: `owner=STATE_DIR` and
-`installation=ID`, or, in a file v0.3 wrote, the parent of its `spool_dir`. debian/corehandler.postrm says the
-same in shell, and a test holds the two to the same answers.
+`installation=ID`; in a file v0.3 wrote, the parent of its `spool_dir`; with no file (or one naming neither),
+csplice.conf's own directory, where csplice's built-in spool is. An installation is this one when the state
+dirs match and so do the ids, where csplice.conf names one. debian/corehandler.postrm says the same in shell,
+and tests/local/test_debian_rule.py holds the two to the same answers.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
+import json
 import os
 import secrets
 import time
@@ -225,8 +228,6 @@ def read_previous(paths: Paths) -> Previous | None:
 
 
 def _read_legacy_previous(paths: Paths) -> Previous | None:
-    import json
-
     path = paths.state_dir / LEGACY_PREVIOUS
     try:
         saved = json.loads(path.read_text())
