@@ -6,6 +6,11 @@ The check reads the code, not a list: a function (or a module's top level) that 
 writes, removes or replaces a file is a writer. A test that writes a fake kernel's tree under tmp_path says so
 on the line (or a comment line above it), with `# not the host's: WHY`, and a stand-in for another party that
 takes the handler (apt's systemd-coredump) with `# another party's: WHY`; the reason is required.
+
+Two writers in shell stand outside Python by necessity, each held to its own test: debian/corehandler.postrm,
+which runs when the package's Python is gone (its owner rule: tests/local/test_debian_rule.py), and
+scripts/install-deps, which puts back what apt's systemd-coredump postinst changed before any Python of ours
+exists (tests/system/test_install_deps.py).
 """
 
 from __future__ import annotations
