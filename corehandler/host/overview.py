@@ -101,11 +101,12 @@ def capture_summary(config: Config, paths: Paths, host: Host) -> dict:
 
 
 def capture_state(config: Config, paths: Paths, host: Host = Host()) -> dict:
-    """The mode the live core_pattern gives (None when it is not ours), whether the socket listener listens,
-    and the socket peers refused: cheap enough for every metrics scrape."""
+    """The mode in which the kernel hands this installation its dumps (None when this installation does not own
+    the host's handler: another handler, or another installation, captures), whether the socket listener
+    listens, and the socket peers refused: cheap enough for every metrics scrape."""
     pattern = sysctl.read(sysctl.CORE_PATTERN, host.sysctl_root)
     socket_path = config.kernel.socket_path
-    mode = mode_of(pattern) if is_corehandler(pattern, socket_path) else None
+    mode = mode_of(pattern) if handler.owns(host, paths, socket_path) else None
     return {"mode": mode, "listening": mode == "socket" and listener.listening(socket_path, host.proc_root),
             "refused_peers": spool.refused_count(paths.spool_dir)}
 

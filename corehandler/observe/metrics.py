@@ -348,8 +348,9 @@ class _CaptureCollector:
         except Exception as err:
             log.debug("metrics: capture probe failed: %s", err)
             return
-        mode = GaugeMetricFamily("corehandler_capture_mode", "1 for the way the kernel hands csplice its dumps "
-                                 "(pipe, socket; none when corehandler is not the core handler)", labels=["mode"])
+        mode = GaugeMetricFamily("corehandler_capture_mode", "1 for the way the kernel hands this installation its "
+                                 "dumps (pipe, socket; none when it does not own the host's core handler: another "
+                                 "handler or another installation captures)", labels=["mode"])
         for name in ("pipe", "socket", "none"):
             mode.add_metric([name], 1.0 if (state.get("mode") or "none") == name else 0.0)
         yield mode

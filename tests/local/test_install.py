@@ -324,3 +324,14 @@ def test_reinstall_from_another_path_keeps_the_values_from_before_the_first_inst
     assert not done["previous_saved"] and done["replaced"] is None
     install.uninstall(host.paths, host=host.machine)
     assert host.get("core_pattern") == "/var/crash/core.%p"
+
+
+def test_the_capture_mode_is_this_installations_own(host):
+    """corehandler_capture_mode (capture_state) is "none" for a daemon whose installation does not own the
+    handler, so CorehandlerNotTheHandler fires where crashes stopped coming, not where they go elsewhere by design."""
+    install.install(Config(), host.paths, host=host.machine, csplice=host.csplice)
+    other = host.installation("other")
+    assert overview.capture_state(Config(), host.paths, host.machine)["mode"] == "pipe"
+    assert overview.capture_state(Config(), other, host.machine)["mode"] is None
+    host.set("core_pattern", SYSTEMD_PATTERN)  # apt's systemd-coredump took the handler
+    assert overview.capture_state(Config(), host.paths, host.machine)["mode"] is None
