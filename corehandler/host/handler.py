@@ -277,9 +277,8 @@ def _write_sysctl(host: Host, name: str, value: str) -> None:
 
 
 def _write_sysctls(host: Host, values: dict[str, str]) -> None:
-    # The pattern last when it becomes ours (csplice's settings and the pipe limit are in place by the time the
-    # kernel runs it) and first when it stops being ours: core_pattern is always written last here, so callers
-    # order a release by passing only what is to change after it (release()).
+    # core_pattern last: by the time the kernel runs csplice, its settings and the pipe limit are in place. (A
+    # release writes the pattern first, itself: once it is not ours, no new crash reaches csplice.)
     for name in sorted(values, key=lambda n: n == CORE_PATTERN):
         _write_sysctl(host, name, values[name])
 

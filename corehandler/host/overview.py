@@ -91,10 +91,8 @@ def _settings_summary(config: Config, paths: Paths, host: Host, owner) -> dict:
     return {"path": str(path), "state": "current" if current else "differs from the config (reinstall or reload)"}
 
 
-def capture_summary(config: Config, paths: Paths, host: Host) -> dict:
-    """Which installation captures this host's crashes, and whether it is this one."""
-    pattern = sysctl.read(sysctl.CORE_PATTERN, host.sysctl_root)
-    found = handler.owner(host, config.kernel.socket_path)
+def _capture_summary(paths: Paths, pattern: str, found) -> dict:
+    """Which installation captures this host's crashes (found: handler.owner()), and whether it is this one."""
     return {"owner": found and found.state_dir, "installation": found and found.installation,
             "this": handler.is_me(found, paths), "owner_exists": found is not None and handler.is_live(found),
             "mode": mode_of(pattern) if found else None, "handler": handler.handler_program(pattern)}
@@ -135,6 +133,7 @@ def status(config: Config, paths: Paths, *, host: Host = Host(), csplice: Path |
     """What is installed and how the spool and store stand; never changes anything, needs no root."""
     program = csplice or paths_mod.csplice_path()
     live = handler.live(host)
+    owner = handler.owner(host, config.kernel.socket_path)
     found = {"path": str(program), "exists": program.exists(), "version": None, "problem": None}
     expected = None
     try:
@@ -151,11 +150,10 @@ def status(config: Config, paths: Paths, *, host: Host = Host(), csplice: Path |
     if mode == "socket":
         prefix = listener.socket_prefix(host.proc_root)
         expected = prefix and listener.socket_pattern(prefix, config.kernel.socket_path)
-    capture = capture_summary(config, paths, host)
     return {
         "installed": installed,
         "mode": mode,
-        "capture": capture,
+        "capture": _capture_summary(paths, pattern, owner),
         "listener": _listener_summary(config, paths, host, mode),
         "core_pattern": pattern,
         "core_pattern_expected": expected,
@@ -166,7 +164,7 @@ def status(config: Config, paths: Paths, *, host: Host = Host(), csplice: Path |
                      "matches_live": persistent is not None and all(persistent.get(k) == v for k, v in live.items())},
         "previous": _previous_summary(paths),
         "csplice": found,
-        "settings": _settings_summary(config, paths, host, handler.owner(host, config.kernel.socket_path)),
+        "settings": _settings_summary(config, paths, host, owner),
         "state_dir": str(paths.state_dir),
         "spool": _spool_summary(paths.spool_dir),
         "store": _store_summary(paths.index_path),

@@ -106,8 +106,10 @@ class LockBusy(SystemFailure):
 
 def _inherited(fd: int) -> bool:
     token = os.environ.get(LOCK_TOKEN_ENV)
+    if not token:
+        return False
     lines = _contents(fd)
-    return bool(token) and len(lines) > 1 and secrets.compare_digest(lines[1], token)
+    return len(lines) > 1 and secrets.compare_digest(lines[1], token)
 
 
 @contextlib.contextmanager
