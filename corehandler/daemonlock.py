@@ -49,7 +49,8 @@ def hold(path: Path) -> int:
         raise CorehandlerError(f"another corehandler daemon{who} is running on {path.parent}") from None
     os.fchmod(fd, 0o644)  # a lock file from an older version was 0600
     os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid={os.getpid()} since={time.time():.3f}\n".encode(), 0)
+    # The start time whole (repr): rounded, it could read a moment later than it was.
+    os.pwrite(fd, f"pid={os.getpid()} since={time.time()!r}\n".encode(), 0)
     return fd
 
 
