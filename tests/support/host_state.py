@@ -21,8 +21,9 @@ from corehandler.paths import DEFAULT_CONFIG_DIR, DEFAULT_STATE_DIR, Paths
 
 SYSCTLS = ("kernel/core_pattern", "kernel/core_pipe_limit", "fs/suid_dumpable")
 SYSCTL_DIRS = (Path("/etc/sysctl.d"), Path("/usr/lib/sysctl.d"), Path("/run/sysctl.d"))
-# Files the live daemon rewrites as crashes arrive: their presence is compared, not their bytes.
-LIVE_FILES = ("index.sqlite", "index.sqlite-wal", "index.sqlite-shm", "index.sqlite-journal")
+# Files the live daemon rewrites as crashes arrive, or at each start (its lock names its pid and start time):
+# their presence is compared, not their bytes.
+LIVE_FILES = ("index.sqlite", "index.sqlite-wal", "index.sqlite-shm", "index.sqlite-journal", "daemon.lock")
 
 
 def _entry(path: Path, content: bool = True) -> str:
