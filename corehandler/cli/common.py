@@ -10,7 +10,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Sequence
 
 from corehandler.cli import pager
 from corehandler.config import Config, load_config
@@ -125,6 +125,56 @@ def table(rows: list[tuple[str, ...]], legend: bool = True) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1]
                      for r in (rows if legend else rows[1:]))
+
+
+def terminal_width(args: argparse.Namespace) -> int | None:
+    """How wide a table may be, as systemd's tools decide: unlimited with --full or into a pipe or file (a
+    script reads whole lines), else $COLUMNS when it holds a number, else the terminal's width."""
+    if getattr(args, "full", False) or not sys.stdout.isatty():
+        return None
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    try:
+        return os.get_terminal_size(sys.stdout.fileno()).columns or None
+    except OSError:
+        return None
+
+
+ELLIPSIS = "…"
+MIN_LAST = 20  # the last column (a name) is shortened down to this before another column is dropped
+
+
+def fit(rows: list[tuple[str, ...]], width: int | None, drop: Sequence[str] = ()) -> list[tuple[str, ...]]:
+    """The table's rows within width: the columns named in drop are dropped in that order while the last
+    column would get fewer than MIN_LAST characters, then the last column is shortened at its start (a path's
+    end names the program) and, at the very end, lines are cut. None: the rows as they are."""
+    if width is None:
+        return rows
+    header = rows[0]
+    keep = list(range(len(header)))
+
+    def room() -> int:
+        fixed = [max(len(r[i]) for r in rows) for i in keep[:-1]]
+        return width - sum(fixed) - 2 * len(fixed)
+
+    for name in drop:
+        if room() >= MIN_LAST or name not in header:
+            break
+        keep.remove(header.index(name))
+    last = max(room(), len(ELLIPSIS) + 1)
+
+    def shorten(text: str) -> str:
+        return text if len(text) <= last else ELLIPSIS + text[len(text) - last + len(ELLIPSIS):]
+    return [tuple(r[i] for i in keep[:-1]) + (shorten(r[keep[-1]]),) for r in rows]
+
+
+def cut(text: str, width: int | None) -> str:
+    """Lines no wider than width: what fit could not narrow enough (a terminal narrower than the fixed
+    columns)."""
+    if width is None:
+        return text
+    return "\n".join(line if len(line) <= width else line[:width - 1] + ELLIPSIS for line in text.splitlines())
 
 
 def write_output(output: Path | None, write: Callable[[BinaryIO], None], *, source: str | None = None) -> None:

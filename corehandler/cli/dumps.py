@@ -9,6 +9,7 @@ user's own published dumps (userview.py).
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import datetime as dt
 import os
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from corehandler import fields
 from corehandler.cli import crashview
-from corehandler.cli.common import emit, load, note, write_output
+from corehandler.cli.common import cut, emit, fit, load, note, terminal_width, write_output
 from corehandler.cli.common import table as format_table
 from corehandler.cli.progress import Progress
 from corehandler.cli.selection import add_match_options, open_dumps, select
@@ -40,6 +41,8 @@ def register(commands) -> None:
     add_match_options(p)
     _add_reverse(p)
     crashview.add_list_options(p)
+    p.add_argument("-l", "--full", action="store_true", help="every column at full width on a terminal too "
+                   "(into a pipe or file the table is always whole)")
     p.set_defaults(pager=True)
 
     p = commands.add("info", run_info, help="everything known about matching dumps (without MATCH: the newest "
@@ -164,16 +167,37 @@ def run_list(args: argparse.Namespace) -> int:
         emit(args, [_json(d, state, problem, record=None, **crashview.list_json(signatures.get(d.id)))
                     for d, state, problem in rows], "")
         return 0
+    width = terminal_width(args)
+    short = _short_ids([d.id for d in found]) if width is not None else {}
     table = [("TIME", "PID", "UID", "GID", "SIG", "STATUS", "COREFILE", "SIZE", "ID", "SIGNATURE", "EXE")]
     for d, state, _ in rows:
-        size = human_size(d.raw_bytes) if d.path or d.status == COMPRESSING else "-"
         table.append((_time(d.crashed_at), *(str(n if n is not None else "-") for n in (d.pid, d.uid, d.gid)),
-                      signal_name(d.signal), _status(d, state), state,
-                      size if state != "mini" else human_size(d.mini_bytes or 0), d.id,
+                      signal_name(d.signal), _status(d, state), state, _disk_size(d, state), short.get(d.id, d.id),
                       crashview.signature_cell(signatures.get(d.id)),
                       display(d.exe) if d.exe else f"({display(d.comm)})" if d.comm else "-"))
-    emit(args, None, format_table(table, not args.no_legend))
+    emit(args, None, cut(format_table(fit(table, width, LIST_DROPS), not args.no_legend), width))
     return 0
+
+
+# What a terminal too narrow for every column loses first; EXE, the last, is shortened instead (common.fit).
+LIST_DROPS = ("GID", "STATUS", "SIGNATURE", "UID", "SIZE", "ID")
+
+
+def _disk_size(d: Dump, state: str) -> str:
+    """SIZE as coredumpctl shows it: what the dump takes on disk (`info` has the core's own size too)."""
+    if state == "mini":
+        return human_size(d.mini_bytes or 0)
+    if d.status == COMPRESSING:
+        return human_size(d.raw_bytes)  # the spool's copy, until the store's replaces it
+    return human_size(d.stored_bytes) if d.path else "-"
+
+
+def _short_ids(ids: list[str]) -> dict[str, str]:
+    """On a terminal, each id by its microseconds alone where no other listed dump shares them: still a
+    MATCH word every verb takes (an id prefix), a third of the width."""
+    usecs = [i.split("-", 1)[0] for i in ids]
+    seen = collections.Counter(usecs)
+    return {i: u for i, u in zip(ids, usecs) if seen[u] == 1}
 
 
 def _ordered(args: argparse.Namespace, found: list[Dump]) -> list[Dump]:
@@ -306,7 +330,7 @@ def run_dump(args: argparse.Namespace) -> int:
             # temp name renamed into place once verified (write_output).
             with open(os.devnull, "wb") as sink:
                 _write_verified(dumps, d, path, sink)
-        with Progress(d.raw_bytes, d.id) as progress:
+        with Progress(d.raw_bytes, d.id, enabled=False if args.quiet else None) as progress:
             # A file that vanished under a retention run is the store's problem, not the output's.
             write_output(args.output, lambda out: _write_verified(dumps, d, path, out, progress), source=str(path))
     note(args, f"wrote {d.id} ({human_size(d.raw_bytes)}) to {args.output or 'stdout'}")
@@ -354,7 +378,7 @@ def run_debug(args: argparse.Namespace) -> int:
                     _write_verified(dumps, d, path, out)
             which = ("the mini core (the full core is gone: each thread's stack and registers, not the heap)"
                      if is_mini else "the full core")
-            print(f"corehandler: debugging {d.id} from {which}", file=sys.stderr)
+            note(args, f"corehandler: debugging {d.id} from {which}")
             cmd = debugger_command(debugger, extra, exe, core)
             # The debugger owns the terminal; Ctrl-C is for it, not for us.
             previous = signals.signal(signals.SIGINT, signals.SIG_IGN)

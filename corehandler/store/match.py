@@ -11,8 +11,11 @@ A MATCH word, as coredumpctl reads one:
   `pid=`, `comm=`, `exe=`, `id=`      say the kind explicitly
   `FIELD=value`, FIELD a journal      as coredumpctl takes them: COREDUMP_PID, COREDUMP_COMM, COREDUMP_EXE,
   field name                          COREHANDLER_ID, COREDUMP_UID, COREDUMP_SIGNAL, COREDUMP_SIGNAL_NAME here;
-                                      the analysis's fields (COREDUMP_UNIT ...) in cli/selection.py; any other
-                                      upper-case FIELD= is refused, never taken for a comm
+                                      the analysis's fields (COREDUMP_UNIT ...) in cli/selection.py
+  any other word with '=' (and no    refused, as coredumpctl takes every such word for a journal match: never a
+  '/' before it: that is a path)      comm (`comm=a=b` names one). A trusted field (_COMM=, _PID=) is refused with
+                                      the COREDUMP_ field meant: in a crash's entry it names the process that
+                                      logged it, not the one that crashed
 Several words of one kind are alternatives; words of different kinds, and --since/--until/--signal, must all
 hold (one uid and one signal at most). An id prefix that names more than one dump is refused (as git refuses
 an ambiguous hash).
@@ -42,7 +45,7 @@ KINDS = ("id", "pid", "comm", "exe")  # the explicit `KIND=` forms
 # The journal's names (the fields of a dump's entry, observe/journal.py) of what a Filter compares.
 JOURNAL_FIELDS = {"COREDUMP_PID": "pid", "COREDUMP_COMM": "comm", "COREDUMP_EXE": "exe", "COREHANDLER_ID": "id",
                   "COREDUMP_UID": "uid", "COREDUMP_SIGNAL": "signal", "COREDUMP_SIGNAL_NAME": "signal_name"}
-FIELD_RE = re.compile(r"[A-Z][A-Z0-9_]*")
+FIELD_RE = re.compile(r"_?[A-Z][A-Z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -109,9 +112,15 @@ def parse(word: str) -> tuple[str, object]:
         kind = key
     elif sep and key in JOURNAL_FIELDS:
         kind = JOURNAL_FIELDS[key]
+    elif sep and key.startswith("_") and f"COREDUMP{key}" in JOURNAL_FIELDS:
+        raise UsageError(f"{key}= names the process that logged a crash's journal entry, not the crashed one: "
+                         f"match COREDUMP{key}={value} (or {JOURNAL_FIELDS['COREDUMP' + key]}=)")
     elif sep and FIELD_RE.fullmatch(key):
         raise UsageError(f"cannot match on the journal field {key}: corehandler matches "
                          + ", ".join(sorted(JOURNAL_FIELDS)) + " (and the analysis's: see --help)")
+    elif sep and "/" not in key:  # a path may hold '=': `./build=1/app` stays a path
+        raise UsageError(f"{word!r} is no journal match ({key!r} is not a field name): a comm holding '=' is "
+                         f"matched as comm={word}")
     elif word.isdigit() and int(word) <= MAX_C_INT:
         kind, value = "pid", word
     elif spool.ID_PREFIX_RE.fullmatch(word):

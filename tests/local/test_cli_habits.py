@@ -207,3 +207,65 @@ def test_pager_on_a_terminal_as_systemd_chooses_it(filled, tmp_path):
     # Not a terminal: never a pager.
     assert pids(cli(filled, "list", env=dict(env, PAGER=str(pager))).stdout) == [6001, 6002, 6003]
     assert not out.exists()
+
+
+def terminal_table(filled, columns: int, *argv: str) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PAGER", "SYSTEMD_PAGER")}
+    shown = on_terminal(filled, ["--no-pager", "list", *argv], dict(env, TERM="xterm", COLUMNS=str(columns)))
+    return shown.replace("\r\n", "\n").splitlines()
+
+
+WHOLE = ["TIME", "PID", "UID", "GID", "SIG", "STATUS", "COREFILE", "SIZE", "ID", "SIGNATURE", "EXE"]
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_list_fits_the_terminal_as_coredumpctl_does(filled, columns):
+    from corehandler.cli.dumps import LIST_DROPS
+    lines = terminal_table(filled, columns)
+    header = lines[0].split()
+    assert all(len(line) <= columns for line in lines), max(map(len, lines))
+    # What goes, goes in the documented order; when, the names decide (the exe's path is the test's).
+    dropped = [c for c in WHOLE if c not in header]
+    assert set(dropped) == set(LIST_DROPS[:len(dropped)]) and dropped, header
+    assert {"TIME", "PID", "SIG", "COREFILE", "EXE"} <= set(header)
+    assert [int(line.split()[3]) for line in lines[1:]] == [6001, 6002, 6003]
+    if columns == 120:
+        assert "ID" in header
+        # An id shortened to its microseconds is still a MATCH word every verb takes.
+        short = lines[1].split()[header.index("ID") + 2]  # TIME is three words
+        assert len(short) == 16
+        got = cli(filled, "--json=short", "info", short)
+        assert got.returncode == 0 and json.loads(got.stdout)[0]["pid"] == 6001, got.stderr
+
+
+def test_list_is_whole_with_full_and_into_a_pipe(filled):
+    whole = WHOLE
+    full = terminal_table(filled, 80, "--full")
+    assert full[0].split() == whole and max(map(len, full)) > 80
+    piped = cli(filled, "list", env=dict(os.environ, COLUMNS="80"))
+    assert piped.stdout.splitlines()[0].split() == whole
+    ids = [d["id"] for d in json.loads(cli(filled, "--json=short", "list").stdout)]
+    assert [line.split()[10] for line in piped.stdout.splitlines()[1:]] == ids  # whole ids into a pipe
+
+
+def test_size_is_what_the_dump_takes_on_disk(filled):
+    from corehandler.units import human_size
+    state = filled[0]
+    rows = json.loads(cli(filled, "--json=short", "list").stdout)
+    lines = cli(filled, "list").stdout.splitlines()[1:]
+    stored = [human_size((state / "store" / r["path"]).stat().st_size) for r in rows]
+    assert [line.split()[9] for line in lines] == stored
+    assert any(r["stored_bytes"] != r["raw_bytes"] for r in rows)  # compressed: the two sizes differ
+
+
+def test_quiet_is_silent_and_words_with_equals_are_journal_matches(filled, tmp_path):
+    env = dict(os.environ, SYSTEMD_DEBUGGER="true")
+    assert "debugging" in cli(filled, "gdb", "beta", env=env).stderr
+    quiet = cli(filled, "-q", "gdb", "beta", env=env)
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    trusted = cli(filled, "list", "_COMM=alpha")
+    assert trusted.returncode == EXIT_USAGE and "match COREDUMP_COMM=alpha" in trusted.stderr
+    loose = cli(filled, "list", "alpha=1")
+    assert loose.returncode == EXIT_USAGE and "comm=alpha=1" in loose.stderr
+    assert cli(filled, "list", "comm=alpha=1").returncode == EXIT_NOMATCH
+    assert cli(filled, "list", "./no=such/exe").returncode == EXIT_NOMATCH  # a path may hold '='
