@@ -27,12 +27,12 @@ from corehandler.cli.common import cut, emit, fit, load, note, terminal_width, w
 from corehandler.cli.common import table as format_table
 from corehandler.cli.progress import Progress
 from corehandler.cli.selection import add_match_options, open_dumps, select
-from corehandler.errors import CorehandlerError, NoMatchError, NotReadyError, NotRootError, UsageError
+from corehandler.errors import EXIT_CONFLICT, CorehandlerError, NoMatchError, NotReadyError, NotRootError, UsageError
 from corehandler.printable import display
 from corehandler.store import compress, retention, userview
 from corehandler.store.dumprow import COMPRESSING, Dump
 from corehandler.store.dumps import Dumps
-from corehandler.store.index import Store
+from corehandler.store.index import Store, blocks
 from corehandler.units import human_size
 
 
@@ -68,6 +68,11 @@ def register(commands) -> None:
                    help="extra arguments for the debugger, one shell-quoted string")
 
     p = commands.add("vacuum", run_vacuum, help="apply the retention policy now (root)")
+    p.add_argument("--dry-run", action="store_true", help="say what would be deleted, delete nothing")
+
+    p = commands.add("delete", run_delete, help="delete exactly the matching dumps now: core, mini core and "
+                     "index row (root; a MATCH or a filter is required)")
+    add_match_options(p)
     p.add_argument("--dry-run", action="store_true", help="say what would be deleted, delete nothing")
 
 
@@ -114,7 +119,10 @@ def file_state(dumps: Dumps, d: Dump, verify: bool) -> tuple[str, str | None]:
     except OSError as e:
         return _corrupt(dumps, d, f"{path.name}: {e.strerror}")
     if d.corrupt is not None:
-        return "corrupt", d.corrupt
+        if not (verify and dumps.clear_corrupt(d)):
+            return "corrupt", d.corrupt
+        if d.uid is not None:  # it passed a whole check again: the mark goes, from the user's view too
+            userview.refresh(dumps, [d.uid])
     return "present", None
 
 
@@ -409,3 +417,38 @@ def run_vacuum(args: argparse.Namespace) -> int:
     emit(args, {"dry_run": args.dry_run, "deleted": [dataclasses.asdict(x) for x in done], "store_dumps": count,
                 "store_bytes": size}, "\n".join(lines))
     return 0
+
+
+# -- delete ----------------------------------------------------------------------------------------------------
+
+DELETE_RULE = "delete"  # the deletions' rule in the index and the metrics, beside retention's
+
+
+def run_delete(args: argparse.Namespace) -> int:
+    if os.geteuid() != 0:
+        raise NotRootError("delete removes stored dumps and needs root")
+    if not (args.match or args.since or args.until or args.signal or args.last or crashview.filtering(args)):
+        raise UsageError("delete needs a MATCH or a filter (--since, --signal, -n ...); `vacuum` applies the "
+                         "retention policy to every dump")
+    _, paths = load(args)
+    with Store(paths.state_dir) as store:
+        found = select(args, store)
+        done, busy = [], []
+        for d in found:
+            if d.status == COMPRESSING:  # the daemon is writing its stored file: not ours to pull away
+                busy.append(d)
+                continue
+            freed = blocks(store.file_path(d)) + blocks(store.mini_path(d)) if args.dry_run \
+                else store.delete(d, DELETE_RULE)
+            if freed is not None:  # None: retention or another delete took it first
+                done.append((d, freed))
+        if done and not args.dry_run:
+            userview.refresh(store, {d.uid for d, _ in done if d.uid is not None})
+    verb = "would delete" if args.dry_run else "deleted"
+    lines = [f"{verb} {d.id} ({display(d.exe) or display(d.comm) or '-'}, {human_size(freed)})" for d, freed in done]
+    lines += [f"kept {d.id}: its core is being compressed; delete it once `list` shows its status final"
+              for d in busy]
+    lines.append(f"{verb} {len(done)} of {len(found)} matching dumps, {human_size(sum(f for _, f in done))}")
+    emit(args, {"dry_run": args.dry_run, "deleted": [{"id": d.id, "freed_bytes": f} for d, f in done],
+                "kept_compressing": [d.id for d in busy]}, "\n".join(lines))
+    return EXIT_CONFLICT if busy and not done else 0

@@ -145,7 +145,7 @@ _LIVE = "deleting = 0"
 UNKNOWN_RULE = "unknown"
 
 
-def _blocks(path: Path | None) -> int:
+def blocks(path: Path | None) -> int:
     """The bytes a file occupies (0 when there is none, or it is gone)."""
     try:
         return path.stat().st_blocks * 512 if path is not None else 0
@@ -341,10 +341,20 @@ class Store:
         to the index (root); a read-only Store writes through a connection of its own."""
         if dump.corrupt is not None:
             return False
+        return self._write_mark("UPDATE dumps SET corrupt = ? WHERE id = ? AND corrupt IS NULL", (problem, dump.id))
+
+    def clear_corrupt(self, dump: Dump) -> bool:
+        """Forgets a corruption mark once the stored file passed a whole check again (restored from a backup,
+        or a mark from a read that failed for another reason): the counts follow the store. True when cleared."""
+        if dump.corrupt is None:
+            return False
+        return self._write_mark("UPDATE dumps SET corrupt = NULL WHERE id = ? AND corrupt = ?", (dump.id, dump.corrupt))
+
+    def _write_mark(self, sql: str, args: tuple) -> bool:
         db = self.db if not self.readonly else sqlite3.connect(self.index_path, timeout=30)
         try:
             with db:
-                cur = db.execute("UPDATE dumps SET corrupt = ? WHERE id = ? AND corrupt IS NULL", (problem, dump.id))
+                cur = db.execute(sql, args)
         finally:
             if db is not self.db:
                 db.close()
@@ -403,7 +413,7 @@ class Store:
         dump untouched or a marked row that `finish_deletions` completes with the same figures, never a file
         without a row nor a deletion counted twice. Only the process whose mark took counts the deletion: a
         second mark would overwrite the size with what is left of a file being unlinked."""
-        freed = sum(_blocks(p) for p in (self.file_path(dump), self.mini_path(dump)))
+        freed = sum(blocks(p) for p in (self.file_path(dump), self.mini_path(dump)))
         with self.db:
             marked = self.db.execute("UPDATE dumps SET deleting = 1, deleted_rule = ?, freed_bytes = ? "
                                      "WHERE id = ? AND deleting = 0",
@@ -422,10 +432,11 @@ class Store:
         path = self.file_path(dump)
         if path is None:
             return None
-        freed = _blocks(path)
+        freed = blocks(path)
         with self.db:
-            taken = self.db.execute("UPDATE dumps SET path = NULL, stored_bytes = 0 WHERE id = ? AND path = ? "
-                                    "AND deleting = 0", (dump.id, dump.path)).rowcount
+            # A corruption mark was the full core's: it goes with it, so the corrupt count follows the store.
+            taken = self.db.execute("UPDATE dumps SET path = NULL, stored_bytes = 0, corrupt = NULL WHERE id = ? "
+                                    "AND path = ? AND deleting = 0", (dump.id, dump.path)).rowcount
             if taken:
                 self.db.execute(_COUNT_DELETIONS, (rule, 1, freed))
         if not taken:
@@ -443,7 +454,7 @@ class Store:
         for path in (self.file_path(dump), self.mini_path(dump)):
             if path is not None:
                 if dump.freed_bytes is None:  # marked by a schema-1 daemon, which measured nothing beforehand
-                    freed = (freed or 0) + _blocks(path)
+                    freed = (freed or 0) + blocks(path)
                 path.unlink(missing_ok=True)
         done = dataclasses.replace(dump, deleted_rule=dump.deleted_rule or UNKNOWN_RULE, freed_bytes=freed or 0)
         with self.db:

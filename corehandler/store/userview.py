@@ -321,6 +321,9 @@ class UserView:
     def mark_corrupt(self, dump: Dump, problem: str) -> bool:
         return False  # the index is root's; root's next look marks it
 
+    def clear_corrupt(self, dump: Dump) -> bool:
+        return False
+
     def close(self) -> None:
         pass
 

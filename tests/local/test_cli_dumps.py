@@ -17,10 +17,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from corehandler import paths
 from corehandler.cli import main
 from corehandler.daemon import Settings
-from corehandler.errors import EXIT_CONFIG, EXIT_NOMATCH, EXIT_SYSTEM, EXIT_USAGE
+from corehandler.errors import EXIT_CONFIG, EXIT_NOMATCH, EXIT_PERMISSION, EXIT_SYSTEM, EXIT_USAGE
 from corehandler.observe.metrics import MetricsObserver
 from corehandler.store.index import Store
 from support import cbuild, daemon_harness
+from support.asuser import run_as
 from support.daemon_harness import Running, wait_for
 from support.spoolfeed import empty_state, fed_state, feed, write_settings
 
@@ -327,3 +328,58 @@ def test_build_info_names_the_csplice_version(tmp_path):
     [labels] = [s.labels for family in text_string_to_metric_families(observer.exposition().decode())
                 for s in family.samples if s.name == "corehandler_build_info"]
     assert labels["csplice_version"] == expected
+
+
+def test_the_corrupt_count_follows_the_store_and_delete_removes_exactly_the_match(tmp_path, capsys):
+    """The corrupt-dumps gauge falls when a corrupt dump passes a whole check again, loses its full core to
+    retention, or is deleted; `delete` removes exactly what its MATCH names (root only, never without one)."""
+    state, etc = fed_state(tmp_path, (3201, 3202, 3203, 3204), "counts")
+    metrics = MetricsObserver(state_dir=state)
+    base = ["--config-dir", str(etc), "--state-dir", str(state)]
+    sample = functools.partial(daemon_harness.sample, metrics)
+
+    def stored() -> dict[int, Path]:
+        with Store(state) as s:
+            return {d.pid: state / "store" / d.path for d in s.all() if d.path}
+
+    def damage(path: Path) -> bytes:
+        data = path.read_bytes()
+        path.write_bytes(data[:len(data) // 2] + bytes([data[len(data) // 2] ^ 0xFF]) + data[len(data) // 2 + 1:])
+        return data
+
+    with Running(Settings(state, threads=1, sweep_interval=3600), [metrics]):
+        wait_for(lambda: len(stored()) == 4, what="four dumps stored")
+        files = stored()
+        good = damage(files[3201])
+        assert main(base + ["info", "3201"]) == EXIT_SYSTEM
+        assert sample("corehandler_store_corrupt_dumps") == 1
+        files[3201].write_bytes(good)  # restored from a backup: a whole check forgets the mark
+        assert main(base + ["info", "3201"]) == 0
+        assert sample("corehandler_store_corrupt_dumps") == 0
+
+        damage(files[3201])
+        assert main(base + ["info", "3201"]) == EXIT_SYSTEM
+        with Store(state) as s:
+            [d] = [d for d in s.all() if d.pid == 3201]
+            assert s.drop_full_core(d, "max_count") is not None  # what retention does to keep the mini core
+        assert sample("corehandler_store_corrupt_dumps") == 0
+
+        damage(files[3202])
+        assert main(base + ["info", "3202"]) == EXIT_SYSTEM
+        untouched = {pid: hashlib.sha256(files[pid].read_bytes()).hexdigest() for pid in (3203, 3204)}
+        capsys.readouterr()
+        assert main(base + ["delete", "--dry-run", "3202"]) == 0
+        assert "would delete" in capsys.readouterr().out and files[3202].exists()
+        assert sample("corehandler_store_corrupt_dumps") == 1
+        assert main(base + ["delete"]) == EXIT_USAGE  # never every dump by accident: that is vacuum
+        denied = run_as(65534, 65534, base + ["delete", "3203"])
+        assert denied.returncode == EXIT_PERMISSION and files[3203].exists()
+        assert main(base + ["delete", "3202"]) == 0
+        assert not files[3202].exists()
+        assert sample("corehandler_store_corrupt_dumps") == 0
+        with Store(state) as s:
+            assert sorted(d.pid for d in s.all()) == [3201, 3203, 3204]
+            assert s.deletions()["delete"][0] == 1
+        assert {pid: hashlib.sha256(files[pid].read_bytes()).hexdigest() for pid in (3203, 3204)} == untouched
+        assert main(base + ["delete", "3202"]) == EXIT_NOMATCH
+    capsys.readouterr()
