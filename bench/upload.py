@@ -254,11 +254,12 @@ PER_HOST_READ_MAX = 20_000
 
 
 def fleet_group(server: S3Server, work: Path, creds: Path, dumps: int, days: int, hosts: int,
-                rounds: int) -> list[list]:
+                rounds: int, report_too: bool = False) -> list[list]:
     """`fleet list --group` over the whole synthetic fleet: what the CLI runs (fleetview.collect, GROUP_SQL),
     over the hosts' files as they are (one round: O(files) GETs cold), then after `fleet compact` of every
-    day (`rounds` rounds)."""
-    from corehandler.fleet import dataset, fleetview
+    day (`rounds` rounds). With report_too, `fleet report` (its three queries and the HTML page) instead of
+    GROUP_SQL."""
+    from corehandler.fleet import dataset, fleetview, report
 
     target, client = fleet_bucket(server, creds)
     t = time.monotonic()
@@ -272,10 +273,15 @@ def fleet_group(server: S3Server, work: Path, creds: Path, dumps: int, days: int
             for times in (cold, warm):
                 t = time.monotonic()
                 view = fleetview.collect(client, target, day_list, cache=cache)
-                _, groups = fleetview.rows(view.connect(), fleetview.GROUP_SQL)
+                if report_too:  # what `fleet report` adds: its queries and the page
+                    data = report.collect(view.connect(), day_list, 50, None, "bench", view.skipped)
+                    report.page(data)
+                    total = data["totals"]["dumps"]
+                else:
+                    _, groups = fleetview.rows(view.connect(), fleetview.GROUP_SQL)
+                    total = sum(g[1] for g in groups)
                 times.append(time.monotonic() - t)
                 view.close()
-                total = sum(g[1] for g in groups)
             cache.close()
             print("group", label, cold[-1], warm[-1], total, flush=True)
         return [label, f"{total:,}", str(days), f"{hosts:,}", f"{median(cold):.2f}", spread(cold),
@@ -309,6 +315,8 @@ def main() -> int:
     p.add_argument("--listings", default="1000", help="uncovered sidecars of one day to list, e.g. 1000,10000")
     p.add_argument("--fleet", default="1000000,100,1000", help="DUMPS,DAYS,HOSTS of the synthetic fleet that "
                    "`fleet list --group` reads; \"\" = skip (its table is then upload-fleet.md's)")
+    p.add_argument("--report", action="store_true", help="time `fleet report` (its queries and page) over the "
+                   "synthetic fleet instead of `fleet list --group`")
     p.add_argument("--note", default="", help="what else the machine was doing, for the results' header")
     a = p.parse_args()
     started = machine_state()
@@ -336,7 +344,7 @@ def main() -> int:
             groups = []
             if a.fleet:
                 dumps, days, hosts = map(int, a.fleet.split(","))
-                groups = fleet_group(server, work, creds, dumps, days, hosts, a.rounds)
+                groups = fleet_group(server, work, creds, dumps, days, hosts, a.rounds, a.report)
             listings = []
             for count in (map(int, a.listings.split(",")) if a.listings else ()):
                 cold, warm = fleet_listing(server, work, creds, count, a.rounds)
@@ -349,10 +357,12 @@ def main() -> int:
     ended = machine_state()
     command = " ".join(["python -P bench/upload.py", *(f'"{x}"' if not x or " " in x else x for x in sys.argv[1:])])
     fleet_part = [
-        f"## `fleet list --group` over a synthetic fleet ({a.rounds} rounds)", "",
+        f"## `fleet {'report' if a.report else 'list --group'}` over a synthetic fleet ({a.rounds} rounds)", "",
         markdown_table(["read from", "dumps", "days", "hosts", "cold median s", "cold min–max s",
                         "warm median s", "warm min–max s", "files read"], groups),
-        "What the CLI runs (fleetview.collect, then GROUP_SQL on DuckDB) over every day of the fleet. The "
+        "What the CLI runs (fleetview.collect, then "
+        + ("fleet/report.py's queries and its HTML page" if a.report else "GROUP_SQL")
+        + " on DuckDB) over every day of the fleet. The "
         "fleet is made as the hosts' uploaders leave it: one Parquet index file per host and day (per-host "
         "files: one round), then every day compacted by `fleet compact`. Cold: an empty local cache, every "
         "file fetched (GETs in a pool of 32 threads); warm: the same again with the local cache: a LIST per "

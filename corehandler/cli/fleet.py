@@ -13,7 +13,7 @@ from pathlib import Path
 from corehandler.cli.common import emit, load, table, write_output
 from corehandler.cli.progress import Progress
 from corehandler.errors import NoMatchError, UsageError
-from corehandler.fleet import bucket, dataset, fleetview, reader, seal
+from corehandler.fleet import bucket, dataset, fleetview, reader, report, seal
 from corehandler.printable import display
 from corehandler.units import human_size
 
@@ -42,6 +42,16 @@ def register(commands) -> None:
     query.set_defaults(handler=run_query)
     query.add_argument("sql", metavar="SQL", help="e.g. \"SELECT signature, count(*) FROM dumps GROUP BY 1\"")
 
+    report = sub.add_parser("report", parents=[common, days], help="the fleet at a glance: top signatures with a "
+                            "plot per day, first/last seen, hosts; one self-contained HTML file (--json: the data)")
+    report.set_defaults(handler=run_report)
+    report.add_argument("--top", type=int, default=50, metavar="N", help="the N most frequent signatures "
+                        "(default 50)")
+    report.add_argument("--new-since", type=_date, default=None, metavar="YYYY-MM-DD", help="mark signatures "
+                        "first seen on or after this day (a release's) as new; --days must reach back before it")
+    report.add_argument("-o", "--output", type=Path, metavar="FILE", help="write the page here (default: "
+                        "stdout, if not a terminal)")
+
     compact = sub.add_parser("compact", parents=[common, days], help="merge each day's index files into one "
                              "(idempotent; any host or an admin, for closed days)")
     compact.set_defaults(handler=run_compact)
@@ -66,7 +76,7 @@ def register(commands) -> None:
 
 
 def _usage(args: argparse.Namespace) -> int:
-    raise UsageError("fleet needs a verb: list, query, compact, info or get")
+    raise UsageError("fleet needs a verb: list, query, report, compact, info or get")
 
 
 def _date(text: str) -> dt.date:
@@ -149,6 +159,23 @@ def run_query(args: argparse.Namespace) -> int:
         view.close()
     found = fleetview.as_dicts(columns, values)
     emit(args, found, table([tuple(columns)] + [tuple(_text(v) for v in row) for row in values]))
+    return 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    if args.top < 1:
+        raise UsageError("--top must be at least 1")
+    view, target, days = _view(args)
+    try:
+        data = report.collect(view.connect(), days, args.top, args.new_since, f"s3://{target.bucket}/{target.prefix}",
+                              view.skipped)
+    finally:
+        view.close()
+    if args.json:
+        emit(args, data, "")
+        return 0
+    text = report.page(data).encode()
+    write_output(args.output, lambda out: out.write(text))
     return 0
 
 
