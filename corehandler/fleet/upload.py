@@ -113,12 +113,14 @@ class Uploader(Quiet):
 
     def reconfigure(self, config) -> None:
         """A reload's [upload] section. The thread takes it between two uploads, never during one, so a
-        transfer under way finishes with the settings it began with; url = "" turns uploads off."""
+        transfer under way finishes with the settings it began with; url = "" turns uploads off. An unchanged
+        section is taken too: what it names may have changed in place (keys rotated in the credentials file,
+        a recipients file), and a client resolves static keys once, so the thread builds its client, its
+        credential chain and its recipients anew, and retries at once what the old keys failed."""
         if config.url:
             bucket.target(config)  # a bad URL fails the reload here, not the thread
         with self._db_lock:
-            # The latest reload wins, also over one the thread has not taken yet (back to what runs: nothing).
-            self._reconfigured = None if config == self.config else config
+            self._reconfigured = config  # the latest reload wins, also over one the thread has not taken yet
         self._wake.set()
 
     def _take_reconfigured(self) -> bool:

@@ -61,3 +61,29 @@ def test_credential_process_in_the_config_file(s3, aws_home):
     process.chmod(0o700)
     config = awsenv.private(aws_home / "config", f"[profile fleet]\ncredential_process = {process}\n")
     round_trip(s3, config_file=config, profile="fleet")
+
+
+def test_a_reload_builds_the_credential_chain_anew(tmp_path, s3, aws_home, feeder, csplice):
+    """Keys rotated in place (a file rewritten, a credential_process that now answers another key) are used
+    after a reload (SIGHUP: serve's reload hands the uploader its [upload] section, unchanged), not only once
+    the old key fails: the uploader builds its client, and so botocore's chain, anew. credential_process
+    shows each time the chain is asked."""
+    from support.daemon_harness import Running, wait_for
+    from support.fleethost import Host
+
+    calls = tmp_path / "calls"
+    process = tmp_path / "fetch-credentials"
+    process.write_text("#!/bin/sh\necho asked >> " + str(calls) + "\n" + PROCESS.split("\n", 1)[1].format(
+        json=json.dumps({"Version": 1, "AccessKeyId": ACCESS_KEY, "SecretAccessKey": SECRET_KEY})))
+    process.chmod(0o700)
+    config = awsenv.private(tmp_path / "aws-config", f"[default]\ncredential_process = {process}\n")
+    host = Host(tmp_path, s3, s3.new_bucket(), "rotating", credentials_file="", config_file=str(config))
+    host.crash(feeder, csplice, pid=5101)
+    uploader = host.uploader()
+    with Running(host.settings, [uploader]):
+        wait_for(lambda: host.done() == 1, what="the first upload")
+        assert calls.read_text().count("asked") == 1
+        uploader.reconfigure(uploader.config)
+        host.crash(feeder, csplice, pid=5102)
+        wait_for(lambda: host.done() == 2, what="the upload after the reload", timeout=60)
+    assert calls.read_text().count("asked") == 2

@@ -404,8 +404,8 @@ def test_a_reload_moves_turns_off_and_turns_on_the_uploader_thread(tmp_path, s3m
 
 
 def test_the_latest_reload_wins_before_the_thread_takes_it(tmp_path):
-    """Off then back on before the thread looked: nothing is pending and dumps keep being queued; off alone
-    stops queuing at once."""
+    """Off then back on before the thread looked: the running section is what is pending (its client is
+    renewed, nothing else changes) and dumps keep being queued; off alone stops queuing at once."""
     on = UploadConfig.model_validate({"url": "s3://fleet-test/a", "host": "h1"})
     uploader = upload.Uploader(on, tmp_path)
     with Store(tmp_path) as store:
@@ -413,7 +413,7 @@ def test_the_latest_reload_wins_before_the_thread_takes_it(tmp_path):
         uploader.on_ingested({}, {"id": "1-0123456789abcdef-1"})
         assert upload_queue.stats(store.db) is None  # off counts before the thread takes it
         uploader.reconfigure(on)
-        assert not uploader._take_reconfigured()
+        assert uploader._reconfigured == on and uploader._take_reconfigured() and uploader.config == on
         uploader.on_ingested({}, {"id": "1-0123456789abcdef-2"})
         assert upload_queue.waiting_ids(store.db) == {"1-0123456789abcdef-2"}
     uploader.close()
