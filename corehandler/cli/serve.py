@@ -15,6 +15,8 @@ from corehandler.daemon import Daemon, Settings, settings_from_config
 from corehandler.errors import CorehandlerError
 from corehandler.fleet.upload import Uploader
 from corehandler.host import handler, overview, writerates
+from corehandler.observe import logformat
+from corehandler.observe.crashlog import CrashLog
 from corehandler.observe.journal import JournalObserver
 from corehandler.observe.metrics import MetricsObserver
 from corehandler.observe.sdnotify import SystemdNotifier
@@ -35,14 +37,17 @@ def daemon_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep-interval", type=float, default=30.0, metavar="SEC",
                    help="how often the spool is swept besides inotify (default 30)")
     p.add_argument("--debug", action="store_true", help="log debug messages too")
+    p.add_argument("--log-format", choices=logformat.FORMATS, default="auto",
+                   help="text (LEVEL: message), json (a JSON object per line, with a crash's pod, namespace, exe, "
+                        "signal and signature as fields), or auto: json in a Kubernetes pod, text elsewhere")
 
 
 def observers_for(config, paths, store_limit) -> tuple[list, list[str]]:
     """The journald and Prometheus observers the config asks for, and the problems met setting them up that
     must not stop ingest (a metrics port taken). store_limit() is the current max_use in bytes."""
     observers, problems = [], []
-    if config.journal.enabled:
-        observers.append(JournalObserver())
+    # Each dump is told once where an admin reads about it: its journal entry, else a line in this log.
+    observers.append(JournalObserver() if config.journal.enabled else CrashLog())
     if config.metrics.enabled or config.metrics.textfile:
         metrics = MetricsObserver.from_config(config.metrics, state_dir=paths.state_dir,
                                               store_limit_bytes=store_limit, csplice_version=_csplice_version(),
@@ -76,8 +81,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def log_to_stderr(args: argparse.Namespace) -> None:
-    logging.basicConfig(stream=sys.stderr, level=logging.DEBUG if args.debug else logging.INFO,
-                        format="%(levelname)s: %(message)s")
+    logformat.setup(args.log_format, args.debug, sys.stderr)
 
 
 class Refresher(Quiet):

@@ -196,7 +196,8 @@ def test_install_csplice_puts_a_static_root_only_csplice_on_the_host(node):
 
 
 def test_crashes_on_the_host_and_in_a_container_are_captured_attributed_and_a_stop_restores(node):
-    agent = node.start_agent()
+    # As the kubelet starts every container: the agent logs JSON lines, a line per crash with its fields.
+    agent = node.start_agent(KUBERNETES_SERVICE_HOST="10.96.0.1")
     assert sysctl("core_pattern").startswith(OURS) and sysctl("core_pipe_limit") == "16"
     host_pid = node.crash_on_host()
     container_id, victim = node.crash_in_container()
@@ -217,7 +218,14 @@ def test_crashes_on_the_host_and_in_a_container_are_captured_attributed_and_a_st
     podman.podman("stop", "--time", "60", agent)
     assert podman.inspect(agent)["State"]["ExitCode"] == 0
     assert {name: sysctl(name) for name in BEFORE} == BEFORE
-    assert "Put back core_pattern = core.cht-agent-before" in podman.podman("logs", agent).stderr
+    entries = [json.loads(line) for line in podman.podman("logs", agent).stderr.splitlines()]  # each one JSON
+    assert any("Put back core_pattern = core.cht-agent-before" in e["message"] for e in entries)
+    crashes = {e["dump_id"]: e for e in entries if e["logger"] == "corehandler.crash"}
+    assert set(crashes) == {on_host["id"], in_container[0]["id"]}, crashes
+    assert all(e["node"] == NODE and e["signal_name"] and e["exe"] and e["time"].endswith("Z")
+               for e in crashes.values()), crashes
+    assert crashes[in_container[0]["id"]]["container_id"] == container_id
+    assert "container_id" not in crashes[on_host["id"]]
 
 
 def test_a_kill_mid_dump_and_crashes_while_the_agent_is_down_lose_nothing(node):

@@ -321,7 +321,8 @@ def test_build_info_names_the_csplice_version(tmp_path):
 
     config = Config.model_validate({"metrics": {"enabled": False, "textfile": str(tmp_path / "m.prom")},
                                     "journal": {"enabled": False}, "scrub": {"enabled": False}})
-    [observer], problems = observers_for(config, paths.Paths(state_dir=tmp_path / "state"), lambda: None)
+    observers, problems = observers_for(config, paths.Paths(state_dir=tmp_path / "state"), lambda: None)
+    [observer] = [o for o in observers if isinstance(o, MetricsObserver)]
     expected = subprocess.run([str(paths.csplice_path()), "--version"], capture_output=True, text=True,
                               check=True).stdout.strip()
     assert expected and problems == []

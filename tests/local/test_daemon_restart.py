@@ -15,6 +15,7 @@ from corehandler.cli.serve import observers_for
 from corehandler.config import Config
 from corehandler.daemon import Settings
 from corehandler.errors import EXIT_NOMATCH
+from corehandler.observe.metrics import MetricsObserver
 from corehandler.paths import Paths
 from corehandler.store import retention
 from corehandler.store.index import Store
@@ -54,7 +55,8 @@ def test_counters_restart_at_zero_and_the_index_series_carry_on(tmp_path, feeder
         metrics.close()
 
     records = [feed(feeder, csplice, settings, size=65536, pid=700 + i) for i in range(4)]
-    (first,), problems = observers_for(config, paths, lambda: None)
+    observers, problems = observers_for(config, paths, lambda: None)
+    [first] = [o for o in observers if isinstance(o, MetricsObserver)]
     assert problems == []
     run_until(lambda c: total(c, "corehandler_retention_deletions_total") == 1, first)
     before = exposed(first)
@@ -66,7 +68,7 @@ def test_counters_restart_at_zero_and_the_index_series_carry_on(tmp_path, feeder
     assert len(os.listdir(state / "store")) == 3 and freed > 0
 
     # The restart: what serve does, on the index the first run left.
-    (second,), _ = observers_for(config, paths, lambda: None)
+    [second] = [o for o in observers_for(config, paths, lambda: None)[0] if isinstance(o, MetricsObserver)]
     restarted = exposed(second)
     assert total(restarted, "corehandler_dumps_total") == 0  # counted by a process that is gone
     assert total(restarted, "corehandler_capture_throughput_bytes_per_second_count") == 0
@@ -115,7 +117,7 @@ def test_what_a_kill_left_unannounced_is_announced_once_after_the_restart(tmp_pa
                          "WHERE id = ?", (deleting["id"],))
         store.db.commit()
 
-    (metrics,), _ = observers_for(config, paths, lambda: None)
+    [metrics] = [o for o in observers_for(config, paths, lambda: None)[0] if isinstance(o, MetricsObserver)]
     recorder = Recorder()
     with Running(Settings(state, threads=1, sweep_interval=3600), [metrics, recorder]):
         wait_for(lambda: not record_file.exists(), what="the cleanup redone")
