@@ -39,9 +39,10 @@ def recipients(texts) -> list:
 
     out = []
     for text in texts:
-        if text.strip().upper().startswith("AGE-SECRET-KEY-"):
+        if "AGE-SECRET-KEY-" in text.upper():
             # Not echoed: the message goes to logs.
-            raise ValueError("holds a private key (AGE-SECRET-KEY-...): hosts hold only public keys (age1...)")
+            raise ValueError("an age private key (AGE-SECRET-KEY-1…) is not a recipient: hosts hold only public "
+                             "keys (age1...)")
         try:
             out.append(x25519.Recipient.from_str(text.strip()))
         except Exception:
