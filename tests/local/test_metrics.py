@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -12,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
-from corehandler.observe import metrics
+from corehandler.observe import metrics, metrics_server
 from corehandler.observe.metrics import MetricsObserver
 from corehandler.store import analyses
 from corehandler.store.dumprow import row_from_record
@@ -260,6 +261,40 @@ def test_http_server_serves_and_stops(three_dumps):
     observer.close()
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(url, timeout=5)
+
+
+def threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_idle_connections_cost_no_thread_and_a_scrape_still_answers(three_dumps):
+    """300 connections that send nothing, then a few that send half a request: the server's threads stay a
+    fixed few, and a scrape made meanwhile is answered at once."""
+    observer = MetricsObserver()
+    feed(observer, three_dumps)
+    host, port = observer.serve("127.0.0.1", 0)
+    before = threads()
+    idle = []
+    try:
+        for _ in range(300):
+            idle.append(socket.create_connection((host, port), timeout=5))
+        for sock in idle[-8:]:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # never finished
+        time.sleep(0.5)
+        assert threads() - before <= metrics_server.WORKERS, (before, threads())
+        started = time.monotonic()
+        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
+            body = response.read()
+        assert time.monotonic() - started < 3
+        assert value(samples(body), "corehandler_capture_throughput_bytes_per_second_count") == 3
+        assert threads() - before <= metrics_server.WORKERS
+        # The connections past the cap were closed by the server, oldest first.
+        idle[0].settimeout(5)
+        assert idle[0].recv(1) == b""
+    finally:
+        for sock in idle:
+            sock.close()
+        observer.close()
 
 
 def test_textfile_is_written_atomically_without_process_metrics(three_dumps, tmp_path):
