@@ -190,7 +190,7 @@ class RetentionConfig(_Section):
                                         "dumps whose full core is gone may use (the rules above take a dump's full "
                                         "core and keep its mini core)")
     mini_max_age: Duration() = Field(0.0, description="delete dumps left with only a mini core when older than "
-                                     "this; 0 = no limit")
+                                     "this (set it longer than max_age to keep their stacks longer); 0 = max_age")
     mini_max_count: Count = Field(0, description="most dumps left with only a mini core; 0 = no limit")
     interval: Duration(1, units.MAX_DURATION) = Field(3600.0, description="how often retention runs besides "
                                                                           "after each ingest")
