@@ -334,8 +334,9 @@ class _StoreCollector:
 
 class _CaptureCollector:
     """How the kernel reaches csplice, at scrape time: the mode, whether the socket listener listens (the kernel
-    drops dumps silently when not), and the socket peers csplice refused. probe() returns a mapping with
-    "mode" ("pipe", "socket" or None when corehandler is not the handler), "listening" and "refused_peers"."""
+    drops dumps silently when not), the socket peers csplice refused, and the captures stalled past csplice's
+    timeout. probe() returns a mapping with "mode" ("pipe", "socket" or None when corehandler is not the
+    handler), "listening", "refused_peers" and "stalled"."""
 
     def __init__(self, probe: Callable[[], Mapping[str, Any]]) -> None:
         self.probe = probe
@@ -362,3 +363,6 @@ class _CaptureCollector:
         yield CounterMetricFamily("corehandler_socket_refused_peers", "Connections to the coredump socket from "
                                   "a peer that is not a task being dumped: refused, nothing stored",
                                   value=float(state.get("refused_peers") or 0))
+        yield GaugeMetricFamily("corehandler_captures_stalled", "Captures still in progress (csplice alive, its "
+                                ".tmp core in the spool) longer than [capture] timeout after the crash: each may "
+                                "hold a core_pipe_limit slot", value=float(state.get("stalled") or 0))
