@@ -57,12 +57,15 @@ class MetricsServer:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                for key, _ in self._selector.select(timeout=0.5):
-                    if key.fileobj is self._listener:
-                        self._accept()
-                    else:
-                        self._read(key.fileobj)
-                self._expire(time.monotonic() - HEAD_TIMEOUT)
+                try:
+                    for key, _ in self._selector.select(timeout=0.5):
+                        if key.fileobj is self._listener:
+                            self._accept()
+                        elif key.fileobj in self._waiting:
+                            self._read(key.fileobj)
+                    self._expire(time.monotonic() - HEAD_TIMEOUT)
+                except Exception as e:  # one client's oddity must not end the server
+                    log.warning("metrics: %s", e, exc_info=e)
         finally:
             for conn in list(self._waiting):
                 self._drop(conn)
