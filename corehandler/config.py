@@ -190,7 +190,7 @@ class RetentionConfig(_Section):
                                         "dumps whose full core is gone may use (the rules above take a dump's full "
                                         "core and keep its mini core)")
     mini_max_age: Duration() = Field(0.0, description="delete dumps left with only a mini core when older than "
-                                     "this; 0 = no limit")
+                                     "this (set it longer than max_age to keep their stacks longer); 0 = max_age")
     mini_max_count: Count = Field(0, description="most dumps left with only a mini core; 0 = no limit")
     interval: Duration(1, units.MAX_DURATION) = Field(3600.0, description="how often retention runs besides "
                                                                           "after each ingest")
@@ -335,6 +335,8 @@ class AnalysisConfig(_Section):
     debuginfod_urls: str = Field("", description="debuginfod servers, space-separated, for the debug info of "
                                  "modules without symbols, fetched by the daemon (never the analyser); \"\" = the "
                                  "daemon's DEBUGINFOD_URLS, if set")
+    debuginfod_allow_http: bool = Field(False, description="allow plain http:// debuginfod servers that are not on "
+                                        "loopback (a debug file steers the unwinder: keep this off)")
     debuginfod_timeout: Duration(0.1, 600) = Field(10.0, description="longest one debuginfod request may take")
     debuginfod_budget: Duration(1, 3600) = Field(30.0, description="longest all debuginfod requests for one dump "
                                                  "may take")
@@ -350,6 +352,15 @@ class AnalysisConfig(_Section):
                                                   "from its stack pointer up")
     mini_core_max: Size(64 << 10, 1 << 30) = Field(32 << 20, description="most bytes of one mini core; threads "
                                                    "past it keep their registers only")
+
+    @model_validator(mode="after")
+    def _plain_http(self) -> "AnalysisConfig":
+        # A debug file steers the unwinder: over plain http anyone on the path could write it.
+        for url in self.debuginfod_urls.split():
+            if url.startswith("http://") and not self.debuginfod_allow_http and not loopback_url(url):
+                raise ValueError(f"debuginfod_urls: {url}: plain http is allowed only on loopback; use https:// "
+                                 "or set debuginfod_allow_http = true")
+        return self
 
 
 class ScrubConfig(_Section):
@@ -431,6 +442,21 @@ def _problem(error: dict, origin: dict, default_file: str) -> tuple[str, str, st
     return file, key, message, error.get("input")
 
 
+# Keys whose values are never echoed: a secret put in the wrong place (an S3 secret key as an unknown option, a
+# token) must not reach logs through the error that refuses it.
+_SECRET_KEY_NAME = re.compile(r"secret|password|passwd|token|access_?key|private", re.IGNORECASE)
+_SECRET_TEXT = re.compile(r"AGE-SECRET-KEY-|-----BEGIN [A-Z ]*PRIVATE KEY", re.IGNORECASE)
+
+
+def _echoable(key: str, value: Any) -> bool:
+    """Whether an error may show the value set for key: not when the key's name or the value's text suggests a
+    secret, nor a URL carrying user:password@."""
+    if _SECRET_KEY_NAME.search(key.rsplit(".", 1)[-1]):
+        return False
+    text = json.dumps(value, default=str)
+    return not (_SECRET_TEXT.search(text) or re.search(r"://[^/\s\"]*@", text))
+
+
 def load_config(paths: Paths) -> Config:
     """The effective config; raises ConfigError naming file, key and value for anything wrong."""
     merged: dict = {}
@@ -441,6 +467,8 @@ def load_config(paths: Paths) -> Config:
         return Config.model_validate(merged)
     except ValidationError as e:
         problems = [_problem(err, origin, str(paths.config_file)) for err in e.errors()]
+        problems = [(file, key, message, value if _echoable(key, value) else None)
+                    for file, key, message, value in problems]
         lines = [f"{file}: {key}" + (f" = {toml_value(value)}" if value is not None else "") + f": {message}"
                  for file, key, message, value in problems]
         file, key, _, value = problems[0]

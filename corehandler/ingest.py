@@ -94,9 +94,9 @@ def analysis_limits(config) -> findings.Limits:
 
 def debuginfod_settings(config) -> debuginfod.Settings:
     a = config.analysis
-    return debuginfod.Settings(urls=debuginfod.urls(a.debuginfod_urls), timeout=a.debuginfod_timeout,
-                               budget=a.debuginfod_budget, cache_max=a.debuginfod_cache_max,
-                               retry_after=tuple(a.resymbolise_after))
+    return debuginfod.Settings(urls=debuginfod.urls(a.debuginfod_urls, allow_http=a.debuginfod_allow_http),
+                               timeout=a.debuginfod_timeout, budget=a.debuginfod_budget,
+                               cache_max=a.debuginfod_cache_max, retry_after=tuple(a.resymbolise_after))
 
 
 class Stopping(Exception):

@@ -171,6 +171,25 @@ def refused_count(spool_dir: Path) -> int:
     return int(text) if text.strip().isdigit() else 0
 
 
+def stalled_captures(spool_dir: Path, timeout: float, now: float | None = None) -> list[str]:
+    """Ids of captures still in progress (a .tmp.<id>.core its csplice holds locked) for longer than timeout
+    seconds since the crash: csplice's alarm did not end them (a read of the process's memory stalled on a FUSE
+    file, say), and each may hold a core_pipe_limit slot. None when timeout is 0 (no timeout)."""
+    if timeout <= 0:
+        return []
+    now = time.time() if now is None else now
+    try:
+        names = sorted(os.listdir(spool_dir))
+    except FileNotFoundError:
+        return []
+    stalled = []
+    for name in names:
+        m = ID_RE.match(name[5:-5]) if name.startswith(".tmp.") and name.endswith(".core") else None
+        if m and now - int(m["usec"]) / 1e6 > timeout and not _unlocked(spool_dir / name):
+            stalled.append(name[5:-5])
+    return stalled
+
+
 def find_orphans(spool_dir: Path, now: float | None = None, min_age: float = ORPHAN_MIN_AGE_SEC) -> list[Orphan]:
     """Cores whose csplice died before committing: an unlocked .tmp.<id>.core, or an unlocked <id>.core
     without <id>.json. Files younger than min_age are left alone (their lock may not be taken yet)."""

@@ -5,19 +5,28 @@ The cache is `<state>/debuginfo/.build-id/xx/rest.debug`, the separate-debuginfo
 build-id under each absolute directory of its debuginfo path (eu-stack `--debuginfo-path`, search_path()); the
 debuginfod client library itself is not used (it would need the network and a writable cache in the sandbox).
 
-Bounded every way: a per-request timeout (the socket's, and the whole body's), a time budget per dump, a size cap
-per file and for the whole cache (oldest used first out), negative results (404 from every server) remembered
-for `negative_ttl`, a server that is down remembered for nothing (the next dump asks again). What is fetched is
-an ELF file or nothing: a server's answer is written to a temp file, checked, and renamed into place.
+Bounded every way: a deadline per request and one per dump, each enforced by shutting the socket down when it
+passes (a socket's timeout bounds one read only, and a server sending a byte a second never lets it expire), a
+size cap per file and for the whole cache (oldest used first out), negative results (404 from every server)
+remembered for `negative_ttl` and at most NEGATIVE_MAX of them, a server that is down remembered for nothing (the
+next dump asks again). What is fetched is an ELF file or nothing: a server's answer is written to a temp file,
+checked, and renamed into place; a temp file left by a process that died is swept by the next fetch.
+
+The cache says which build-ids crashed here: its directories are the daemon's, crossable by the analyser's group
+only (0750 root:corehandler-analysis; 0700 where there is no such group to give). Plain http is refused unless
+the server is on loopback or `[analysis] debuginfod_allow_http` says so: a debug file steers the unwinder.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import logging
 import os
 import queue
 import re
+import socket
+import ssl
 import threading
 import time
 import urllib.error
@@ -26,13 +35,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corehandler import elfcore
-from corehandler.analysis import findings
+from corehandler.analysis import account, findings
+from corehandler.config import loopback_url
 
 log = logging.getLogger(__name__)
 
 CACHE_DIR = "debuginfo"
 _BUILD_ID = re.compile(r"[0-9a-f]{8,128}")
 _CHUNK = 1 << 20
+NEGATIVE_MAX = 4096
+_TMP = re.compile(r"\.tmp\..*\.(\d+)")
 
 
 @dataclass(frozen=True)
@@ -60,11 +72,25 @@ class Report:
                 "seconds": round(self.seconds, 3)}
 
 
-def urls(configured: str, environ: dict | None = None) -> tuple[str, ...]:
+def refused(url: str, allow_http: bool = False) -> bool:
+    """Whether a server's URL is refused: anything but https, and http on loopback or when allowed."""
+    if url.startswith("https://"):
+        return False
+    return not (url.startswith("http://") and (allow_http or loopback_url(url)))
+
+
+def urls(configured: str, environ: dict | None = None, *, allow_http: bool = False) -> tuple[str, ...]:
     """The servers: `[analysis] debuginfod_urls`, else the daemon's DEBUGINFOD_URLS (both space-separated, as
-    elfutils reads it); http and https only."""
+    elfutils reads it); https, and http on loopback or when allow_http."""
     text = configured or (os.environ if environ is None else environ).get("DEBUGINFOD_URLS", "")
-    return tuple(u.rstrip("/") for u in text.split() if u.startswith(("http://", "https://")))
+    out = []
+    for url in text.split():
+        if refused(url, allow_http):
+            log.warning("debuginfod: %s refused: https only, or http on loopback ([analysis] "
+                        "debuginfod_allow_http)", url)
+        else:
+            out.append(url.rstrip("/"))
+    return tuple(out)
 
 
 def cache_dir(state_dir: Path) -> Path:
@@ -94,10 +120,62 @@ def _negative(cache: Path, build_id: str) -> Path:
     return cache / ".negative" / build_id
 
 
+def _own_dir(path: Path, private: bool = False) -> None:
+    """Makes path (or fixes its mode): the daemon's, crossable by the analyser's group unless private."""
+    path.mkdir(mode=0o700, exist_ok=True)
+    analyser = None if private or os.geteuid() != 0 else account.lookup()
+    if analyser is not None:
+        os.chown(path, 0, analyser["gid"])
+    os.chmod(path, 0o750 if analyser is not None else 0o700)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass
+    return True
+
+
+def tidy(cache: Path, negative_ttl: float) -> None:
+    """Puts the cache in order before a fetch: directory modes (a cache made 0755 by an older version is fixed),
+    temp files of processes that are gone, negative results past negative_ttl and all but the newest
+    NEGATIVE_MAX of them."""
+    if not cache.is_dir():
+        return
+    _own_dir(cache)
+    build_ids = cache / ".build-id"
+    if build_ids.is_dir():
+        _own_dir(build_ids)
+        for sub in build_ids.iterdir():
+            if sub.is_dir() and not sub.is_symlink():
+                _own_dir(sub)
+                for entry in sub.iterdir():
+                    stale = _TMP.fullmatch(entry.name)
+                    if stale and not _alive(int(stale.group(1))):
+                        entry.unlink(missing_ok=True)
+    negatives = cache / ".negative"
+    if negatives.is_dir():
+        _own_dir(negatives, private=True)
+        entries = []
+        for entry in negatives.iterdir():
+            try:
+                entries.append((entry.stat().st_mtime, entry))
+            except FileNotFoundError:
+                continue
+        entries.sort(reverse=True)
+        for rank, (mtime, entry) in enumerate(entries):
+            if rank >= NEGATIVE_MAX or time.time() - mtime >= negative_ttl:
+                entry.unlink(missing_ok=True)
+
+
 def fetch(settings: Settings, cache: Path, build_ids, *, now=time.monotonic) -> Report:
     """Fetches the debug files of build_ids that are neither cached nor known missing, within the budget."""
     started = now()
     report = Report()
+    tidy(cache, settings.negative_ttl)
     deadline = started + settings.budget
     for build_id in dict.fromkeys(b for b in build_ids if b and _BUILD_ID.fullmatch(b)):
         path = cached(cache, build_id)
@@ -132,7 +210,7 @@ def _fetch_one(settings: Settings, cache: Path, build_id: str, deadline: float, 
             return
         try:
             if _download(f"{url}/buildid/{build_id}/debuginfo", cached(cache, build_id), settings,
-                         min(settings.timeout, remaining), now):
+                         min(settings.timeout, remaining)):
                 report.fetched.append(build_id)
                 return
             why = "not an ELF file"
@@ -143,13 +221,14 @@ def _fetch_one(settings: Settings, cache: Path, build_id: str, deadline: float, 
             why = f"HTTP {e.code} from {url}"
         except _TooBig as e:
             why = str(e)
-        except (OSError, ValueError) as e:  # connection refused, timeout, TLS, a bad URL
+        except (OSError, ValueError, http.client.HTTPException) as e:  # refused, timeout, TLS, bad URL or reply
             reason = getattr(e, "reason", None) or e
             why = f"{url}: {reason}"
     if not_found == len(settings.urls):
         report.missing.append(build_id)
         negative = _negative(cache, build_id)
-        negative.parent.mkdir(parents=True, exist_ok=True)
+        _own_dir(cache)
+        _own_dir(negative.parent, private=True)
         negative.touch()
     elif why:
         report.failed.append(f"{build_id}: {why}")
@@ -159,39 +238,119 @@ class _TooBig(Exception):
     pass
 
 
-def _download(url: str, dest: Path, settings: Settings, timeout: float, now) -> bool:
-    """True when an ELF file was written to dest; raises what urllib raises, or _TooBig."""
-    started = now()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    # The analyser runs as a user of its own (jail.py): it must read the cache, whatever the daemon's umask.
+class _Deadline:
+    """Shuts down every socket opened under it once `seconds` have passed, whatever the server is sending."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.passed = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._pass)
+        self._timer.daemon = True
+
+    def __enter__(self):
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._timer.cancel()
+
+    def _pass(self) -> None:
+        with self._lock:
+            self.passed = True
+            for sock in self._sockets:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+        if self.passed:
+            self._pass()
+
+    def opener(self) -> urllib.request.OpenerDirector:
+        """urllib's opener whose sockets (a redirect's too) are watched from their connect on; a TLS socket
+        from its handshake, as wrapping takes the socket's descriptor over."""
+        deadline = self
+
+        def create_connection(*args, **kwargs):
+            sock = socket.create_connection(*args, **kwargs)
+            deadline.watch(sock)
+            return sock
+
+        def watched(base):
+            class Connection(base):
+                def __init__(self, *args, **kwargs):
+                    super().__init__(*args, **kwargs)
+                    self._create_connection = create_connection
+            return Connection
+
+        class SSLSocket(ssl.SSLSocket):
+            def do_handshake(self, *args, **kwargs):
+                deadline.watch(self)
+                return super().do_handshake(*args, **kwargs)
+
+        context = ssl.create_default_context()
+        context.sslsocket_class = SSLSocket
+
+        class HTTP(urllib.request.HTTPHandler):
+            def http_open(self, req):
+                return self.do_open(watched(http.client.HTTPConnection), req)
+
+        class HTTPS(urllib.request.HTTPSHandler):
+            def https_open(self, req):
+                return self.do_open(watched(http.client.HTTPSConnection), req, context=context)
+
+        return urllib.request.build_opener(HTTP, HTTPS)
+
+
+def _download(url: str, dest: Path, settings: Settings, timeout: float) -> bool:
+    """True when an ELF file was written to dest within timeout seconds; raises what urllib raises, _TooBig, or
+    TimeoutError."""
     for d in (dest.parent.parent.parent, dest.parent.parent, dest.parent):
-        os.chmod(d, 0o755)
+        _own_dir(d)
     tmp = dest.with_name(f".tmp.{dest.name}.{os.getpid()}")
-    with urllib.request.urlopen(url, timeout=timeout) as response:
+    try:
+        with _Deadline(timeout) as deadline:
+            try:
+                written = _receive(deadline.opener(), url, tmp, settings, timeout)
+            except (OSError, http.client.HTTPException):
+                if deadline.passed:
+                    raise TimeoutError(f"not done in {timeout:g} s") from None
+                raise
+            if deadline.passed:  # the shut-down socket reads as the body's end: what came is cut short
+                raise TimeoutError(f"not done in {timeout:g} s")
+        if not written:
+            tmp.unlink()
+            return False
+        os.rename(tmp, dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return True
+
+
+def _receive(opener, url: str, tmp: Path, settings: Settings, timeout: float) -> bool:
+    """Writes the server's answer to tmp; whether it is an ELF file."""
+    with opener.open(url, timeout=timeout) as response:
         length = response.headers.get("Content-Length")
         if length and length.isdigit() and int(length) > settings.file_max:
             raise _TooBig(f"{int(length)} bytes, more than the {settings.file_max} a file may have")
         size = 0
-        try:
-            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644),
-                      "wb") as out:
-                os.fchmod(out.fileno(), 0o644)
-                while chunk := response.read(_CHUNK):
-                    size += len(chunk)
-                    if size > settings.file_max:
-                        raise _TooBig(f"more than the {settings.file_max} bytes a file may have")
-                    if now() - started > timeout:
-                        raise TimeoutError(f"not done in {timeout:g} s")
-                    out.write(chunk)
-            with open(tmp, "rb") as f:
-                if f.read(4) != elfcore.ELFMAG:
-                    tmp.unlink()
-                    return False
-            os.rename(tmp, dest)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-    return True
+        # 0644 in directories only the analyser's group may cross.
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644),
+                  "wb") as out:
+            os.fchmod(out.fileno(), 0o644)
+            while chunk := response.read1(_CHUNK):
+                size += len(chunk)
+                if size > settings.file_max:
+                    raise _TooBig(f"more than the {settings.file_max} bytes a file may have")
+                out.write(chunk)
+    with open(tmp, "rb") as f:
+        return f.read(4) == elfcore.ELFMAG
 
 
 def evict(cache: Path, cache_max: int) -> list[Path]:

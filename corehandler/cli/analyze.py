@@ -65,7 +65,9 @@ def run_analyze(args: argparse.Namespace) -> int:
             report = debuginfod.fetch(fetching, cache, symbols.wanted(before or {}))
             result = _analyse(store, d, limits, Path(tmp))
             if before is None and fetching.urls:  # nothing said what to fetch: the first pass says it
-                more = debuginfod.fetch(fetching, cache, symbols.wanted(result))
+                # One budget for the dump, both passes: what the first spent is gone.
+                rest = dataclasses.replace(fetching, budget=max(0.0, fetching.budget - report.seconds))
+                more = debuginfod.fetch(rest, cache, symbols.wanted(result))
                 if more.fetched:
                     result = _analyse(store, d, limits, Path(tmp))
                 report = dataclasses.replace(report, fetched=report.fetched + more.fetched,

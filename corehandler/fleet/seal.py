@@ -21,7 +21,7 @@ from corehandler.errors import EXIT_PERMISSION, CorehandlerError
 SUFFIX = ".age"
 # The sidecar's fields that hold what the process chose or kept in memory (docs/design.md, "Fleet").
 SENSITIVE = (("index", "cmdline"), ("record", "proc", "cmdline"), ("record", "proc", "environ"),
-             ("record", "proc", "maps"), ("record", "container", "annotations"))
+             ("record", "proc", "maps"), ("record", "proc", "container", "annotations"))
 # age's payload: 64 KiB plaintext chunks, each with a 16-byte tag; the header grows with the recipients.
 _CHUNK, _TAG, _HEADER_MAX = 64 << 10, 16, 128 + 256
 PIPE_BYTES = 1 << 20  # Linux's default pipe-max-size
@@ -39,9 +39,10 @@ def recipients(texts) -> list:
 
     out = []
     for text in texts:
-        if text.strip().upper().startswith("AGE-SECRET-KEY-"):
+        if "AGE-SECRET-KEY-" in text.upper():
             # Not echoed: the message goes to logs.
-            raise ValueError("holds a private key (AGE-SECRET-KEY-...): hosts hold only public keys (age1...)")
+            raise ValueError("an age private key (AGE-SECRET-KEY-1…) is not a recipient: hosts hold only public "
+                             "keys (age1...)")
         try:
             out.append(x25519.Recipient.from_str(text.strip()))
         except Exception:

@@ -19,9 +19,13 @@ Find them with `journalctl MESSAGE_ID=<id>`:
 
 Entries go to journald through systemd-python's journal.send (sd_journal_sendv(3)): it picks the native
 protocol's binary framing for values holding a newline and passes an entry too large for a datagram in a
-sealed memfd. It always sends to /run/systemd/journal/socket. Values go as bytes, so a comm or command line
-that is not UTF-8 reaches the journal as the process's bytes; only MESSAGE, which journal.send takes as text,
-shows such bytes as \\xNN escapes.
+sealed memfd. It always sends to /run/systemd/journal/socket.
+
+Every value the crashing process (or its container, cgroup or symbols) chose is escaped by printable.display, in
+MESSAGE and in each field: coredumpctl and `journalctl -o verbose` print fields as they are, so a comm or exe
+holding a terminal escape or a newline would reach the admin's terminal. systemd-coredump escapes the comm
+(cellescape) and quotes the command line (PROCESS_CMDLINE_QUOTE_POSIX) but leaves exe and hostname raw; here
+all are escaped, the command line as shell words of escaped arguments. The raw bytes stay in the record.
 
 When journald is absent (no socket), stale (a socket nobody listens on: ECONNREFUSED), stuck (its socket's
 queue stays full for `send_timeout`) or refuses the entry for any other reason, the entry is written as one
@@ -35,6 +39,7 @@ import errno
 import json
 import logging
 import select
+import shlex
 import socket
 import sys
 import time
@@ -170,7 +175,8 @@ class JournalObserver(Quiet):
 # Entries
 
 def _put(fields: Fields, key: str, value: Any) -> None:
-    """Adds a field unless the value is unknown; numbers and booleans in the journal's usual spelling."""
+    """Adds a field unless the value is unknown; numbers and booleans in the journal's usual spelling, text
+    escaped (printable.py): it may be the crashing process's."""
     if value is None:
         return
     if isinstance(value, bool):
@@ -178,7 +184,13 @@ def _put(fields: Fields, key: str, value: Any) -> None:
     elif isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
         fields[key] = str(int(value))
     else:
-        fields[key] = str(value)
+        fields[key] = display(value)
+
+
+def _put_lines(fields: Fields, key: str, lines: Any) -> None:
+    """A field of one line per item, each escaped."""
+    if isinstance(lines, list) and lines:
+        fields[key] = "\n".join(display(line) for line in lines)
 
 
 def _seconds(value: float | None) -> str | None:
@@ -233,8 +245,9 @@ def dump_entry(record: Mapping[str, Any], stored: Mapping[str, Any]) -> Fields:
     _put(f, "COREDUMP_SIGNAL_NAME", name)
     _put(f, "COREDUMP_EXE", exe)
     _put(f, "COREDUMP_COMM", comm)
-    # Space-joined, as systemd-coredump writes it; the record keeps the exact argv.
-    _put(f, "COREDUMP_CMDLINE", " ".join(argv) if argv is not None else None)
+    # Shell words, as systemd-coredump writes it (quoted), each escaped; the record keeps the exact argv.
+    if argv is not None:
+        f["COREDUMP_CMDLINE"] = " ".join(shlex.quote(display(arg)) for arg in argv)
     _put(f, "COREDUMP_HOSTNAME", record.get("hostname"))
     # µs since the Epoch, as systemd-coredump's field of the same name.
     _put(f, "COREDUMP_TIMESTAMP", None if timestamp is None else int(timestamp) * 1_000_000)
@@ -257,9 +270,7 @@ def dump_entry(record: Mapping[str, Any], stored: Mapping[str, Any]) -> Fields:
     _put(f, "COREHANDLER_HOLD_SECONDS", _seconds(fields.hold_seconds(record)))
     _put(f, "COREHANDLER_STRATEGY", cap.get("strategy"))
     _stored_fields(f, stored)
-    errors = record.get("errors")
-    if isinstance(errors, list) and errors:
-        _put(f, "COREHANDLER_RECORD_ERRORS", "\n".join(str(e) for e in errors))
+    _put_lines(f, "COREHANDLER_RECORD_ERRORS", record.get("errors"))
     analysis_fields(f, stored.get("analysis"))
     return f
 
@@ -297,7 +308,7 @@ def analysis_fields(f: Fields, result: Mapping[str, Any] | None) -> None:
         if len(trace) > MAX_TRACE_BYTES:
             trace = trace[:MAX_TRACE_BYTES] + "\n... (cut)"
         f["MESSAGE"] += "\n\n" + trace
-        _put(f, "COREHANDLER_STACK_TRACE", trace)
+        f["COREHANDLER_STACK_TRACE"] = trace  # its lines escaped already (findings.frame_line)
     _put(f, "COREDUMP_CGROUP", ident.get("cgroup"))
     _put(f, "COREDUMP_UNIT", ident.get("unit"))
     _put(f, "COREDUMP_USER_UNIT", ident.get("user_unit"))
@@ -306,11 +317,10 @@ def analysis_fields(f: Fields, result: Mapping[str, Any] | None) -> None:
     _put(f, "COREDUMP_PACKAGE_NAME", package.get("name"))
     _put(f, "COREDUMP_PACKAGE_VERSION", package.get("version"))
     if package:
-        _put(f, "COREDUMP_PACKAGE_JSON", json.dumps(package, sort_keys=True))
+        f["COREDUMP_PACKAGE_JSON"] = json.dumps(package, sort_keys=True)  # ASCII, its escapes JSON's
     _put(f, "COREHANDLER_ANALYSIS", result.get("state"))
     _put(f, "COREHANDLER_ANALYSIS_SECONDS", _seconds(fields.number(result, "seconds")))
-    if result.get("problems"):
-        _put(f, "COREHANDLER_ANALYSIS_PROBLEMS", "\n".join(result["problems"]))
+    _put_lines(f, "COREHANDLER_ANALYSIS_PROBLEMS", result.get("problems"))
     _put(f, "COREHANDLER_SIGNATURE", result.get("signature"))
     _put(f, "COREHANDLER_SIGNATURE_ID", result.get("signature_id"))
     _put(f, "COREHANDLER_EXACT_KEY", result.get("exact_key"))
@@ -325,8 +335,8 @@ def analysis_fields(f: Fields, result: Mapping[str, Any] | None) -> None:
 def deleted_entry(dump_id: str, exe: str | None, rule: str, freed_bytes: int) -> Fields:
     f: Fields = {"MESSAGE_ID": MESSAGE_ID_DELETED, "PRIORITY": str(PRIORITY_INFO),
                  "SYSLOG_IDENTIFIER": SYSLOG_IDENTIFIER,
-                 "MESSAGE": f"Removed dump {dump_id} ({exe or 'unknown executable'}) by retention rule {rule}, "
-                            f"freed {_mib(freed_bytes)}"}
+                 "MESSAGE": f"Removed dump {dump_id} ({display(exe) or 'unknown executable'}) by retention rule "
+                            f"{rule}, freed {_mib(freed_bytes)}"}
     _put(f, "COREHANDLER_ID", dump_id)
     _put(f, "COREDUMP_EXE", exe)
     _put(f, "COREHANDLER_RULE", rule)

@@ -22,12 +22,13 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.exposition import ThreadingWSGIServer, generate_latest, start_http_server
+from prometheus_client.exposition import generate_latest, make_wsgi_app
 from prometheus_client.process_collector import ProcessCollector
 
 from corehandler import __version__, fields, paths
 from corehandler.atomicfile import write_atomic
 from corehandler.observe.analysis_metrics import AnalysisMetrics
+from corehandler.observe.metrics_server import MetricsServer
 from corehandler.observe.upload_metrics import UploadCollector
 from corehandler.observer import Quiet
 from corehandler.store.dumprow import COMPRESSING, STATUSES
@@ -119,7 +120,7 @@ class MetricsObserver(Quiet):
         self.socket_rejects = Counter("corehandler_socket_rejects", "Dumps csplice refused over the coredump "
                                       "socket before the kernel wrote them, by reason", ["reason"], registry=r)
         self.analysis = AnalysisMetrics(r, state_dir)
-        self._server: ThreadingWSGIServer | None = None
+        self._server: MetricsServer | None = None
 
     @classmethod
     def from_config(cls, metrics_config: Any, **kwargs: Any) -> MetricsObserver:
@@ -130,13 +131,14 @@ class MetricsObserver(Quiet):
     # Serving
 
     def serve(self, listen: str = DEFAULT_LISTEN, port: int = DEFAULT_PORT) -> tuple[str, int]:
-        """Starts the /metrics HTTP server in a thread; returns the bound address (port 0 picks a free one)."""
+        """Starts the /metrics HTTP server (metrics_server.py: a thread and a small pool, however many clients
+        connect); returns the bound address (port 0 picks a free one)."""
         http_registry = CollectorRegistry(auto_describe=True)
         http_registry.register(_Forward(self.registry))
         # The daemon's own CPU and memory, over HTTP only: node_exporter has process_* of its own, so these
         # must stay out of the textfile.
         ProcessCollector(registry=http_registry)
-        self._server, _ = start_http_server(port, addr=listen, registry=http_registry)
+        self._server = MetricsServer(make_wsgi_app(http_registry), listen, port)
         host, bound = self._server.server_address[:2]
         log.info("serving metrics on %s port %d", host, bound)
         return host, bound
@@ -174,8 +176,7 @@ class MetricsObserver(Quiet):
         with self._guard("close"):
             self.write_textfile()
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
             self._server = None
 
     # Counting
@@ -333,8 +334,9 @@ class _StoreCollector:
 
 class _CaptureCollector:
     """How the kernel reaches csplice, at scrape time: the mode, whether the socket listener listens (the kernel
-    drops dumps silently when not), and the socket peers csplice refused. probe() returns a mapping with
-    "mode" ("pipe", "socket" or None when corehandler is not the handler), "listening" and "refused_peers"."""
+    drops dumps silently when not), the socket peers csplice refused, and the captures stalled past csplice's
+    timeout. probe() returns a mapping with "mode" ("pipe", "socket" or None when corehandler is not the
+    handler), "listening", "refused_peers" and "stalled"."""
 
     def __init__(self, probe: Callable[[], Mapping[str, Any]]) -> None:
         self.probe = probe
@@ -361,3 +363,6 @@ class _CaptureCollector:
         yield CounterMetricFamily("corehandler_socket_refused_peers", "Connections to the coredump socket from "
                                   "a peer that is not a task being dumped: refused, nothing stored",
                                   value=float(state.get("refused_peers") or 0))
+        yield GaugeMetricFamily("corehandler_captures_stalled", "Captures still in progress (csplice alive, its "
+                                ".tmp core in the spool) longer than [capture] timeout after the crash: each may "
+                                "hold a core_pipe_limit slot", value=float(state.get("stalled") or 0))

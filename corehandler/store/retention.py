@@ -18,7 +18,8 @@ over it until it is in the bucket. When keep_free takes one, the caller counts i
 
 Mini cores (analysis/minicore.py) outlive the full ones: a dump that has one loses only its full core to
 these rules, and keeps its row and mini core. Dumps left with only a mini core are planned apart, by the
-policy's `mini` rules (mini_max_age, mini_max_count, mini_max_use, and keep_free), with the mini's size.
+policy's `mini` rules (mini_max_age, mini_max_count, mini_max_use, and keep_free), with the mini's size;
+mini_max_age unset is max_age, so an age limit takes the whole dump, mini core included.
 """
 
 from __future__ import annotations
@@ -194,8 +195,11 @@ def filesystem(path) -> tuple[int, int]:
 def policy_from_config(retention, total_bytes: int) -> Policy:
     """Resolves the config's [retention] section (percentages against the filesystem's size)."""
     keep_free = retention.keep_free.resolve(total_bytes)
+    # An admin's max_age is a promise that nothing of a crash outlives it: a mini core holds the stacks' memory,
+    # so it goes with the rest unless mini_max_age says otherwise.
     mini = Policy(max_use=retention.mini_max_use.resolve(total_bytes), keep_free=keep_free,
-                  max_age=retention.mini_max_age or None, max_count=retention.mini_max_count or None)
+                  max_age=retention.mini_max_age or retention.max_age or None,
+                  max_count=retention.mini_max_count or None)
     return Policy(max_use=retention.max_use.resolve(total_bytes), keep_free=keep_free,
                   max_age=retention.max_age or None, max_count=retention.max_count or None,
                   max_per_exe=retention.max_per_exe or None,

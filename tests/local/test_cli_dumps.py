@@ -9,6 +9,7 @@ import os
 import pty
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -384,3 +385,28 @@ def test_the_corrupt_count_follows_the_store_and_delete_removes_exactly_the_matc
         assert {pid: hashlib.sha256(files[pid].read_bytes()).hexdigest() for pid in (3203, 3204)} == untouched
         assert main(base + ["delete", "3202"]) == EXIT_NOMATCH
     capsys.readouterr()
+
+
+def test_max_age_takes_the_mini_cores_too_unless_mini_max_age_keeps_them(capsys, tmp_path):
+    """An admin's max_age covers the whole dump: the mini core (stacks and registers) goes with the full one;
+    a longer mini_max_age keeps it."""
+    feeder, csplice = cbuild.feeder(), paths.csplice_path()
+    state, etc, settings = empty_state(tmp_path)
+    for pid in (3101, 3102):
+        feed(feeder, csplice, settings, size=(1 << 20) + pid, pid=pid, comm="aged", signal=11, zero_regions=True)
+    with Running(Settings(state, threads=1, sweep_interval=3600)):
+        wait_for(lambda: not [n for n in os.listdir(state / "spool") if n.endswith(".json")])
+    minis = [state / "store" / d.mini_path for d in Store(state).all()]
+    assert len(minis) == 2 and all(m.exists() for m in minis)
+    time.sleep(1.1)
+    filled = (state, etc, None)
+
+    (etc / "corehandler.toml").write_text('[retention]\nmax_age = "1s"\nmini_max_age = "1h"\n')
+    code, out, _ = run(capsys, filled, "--json", "vacuum")
+    assert code == 0 and [(d["rule"], d["kept_mini"]) for d in json.loads(out)["deleted"]] == [("max_age", True)] * 2
+    assert all(m.exists() for m in minis) and len(Store(state).all()) == 2
+
+    (etc / "corehandler.toml").write_text('[retention]\nmax_age = "1s"\n')
+    code, out, _ = run(capsys, filled, "--json", "vacuum")
+    assert code == 0 and [d["rule"] for d in json.loads(out)["deleted"]] == ["mini_max_age"] * 2
+    assert not any(m.exists() for m in minis) and Store(state).all() == []

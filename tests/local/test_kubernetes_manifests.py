@@ -82,6 +82,9 @@ CHANGED = {
     "namespace": {"create": True},
     "serviceMonitor": {"enabled": True, "interval": "1m", "labels": {"release": "prometheus"}},
     "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
+    "networkPolicy": {"enabled": True, "scrapers": {
+        "namespace": "unused-when-a-selector-is-set", "namespaceSelector": {"matchLabels": {"team": "observability"}},
+        "podSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["prometheus"]}]}}},
 }
 
 
@@ -206,7 +209,7 @@ def test_a_misspelt_or_wrong_value_is_refused_before_anything_renders(values):
 def test_the_chart_rendered_with_defaults_and_changed_values_is_valid(default, changed):
     validate(list(default.values()))
     validate(list(changed.values()))
-    assert set(default) == {"ServiceAccount", "ConfigMap", "Service", "DaemonSet"}
+    assert set(default) == {"ServiceAccount", "ConfigMap", "Service", "DaemonSet", "NetworkPolicy"}
     assert set(changed) == set(default) | {"Namespace", "Secret", "ResourceQuota", "ServiceMonitor",
                                            "PrometheusRule"}
 
@@ -234,7 +237,8 @@ def kustomize(tree: Path) -> list[dict]:
 
 def test_kubectl_kustomize_builds_the_base_monitoring_and_the_example_validly(tmp_path):
     base = kustomize(KUBERNETES / "base")
-    assert {o["kind"] for o in base} == {"Namespace", "ServiceAccount", "ConfigMap", "Service", "DaemonSet"}
+    assert {o["kind"] for o in base} == {"Namespace", "ServiceAccount", "ConfigMap", "Service", "DaemonSet",
+                                        "NetworkPolicy"}
     validate(base)
     monitoring = kustomize(KUBERNETES / "monitoring")
     assert {o["kind"] for o in monitoring} == {"ServiceMonitor", "PrometheusRule"}
@@ -377,6 +381,29 @@ def test_the_service_monitor_scrapes_the_service_as_the_alerts_expect(changed):
     # the alerts' CorehandlerMetricsDown reads up{job="corehandler"}, whatever the release is called
     assert service["metadata"]["labels"][monitor["jobLabel"]] == "corehandler"
     assert 'up{job="corehandler"}' in ALERTS.read_text()
+
+
+def test_only_the_scrapers_reach_the_agent_and_only_its_metrics_port(default, changed):
+    """The agent listens on 0.0.0.0: a NetworkPolicy (on by default, in the chart and the kustomize base) admits
+    ingress to the agent's pods on the metrics port only, from the pods networkPolicy.scrapers names."""
+    changed_scrapers = {k: v for k, v in CHANGED["networkPolicy"]["scrapers"].items() if k != "namespace"}
+    for kinds, scrapers in ((default, {"namespaceSelector": {"matchLabels": {
+                                "kubernetes.io/metadata.name": "monitoring"}}, "podSelector": {}}),
+                            (changed, changed_scrapers)):
+        policy, daemonset = kinds["NetworkPolicy"]["spec"], kinds["DaemonSet"]
+        assert policy["podSelector"] == daemonset["spec"]["selector"]
+        assert policy["policyTypes"] == ["Ingress"]
+        (rule,) = policy["ingress"]
+        assert rule["from"] == [scrapers]
+        assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+        agent = container(daemonset, "agent")
+        (port,) = [p for p in agent["ports"] if p["name"] == "metrics"]
+        assert port["containerPort"] == 9577
+    assert "networkpolicy.yaml" in (KUBERNETES / "base" / "kustomization.yaml").read_text()
+    assert "NetworkPolicy" not in by_kind(render.render({"networkPolicy": {"enabled": False}}))
+    named = by_kind(render.render({"networkPolicy": {"scrapers": {"namespace": "observability"}}}))
+    assert named["NetworkPolicy"]["spec"]["ingress"][0]["from"] == [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "observability"}}, "podSelector": {}}]
 
 
 # --- the documentation names what is there --------------------------------------------------------------------

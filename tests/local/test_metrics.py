@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 
 import pytest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
-from corehandler.observe import metrics
+from corehandler import config, paths, spool
+from corehandler.host import overview
+from corehandler.observe import metrics, metrics_server
 from corehandler.observe.metrics import MetricsObserver
 from corehandler.store import analyses
 from corehandler.store.dumprow import row_from_record
@@ -260,6 +266,72 @@ def test_http_server_serves_and_stops(three_dumps):
     observer.close()
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(url, timeout=5)
+
+
+def threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_idle_connections_cost_no_thread_and_a_scrape_still_answers(three_dumps):
+    """300 connections that send nothing, then a few that send half a request: the server's threads stay a
+    fixed few, and a scrape made meanwhile is answered at once."""
+    observer = MetricsObserver()
+    feed(observer, three_dumps)
+    host, port = observer.serve("127.0.0.1", 0)
+    before = threads()
+    idle = []
+    try:
+        for _ in range(300):
+            idle.append(socket.create_connection((host, port), timeout=5))
+        for sock in idle[-8:]:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # never finished
+        time.sleep(0.5)
+        assert threads() - before <= metrics_server.WORKERS, (before, threads())
+        started = time.monotonic()
+        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
+            body = response.read()
+        assert time.monotonic() - started < 3
+        assert value(samples(body), "corehandler_capture_throughput_bytes_per_second_count") == 3
+        assert threads() - before <= metrics_server.WORKERS
+        # The connections past the cap were closed by the server, oldest first.
+        idle[0].settimeout(5)
+        assert idle[0].recv(1) == b""
+    finally:
+        for sock in idle:
+            sock.close()
+        observer.close()
+
+
+def test_captures_in_progress_past_the_timeout_are_counted(tmp_path):
+    """A csplice stuck past [capture] timeout (a FUSE read it cannot leave) keeps its .tmp core locked in the
+    spool: such a capture is counted; a young one, or one whose csplice is gone (an orphan), is not."""
+    state = tmp_path / "state"
+    spool_dir = state / "spool"
+    spool_dir.mkdir(parents=True)
+    now = time.time()
+    ids = {name: f"{int((now - age) * 1e6)}-{'0' * 16}-{pid}"
+           for name, age, pid in (("stalled", 7200, 4242), ("young", 10, 4243), ("orphan", 7200, 4244))}
+    for dump_id in ids.values():
+        (spool_dir / f".tmp.{dump_id}.core").write_bytes(b"\x7fELF")
+    # csplice's hold on its file: an flock for the life of the process
+    hold = "import fcntl, sys, time; f = open(sys.argv[1]); fcntl.flock(f, fcntl.LOCK_EX); time.sleep(60)"
+    holders = [subprocess.Popen([sys.executable, "-c", hold, str(spool_dir / f".tmp.{ids[name]}.core")])
+               for name in ("stalled", "young")]
+    cfg = config.Config()
+    where = paths.Paths(state_dir=state, config_dir=tmp_path / "etc", run_dir=tmp_path / "run")
+    observer = MetricsObserver(capture_probe=lambda: overview.capture_state(cfg, where))
+    try:
+        wait_until = time.monotonic() + 10
+        while len(spool.stalled_captures(spool_dir, cfg.capture.timeout)) < 1 and time.monotonic() < wait_until:
+            time.sleep(0.05)
+        assert spool.stalled_captures(spool_dir, cfg.capture.timeout) == [ids["stalled"]]
+        assert value(samples(generate_latest(observer.registry)), "corehandler_captures_stalled") == 1
+        assert spool.stalled_captures(spool_dir, 0) == []  # no timeout: no capture is late
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.wait()
+    assert value(samples(generate_latest(observer.registry)), "corehandler_captures_stalled") == 0
 
 
 def test_textfile_is_written_atomically_without_process_metrics(three_dumps, tmp_path):

@@ -1,14 +1,18 @@
 """A real debuginfod (elfutils' server) serving `objcopy --only-keep-debug` files of test programs that are
 stripped on disk, on the loopback of a network namespace of its own (debuginfod has no listen-address option,
 and a test's server must not listen beyond loopback): `in_netns` runs commands beside it there, so only they can
-reach it; outside, the same URL is a server that is down."""
+reach it; outside, the same URL is a server that is down. And `dripping`, a server that sends its answer a byte a
+second, for the fetcher's deadline."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from corehandler import elfcore
@@ -73,3 +77,41 @@ def in_netns(served: Path, build_id: str, commands: list[list[str]], port: int =
                        capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout)
+
+
+@contextlib.contextmanager
+def dripping(body: bytes, *, headers_too: bool = False, rate: float = 1.0):
+    """A server on loopback answering every /buildid/ID/debuginfo with body (its Content-Length first) one byte
+    per 1/rate seconds, the status line and headers too when headers_too; yields its URL. It stops dripping
+    when the client goes or the server is shut."""
+    stop = threading.Event()
+
+    class Drip(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            data = body if not headers_too else head + body
+            if not headers_too:
+                self.wfile.write(head)
+                self.wfile.flush()
+            try:
+                for i in range(len(data)):
+                    if stop.wait(1 / rate):
+                        return
+                    self.wfile.write(data[i:i + 1])
+                    self.wfile.flush()
+            except OSError:
+                return
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Drip)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        stop.set()
+        server.shutdown()
+        server.server_close()

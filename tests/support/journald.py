@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import json
 import select
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from corehandler.printable import display
 
 JOURNALD = Path("/lib/systemd/systemd-journald")
 
@@ -197,6 +200,9 @@ def expected_dump_fields(record: dict, stored: dict) -> dict[str, bytes]:
     def b(value) -> bytes:
         return str(value).encode("utf-8", "surrogateescape")
 
+    def shown(value) -> bytes:  # what the process chose, escaped (printable.py)
+        return display(value).encode()
+
     cap = record["capture"]
     expected = {
         "PRIORITY": b"2",
@@ -206,11 +212,11 @@ def expected_dump_fields(record: dict, stored: dict) -> dict[str, bytes]:
         "COREDUMP_GID": b(record["gid"]),
         "COREDUMP_SIGNAL": b(record["signal"]),
         "COREDUMP_SIGNAL_NAME": b(signal.Signals(record["signal"]).name),
-        "COREDUMP_EXE": b(record["proc"]["exe"]),
+        "COREDUMP_EXE": shown(record["proc"]["exe"]),
         # /proc's comm when the record has it (the kernel's %e shows a '/' as '!'), as systemd-coredump does.
-        "COREDUMP_COMM": b(record["proc"].get("comm") or record["comm"]),
-        "COREDUMP_CMDLINE": b(" ".join(record["proc"]["cmdline"])),
-        "COREDUMP_HOSTNAME": b(record["hostname"]),
+        "COREDUMP_COMM": shown(record["proc"].get("comm") or record["comm"]),
+        "COREDUMP_CMDLINE": " ".join(shlex.quote(display(a)) for a in record["proc"]["cmdline"]).encode(),
+        "COREDUMP_HOSTNAME": shown(record["hostname"]),
         "COREDUMP_TIMESTAMP": b(record["timestamp"] * 1_000_000),
         "COREDUMP_TRUNCATED": b"1" if cap["truncated"] else b"0",
         "COREHANDLER_ID": b(record["id"]),

@@ -6,6 +6,8 @@ The observer runs in a namespace of its own where the private journald's socket 
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from corehandler.observe import journal
@@ -52,14 +54,48 @@ def test_every_dump_outcome_reaches_the_journal_with_its_fields(feeder, csplice,
         assert entry["_TRANSPORT"] == "journal"
         assert entry["MESSAGE_ID"] == journal.MESSAGE_ID_COREDUMP
     bad = by_id[dumps[1]["id"]]
-    assert field_bytes(bad, "COREDUMP_COMM") == b"bad\xfe\xffname"
-    # journal.send takes MESSAGE as text only: there the bytes are escaped, readable in plain journalctl.
+    # The process's bytes, escaped in every field as in MESSAGE (printable.py); the record keeps them.
+    assert field_bytes(bad, "COREDUMP_COMM") == b"bad\\xfe\\xffname"
     assert "(bad\\xfe\\xffname)" in bad["MESSAGE"]
     assert [field_bytes(by_id[r["id"]], "COREDUMP_SIGNAL_NAME") for r in dumps] == [b"SIGSEGV", b"SIGABRT",
                                                                                     b"SIGFPE"]
     assert field_bytes(by_id[dumps[2]["id"]], "COREHANDLER_DROPPED_REASON") == b"max_pending"
     # A journalctl user filtering by the MESSAGE_ID and the dump's id finds exactly that dump.
     assert len(journald.entries(DUMP, f"COREHANDLER_ID={dumps[0]['id']}")) == 1
+
+
+def test_terminal_escapes_and_newlines_of_a_crash_reach_no_field_raw(feeder, csplice, tmp_path, journald):
+    """A process names itself with ESC sequences and newlines (comm, exe, argv, a UTS namespace's host name):
+    every field carries them escaped, and coredumpctl, which prints fields as they are, shows no raw escape."""
+    journald.start()
+    maker = RecordMaker(feeder, csplice, tmp_path / "csplice", max_dump_size=MIB)
+    record = maker.make(MIB // 2, signal=11, comm=b"\x1b]0;own\x07x\ny")
+    evil = "\x1b[2J\x1b]8;;http://x\x07"
+    record["proc"].update(comm="\x1b[31mred\nline", exe=f"/tmp/{evil}\nMESSAGE=forged", cmdline=["a", f"b{evil}\nc"])
+    record["hostname"] = f"h{evil}"
+    stored = maker.store_dump(record)
+    client = journald.client()
+    client.call("on_ingested", record, stored)
+    client.call("on_deleted", "1796000000000000-abc-42", record["proc"]["exe"], "max_age", MIB)
+    assert client.close() == 0 and client.stderr() == ""
+
+    (entry,) = journald.wait_for(DUMP)
+    (deleted,) = journald.wait_for(f"MESSAGE_ID={journal.MESSAGE_ID_DELETED}")
+    for e in (entry, deleted):
+        for key, value in e.items():
+            if key.startswith(("COREDUMP_", "COREHANDLER_")) and key != "COREHANDLER_STACK_TRACE":
+                raw = field_bytes(e, key)
+                assert not any(c < 0x20 or c == 0x7f for c in raw), (key, raw)
+        assert "\x1b" not in e["MESSAGE"]
+    assert field_bytes(entry, "COREDUMP_COMM") == b"\\x1b[31mred\\nline"
+    assert field_bytes(entry, "COREDUMP_EXE") == b"/tmp/\\x1b[2J\\x1b]8;;http://x\\x07\\nMESSAGE=forged"
+    assert field_bytes(entry, "COREDUMP_CMDLINE") == b"a 'b\\x1b[2J\\x1b]8;;http://x\\x07\\nc'"
+    assert "MESSAGE=forged" not in entry["MESSAGE"] and entry.get("FORGED") is None
+    assert field_bytes(deleted, "COREDUMP_EXE") == field_bytes(entry, "COREDUMP_EXE")
+    shown = subprocess.run(["coredumpctl", f"--directory={journald.log_dir}", "--no-pager", "info"],
+                           capture_output=True, timeout=60)
+    assert b"red" in shown.stdout, shown
+    assert b"\x1b[2J" not in shown.stdout and b"\x1b]" not in shown.stdout and b"\x1b[31m" not in shown.stdout
 
 
 def test_deletions_and_errors_including_one_too_big_for_a_datagram(journald):

@@ -235,3 +235,23 @@ def test_config_json_has_parsed_values():
     assert data["capture"]["min_free"] == "15%"
     assert data["capture"]["timeout"] == 3600.0
     assert data["state_dir"] == "/var/lib/corehandler"
+
+
+def test_config_errors_never_echo_a_secret(paths):
+    """A private key in recipients, an S3 secret as an unknown option, a URL with a password: each is refused
+    by a message that names the key and never prints the secret (the message goes to logs)."""
+    from pyrage import x25519
+
+    private = str(x25519.Identity.generate())
+    write(paths.config_file, f'[upload]\nrecipients = ["{private}"]\n'
+                             f'aws_secret_access_key = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzEXAMPLEKEY"\n'
+                             f'endpoint = "https://AKIDEXAMPLE:hunter2@s3.example.com/ bad"\n'
+                             f'[capture]\nmax_pending = "{private}"\n')
+    with pytest.raises(ConfigError) as err:
+        load_config(paths)
+    text = err.value.message + repr(err.value.value)
+    assert "upload.recipients: an age private key (AGE-SECRET-KEY-1…) is not a recipient" in text
+    for secret in (private[15:], "wJalrXUtnFEMI", "hunter2"):
+        assert secret not in text
+    assert "upload.aws_secret_access_key: unknown option" in text and "upload.endpoint" in text
+    assert "capture.max_pending" in text
