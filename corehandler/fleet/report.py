@@ -34,7 +34,7 @@ SELECT coalesce(signature, '(none)') AS signature, CAST(crashed_at AS DATE) AS d
 FROM dumps WHERE list_contains(?, coalesce(signature, '(none)')) GROUP BY 1, 2"""
 TOTALS_SQL = """
 SELECT count(*) AS dumps, count(DISTINCT host) AS hosts, count(DISTINCT coalesce(signature, '(none)'))
-       AS signatures, count(*) FILTER (WHERE NOT has_core) AS metadata_only FROM dumps"""
+       AS signatures, count(*) FILTER (WHERE NOT has_core) AS without_core FROM dumps"""
 FLEET_DAILY_SQL = "SELECT CAST(crashed_at AS DATE) AS day, count(*) AS count FROM dumps GROUP BY 1"
 
 
@@ -56,7 +56,7 @@ def collect(con, days: Sequence[dt.date], top: int, new_since: dt.date | None, s
     for s in signatures:
         counts = per_day.get(s["signature"], {})
         s["per_day"] = [counts.get(d, 0) for d in days]
-        s["metadata_only"] = s["count"] - s["cores"]
+        s["without_core"] = s["count"] - s["cores"]
         s["new"] = bool(judged and s["first_seen"] >= _midnight(new_since))
         s["get"] = f"corehandler fleet get {s['latest']} --host {s['latest_host']} -o {s['latest']}.core"
     return {"source": source, "days": [d.isoformat() for d in days], "new_since": _iso(new_since),
@@ -121,7 +121,7 @@ def page(data: dict) -> str:
     """The report as one HTML document."""
     days, totals = data["days"], data["totals"]
     window = days[0] if len(days) == 1 else f"{days[0]} – {days[-1]}"
-    share = f"{totals['metadata_only'] / totals['dumps']:.0%}" if totals["dumps"] else "0%"
+    share = f"{totals['without_core'] / totals['dumps']:.0%}" if totals["dumps"] else "0%"
     if data["new_since"] is None:
         newness = "Give --new-since DATE (a release's day) to mark signatures first seen since then."
     elif data["new_judged"]:
@@ -140,7 +140,7 @@ def page(data: dict) -> str:
             f"</small></td><td class=\"n\">{s['count']}</td><td>{bars(s['per_day'], days, s['signature'])}</td>"
             f"<td>{_when(s['first_seen'])}</td><td>{_when(s['last_seen'])}</td>"
             f"<td class=\"n\">{s['host_count']}</td><td>{hosts}</td><td>{exes}</td>"
-            f"<td class=\"n\">{s['metadata_only']}</td><td><code>{_text(s['get'])}</code></td></tr>")
+            f"<td class=\"n\">{s['without_core']}</td><td><code>{_text(s['get'])}</code></td></tr>")
     skipped = "".join(f"<li>{_text(why)}</li>" for why in data["skipped"])
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">

@@ -54,9 +54,9 @@ def test_report_data_counts_each_signature_per_day_and_marks_the_new(fleet, caps
     top, evil = data["signatures"]
     assert (top["signature"], top["count"], top["per_day"], top["host_count"], top["new"]) == \
         ("app SIGSEGV parse", 5, [2, 0, 3], 2, False)
-    assert (evil["signature"], evil["count"], evil["per_day"], evil["metadata_only"], evil["new"]) == \
+    assert (evil["signature"], evil["count"], evil["per_day"], evil["without_core"], evil["new"]) == \
         (EVIL, 2, [0, 1, 1], 1, True)
-    assert data["totals"] == {"dumps": 7, "hosts": 3, "signatures": 2, "metadata_only": 1}
+    assert data["totals"] == {"dumps": 7, "hosts": 3, "signatures": 2, "without_core": 1}
     assert data["per_day"] == [2, 1, 4]
     assert evil["get"].startswith("corehandler fleet get ") and "--host h3" in evil["get"]
     # A window that does not reach back before --new-since cannot call anything new, and says so.
