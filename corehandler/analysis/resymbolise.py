@@ -17,7 +17,7 @@ from its mini core once debug info for it has come, looked for on a bounded sche
 - The new result replaces the stored one only when it names more of the crashing thread's frames (a mini-core
   analysis cut short by a loaded host never replaces a better one). The exact key never changes: should the
   new frames give another one (a debug file's own unwind tables taking a frame elsewhere), the first is kept
-  and a problem says so. The signature may change: its text names functions where it had `module+0xOFFSET`;
+  and a problem says so. The signature may change: its text names functions where it had a module's name;
   its version (signature.SIGNATURE_VERSION) stays, as the formula is the same.
 """
 

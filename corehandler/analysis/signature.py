@@ -13,7 +13,7 @@ signature (SIGNATURE_VERSION): the same bug, even in a rebuilt binary or on anot
     functions on top are a prefix (Socorro's "prefix" list): kept as context, joined by ` | `, and the
     SIGNATURE_FRAMES frames counted from their caller. `signature_id` is its short hash, safe in a file name
     or an object key.
-    Version 1 (`signature_v1`) spelled unsymbolised frames `module+0xOFFSET` and knew no ifunc, prefix or
+    Version 1 (`signature(..., version=1)`) spelled unsymbolised frames `module+0xOFFSET` and knew no ifunc, prefix or
     start rule; it is still computed, so a v2 group can be linked to the v1 group of the same dumps.
 
 A change to either formula must bump its version: the version is part of the hashed text and of the key,
@@ -66,7 +66,7 @@ _RUST_HASH = re.compile(r"::h[0-9a-f]{16}$")
 _IFUNC_WORDS = (r"(?:sse2|sse3|ssse3|sse4|sse4_1|sse4_2|sse42|avx|avx2|avx512|avx512f|avx512bw|avx512vl|evex|"
                 r"evex512|erms|rtm|fsrm|unaligned|aligned|vzeroupper|no_vzeroupper|back|bsf|pminub|nocona|"
                 r"atom|slm|x86_64|ia32|generic|simd|asimd|nosimd|sve|mte|mops|zva|zva64|kunpeng|thunderx|"
-                r"thunderx2|falkor|a64fx|emag|oryon1|power\d+|ppc|vsx|z13|z15|arch13|vx|i386|i586|i686)")
+                r"thunderx2|falkor|a64fx|emag|oryon1|power\d+|ppc|vsx|z900|z13|z15|arch13|vx|c|i386|i586|i686|movbe)")
 _IFUNC = re.compile(rf"^__(?P<name>[a-z][a-z0-9]*(?:_[a-z0-9]+)*?)(?:_{_IFUNC_WORDS})+$")
 # Only these families are CPU-dispatched; the name must be one of them for the fold to apply.
 _DISPATCHED = re.compile(r"^(?:str|mem|wcs|wmem|stp|wcp|rawmem|raw)\w*$")

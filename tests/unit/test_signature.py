@@ -119,7 +119,8 @@ def libc(function, offset=0x9a000):
     ("__strcasecmp_l_avx", "strcasecmp_l"), ("__rawmemchr_avx2", "rawmemchr"), ("__wcslen_sse4_1", "wcslen"),
     ("__memmove_avx_unaligned_erms", "memmove"), ("__memmove_evex_unaligned_erms", "memmove"),
     ("__memmove_avx512_no_vzeroupper", "memmove"), ("__memset_avx2_unaligned_erms_rtm", "memset"),
-    ("__strcpy_sse2_unaligned", "strcpy"), ("__GI___strlen_sse2", "strlen"),
+    ("__strcpy_sse2_unaligned", "strcpy"), ("__GI___strlen_sse2", "strlen"), ("__memcmp_avx2_movbe_rtm", "memcmp"),
+    ("__memset_erms", "memset"), ("__strlen_vx", "strlen"), ("__strlen_c", "strlen"),  # s390
     # memcpy's variants are memmove's bodies at the same addresses: one name for both
     ("__memcpy_avx_unaligned_erms", "memmove"), ("__memcpy_ssse3_back", "memmove"),
     # aarch64 (sysdeps/aarch64/multiarch)
