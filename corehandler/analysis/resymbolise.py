@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from corehandler import spool
-from corehandler.analysis import debuginfod, findings, symbols, unwind
+from corehandler.analysis import debuginfod, findings, reason, symbols, unwind
 from corehandler.store import analyses, userview
 
 log = logging.getLogger(__name__)
@@ -206,6 +206,7 @@ class Resymboliser:
                 f"the frames analysed again give the exact key {result.get('exact_key')}: the first, "
                 f"{before['exact_key']}, is kept")
             result["exact_key"], result["exact_version"] = before["exact_key"], before.get("exact_version")
+        reason.carry_over(before, result)
         result["resymbolised_at"] = time.time()
         analyses.put(store, dump_id, result)
         if not symbols.wanted(result):

@@ -88,7 +88,7 @@ def signature_cell(row: dict | None) -> str:
 
 def list_json(row: dict | None) -> dict:
     keys = ("state", "signature", "signature_id", "signature_v1_id", "exact_key", "unit", "container_id", "pod_uid",
-            "runtime")
+            "runtime", "reason")
     return {f"analysis_{k}" if k == "state" else k: (row or {}).get(k) for k in keys}
 
 
@@ -173,6 +173,7 @@ def info_fields(result: dict | None) -> list[tuple[str, str | None]]:
     exe = result.get("exe") or {}
     fields: list[tuple[str, str | None]] = [
         ("Analysis", f"{state}" + (f" in {result['seconds'] * 1000:.0f} ms" if result.get("seconds") else "")),
+        ("Reason", (result.get("reason") or {}).get("text")),
         ("Signature", result.get("signature")),
         ("Signature ID", result.get("signature_id")),
         ("Signature v1 ID", result.get("signature_v1_id")),

@@ -292,6 +292,10 @@ def analysis_fields(f: Fields, result: Mapping[str, Any] | None) -> None:
     ident = result.get("identity") or {}
     exe = result.get("exe") or {}
     threads = result.get("threads") or []
+    why = (result.get("reason") or {}).get("text")
+    if why:  # the crashed process's words (an assert's text): escaped, on one line
+        f["MESSAGE"] += f"\n\nReason: {display(why)}"
+        _put(f, "COREHANDLER_REASON", why)
     if threads:
         trace = "\n".join(findings.thread_lines(threads[0]))
         if len(trace) > MAX_TRACE_BYTES:

@@ -24,7 +24,7 @@ PENDING = "pending"
 
 _COLUMNS = ("id", "state", "analysed_at", "seconds", "signature", "signature_id", "signature_version",
             "exact_key", "exact_version", "exe_build_id", "runtime", "container_id", "pod_uid", "pod_name", "unit",
-            "signature_v1_id")
+            "signature_v1_id", "reason")
 
 
 def _db(store_or_db) -> sqlite3.Connection:
@@ -46,7 +46,8 @@ def row(dump_id: str, result: Mapping[str, Any]) -> dict:
             "exact_version": result.get("exact_version"), "exe_build_id": exe.get("build_id"),
             "runtime": ident.get("runtime"), "container_id": ident.get("container_id"),
             "pod_uid": ident.get("pod_uid"), "pod_name": ident.get("pod_name"),
-            "unit": ident.get("user_unit") or ident.get("unit"), "signature_v1_id": result.get("signature_v1_id")}
+            "unit": ident.get("user_unit") or ident.get("unit"), "signature_v1_id": result.get("signature_v1_id"),
+            "reason": (result.get("reason") or {}).get("text")}
     values = {k: display(v) if isinstance(v, str) else v for k, v in values.items()}
     values["result"] = json.dumps(dict(result), ensure_ascii=True, sort_keys=True)
     return values

@@ -268,3 +268,23 @@ def test_the_child_has_no_core_no_network_no_proxies_and_low_priority(tmp_path, 
     assert facts["env"] == "0" and {"limits", "nice", "ionice"} <= set(r["sandbox"])
     if os.geteuid() == 0:
         assert facts["net"] == "lo+"  # a network namespace of its own: loopback only
+
+
+# -- the crash's reason (analysis/reason.py): NT_SIGINFO, the stack pointer, glibc's __abort_msg -------------
+
+@pytest.mark.parametrize("how, expected", [
+    ("segv", r"null pointer dereference \(SEGV_MAPERR at 0x0\)"),
+    ("strlen", r"null pointer dereference \(SEGV_MAPERR at 0x0\)"),
+    ("assert", r"assertion failed: x == 42 \(\S*analysed\.c:\d+, do_assert\)"),
+    ("doublefree", r"abort: free\(\): double free detected in tcache 2"),
+    ("overflow", r"stack overflow \(SEGV_(MAPERR|ACCERR) at 0x[0-9a-f]+, stack pointer 0x[0-9a-f]+\)"),
+])
+def test_the_reason_of_real_crashes(tmp_path, binary, how, expected):
+    import re
+    _, r = analyse(tmp_path, binary, how)
+    why = r["reason"]
+    assert re.fullmatch(expected, why["text"]), why
+    if how in ("assert", "doublefree"):
+        assert why["signal"] == 6 and why["code"] == "SI_TKILL" and why["abort_message"]
+    else:
+        assert why["signal"] == 11 and why["addr"] is not None
