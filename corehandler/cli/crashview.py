@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 
+from corehandler import nocore
 from corehandler.analysis import findings
 from corehandler.cli import common
 from corehandler.printable import display
@@ -80,10 +81,22 @@ def signatures(dumps: Dumps, found: list[Dump]) -> dict[str, dict]:
     return dumps.analysis_summaries([d.id for d in found])
 
 
-def signature_cell(row: dict | None) -> str:
+def signature_cell(row: dict | None, record: dict | None = None) -> str:
+    """The signature id; for a dump whose core was not kept, why (`no core: rlimit_core`): nothing was analysed."""
+    missing = nocore.explain(record or {})
+    if (row is None or not row["signature_id"]) and missing and missing["kind"] == "dropped":
+        return f"no core: {missing['reason']}"
     if row is None:
         return "-"
     return row["signature_id"] or row["state"]
+
+
+def nocore_fields(record: dict) -> list[tuple[str, str | None]]:
+    """info's lines for a dump without its whole core: why, and what to do (nocore.py)."""
+    missing = nocore.explain(record)
+    if missing is None:
+        return []
+    return [("No Core" if missing["kind"] == "dropped" else "Core Cut", missing["why"]), ("What To Do", missing["fix"])]
 
 
 def list_json(row: dict | None) -> dict:

@@ -43,7 +43,7 @@ from typing import Any, TextIO
 
 from systemd import journal
 
-from corehandler import fields
+from corehandler import fields, nocore
 from corehandler.analysis import findings
 from corehandler.observer import Quiet
 from corehandler.printable import display
@@ -224,6 +224,10 @@ def dump_entry(record: Mapping[str, Any], stored: Mapping[str, Any]) -> Fields:
         what += f", stored as {stored['path']}"
     elif stored.get("status") == COMPRESSING:
         what += ", being compressed into the store"
+    missing = nocore.line(record)
+    if missing:  # the record's words only (a unit's name is escaped)
+        what += f"\n\n{display(missing)}"
+        _put(f, "COREHANDLER_NO_CORE", missing)
     f["MESSAGE"] = what
     _put(f, "COREDUMP_PID", record.get("pid"))
     _put(f, "COREDUMP_TID", record.get("tid"))
