@@ -97,3 +97,4 @@ def test_an_analysis_done_again_keeps_the_abort_message_the_full_core_gave():
     none = {}
     reason.carry_over(None, none)
     assert "reason" not in none
+
