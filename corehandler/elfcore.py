@@ -18,7 +18,7 @@ ELFDATA2LSB, ELFDATA2MSB = 1, 2
 ET_CORE = 4
 PT_LOAD, PT_NOTE = 1, 4
 PN_XNUM = 0xFFFF
-NT_PRSTATUS, NT_PRPSINFO, NT_AUXV, NT_FILE = 1, 3, 6, 0x46494C45
+NT_PRSTATUS, NT_PRPSINFO, NT_AUXV, NT_SIGINFO, NT_FILE = 1, 3, 6, 0x53494749, 0x46494C45
 AT_SECURE = 23
 # Notes beyond this are not read: a real core's notes are a few MiB even with thousands of threads.
 MAX_NOTES_BYTES = 64 << 20
@@ -43,6 +43,10 @@ class CoreInfo:
     psargs: str | None = None
     files: list[str] = field(default_factory=list)  # NT_FILE mapped file names, in order
     at_secure: int | None = None  # the auxv's AT_SECURE: nonzero for a setuid/setgid/capability exec
+    # The dumping thread's NT_SIGINFO: {signo, errno, code, addr} (addr for SIGSEGV, SIGBUS, SIGILL, SIGFPE,
+    # SIGTRAP), {signo, errno, code, pid, uid} for a signal sent by kill/tgkill/sigqueue (si_code <= 0).
+    siginfo: dict | None = None
+    sp: int | None = None  # the dumping thread's stack pointer (NT_PRSTATUS), where REGS knows the machine
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -70,6 +74,29 @@ _LAYOUTS = {
 }
 # pr_cursig is a short at offset 12 in both classes (after the embedded elf_siginfo's three ints).
 _PRSTATUS_CURSIG = 12
+
+
+@dataclass(frozen=True)
+class Regs:
+    """Where the general registers sit in NT_PRSTATUS (pr_reg), how many, their size, and the stack pointer's
+    index among them (Linux's elf_prstatus and each architecture's user_regs_struct / elf_gregset_t)."""
+    offset: int
+    count: int
+    word: str
+    sp: int
+
+
+REGS = {
+    62: Regs(112, 27, "Q", 19),    # EM_X86_64: ... rip(16) cs eflags rsp(19) ...
+    183: Regs(112, 34, "Q", 31),   # EM_AARCH64: x0..x30, sp(31), pc, pstate
+    243: Regs(112, 32, "Q", 2),    # EM_RISCV (64-bit): pc, ra, sp(2), ...
+    3: Regs(72, 17, "I", 15),      # EM_386: ... eip(12) xcs eflags esp(15) xss
+    40: Regs(72, 18, "I", 13),     # EM_ARM: r0..r12, sp(13), lr, pc, cpsr, orig_r0
+}
+# siginfo_t: si_signo, si_errno, si_code (ints; MIPS swaps the last two, and is not read here), then the union,
+# aligned to the word: si_addr for the fault signals, si_pid and si_uid for a signal someone sent.
+_FAULT_SIGNALS = frozenset({4, 5, 7, 8, 11})  # SIGILL, SIGTRAP, SIGBUS, SIGFPE, SIGSEGV
+_MIPS = 8
 _FNAME_LEN, _PSARGS_LEN = 16, 80
 _MAX_OFFSET = 2**63 - 1  # off_t
 
@@ -113,6 +140,12 @@ def _parse_notes(info: CoreInfo, data: bytes, end: str, layout: _Layout) -> None
             if info.pid is None:  # the first one is the thread that dumped
                 info.signal = struct.unpack_from(end + "h", desc, _PRSTATUS_CURSIG)[0]
                 info.pid = struct.unpack_from(end + "i", desc, layout.prstatus_pid)[0]
+                regs = REGS.get(info.machine or 0)
+                size = struct.calcsize(regs.word) if regs else 0
+                if regs and len(desc) >= regs.offset + (regs.sp + 1) * size:
+                    info.sp = struct.unpack_from(end + regs.word, desc, regs.offset + regs.sp * size)[0]
+        elif ntype == NT_SIGINFO and info.siginfo is None and info.machine != _MIPS:
+            info.siginfo = _parse_siginfo(desc, end, layout.word)
         elif ntype == NT_PRPSINFO and len(desc) >= layout.prpsinfo_fname + _FNAME_LEN:
             info.fname = _text(desc[layout.prpsinfo_fname:layout.prpsinfo_fname + _FNAME_LEN])
             psargs = desc[layout.prpsinfo_fname + _FNAME_LEN:layout.prpsinfo_fname + _FNAME_LEN + _PSARGS_LEN]
@@ -121,6 +154,20 @@ def _parse_notes(info: CoreInfo, data: bytes, end: str, layout: _Layout) -> None
             _parse_nt_file(info, desc, end + layout.word)
         elif ntype == NT_AUXV:
             _parse_auxv(info, desc, end, layout.word)
+
+
+def _parse_siginfo(desc: bytes, end: str, word: str) -> dict | None:
+    """The fields of a siginfo_t that say why the process died; None when the note is too short for them."""
+    if len(desc) < 12:
+        return None
+    signo, errno_, code = struct.unpack_from(end + "iii", desc, 0)
+    out = {"signo": signo, "errno": errno_, "code": code}
+    union = (12 + struct.calcsize(word) - 1) // struct.calcsize(word) * struct.calcsize(word)
+    if code > 0 and signo in _FAULT_SIGNALS and len(desc) >= union + struct.calcsize(word):
+        out["addr"] = struct.unpack_from(end + word, desc, union)[0]
+    elif code <= 0 and len(desc) >= union + 8:  # SI_USER, SI_QUEUE, SI_TKILL...: who sent it
+        out["pid"], out["uid"] = struct.unpack_from(end + "iI", desc, union)
+    return out
 
 
 def _parse_auxv(info: CoreInfo, desc: bytes, end: str, word: str) -> None:

@@ -43,25 +43,6 @@ PT_DYNAMIC, PT_PHDR = 2, 6
 DT_NULL, DT_DEBUG = 0, 21
 MAX_DYNAMIC = 512             # entries of the executable's dynamic section read
 
-# Where the general registers sit in NT_PRSTATUS (pr_reg), how many, their size, and the stack pointer's index
-# among them (Linux's elf_prstatus and each architecture's user_regs_struct / elf_gregset_t).
-@dataclass(frozen=True)
-class _Regs:
-    offset: int
-    count: int
-    word: str
-    sp: int
-
-
-_REGS = {
-    62: _Regs(112, 27, "Q", 19),    # EM_X86_64: ... rip(16) cs eflags rsp(19) ...
-    183: _Regs(112, 34, "Q", 31),   # EM_AARCH64: x0..x30, sp(31), pc, pstate
-    243: _Regs(112, 32, "Q", 2),    # EM_RISCV (64-bit): pc, ra, sp(2), ...
-    3: _Regs(72, 17, "I", 15),      # EM_386: ... eip(12) xcs eflags esp(15) xss
-    40: _Regs(72, 18, "I", 13),     # EM_ARM: r0..r12, sp(13), lr, pc, cpsr, orig_r0
-}
-
-
 class MiniCoreError(Exception):
     """The raw core cannot give a mini core (not an ELF core, unreadable headers): nothing was written."""
 
@@ -220,7 +201,7 @@ class _Notes:
 def _scan_notes(raw: _Raw) -> _Notes:
     """What the choice needs from the notes, in one pass over them (a core of 500 threads has thousands)."""
     out = _Notes()
-    regs = _REGS.get(raw.machine)
+    regs = elfcore.REGS.get(raw.machine)
     fmt = f"{raw.end}{regs.count}{regs.word}" if regs else ""
     need = regs.offset + struct.calcsize(fmt) if regs else 0
     word = raw.layout.word
@@ -292,7 +273,7 @@ def _choose(raw: _Raw, limits: Limits) -> tuple[_Wanted, int]:
     want = _Wanted(raw, limits.max_bytes - notes_bytes)
     notes = _scan_notes(raw)
     threads, auxv = notes.threads, notes.auxv
-    regs = _REGS.get(raw.machine)
+    regs = elfcore.REGS.get(raw.machine)
     if regs is None and raw.loads:
         want.left_out.append(f"stacks: registers of ELF machine {raw.machine} not known, notes only")
     stack = max(PAGE, limits.stack_bytes)

@@ -17,7 +17,7 @@ from its mini core once debug info for it has come, looked for on a bounded sche
 - The new result replaces the stored one only when it names more of the crashing thread's frames (a mini-core
   analysis cut short by a loaded host never replaces a better one). The exact key never changes: should the
   new frames give another one (a debug file's own unwind tables taking a frame elsewhere), the first is kept
-  and a problem says so. The signature may change: its text names functions where it had `module+0xOFFSET`;
+  and a problem says so. The signature may change: its text names functions where it had a module's name;
   its version (signature.SIGNATURE_VERSION) stays, as the formula is the same.
 """
 
@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from corehandler import spool
-from corehandler.analysis import debuginfod, findings, symbols, unwind
+from corehandler.analysis import debuginfod, findings, reason, symbols, unwind
 from corehandler.store import analyses, userview
 
 log = logging.getLogger(__name__)
@@ -206,6 +206,7 @@ class Resymboliser:
                 f"the frames analysed again give the exact key {result.get('exact_key')}: the first, "
                 f"{before['exact_key']}, is kept")
             result["exact_key"], result["exact_version"] = before["exact_key"], before.get("exact_version")
+        reason.carry_over(before, result)
         result["resymbolised_at"] = time.time()
         analyses.put(store, dump_id, result)
         if not symbols.wanted(result):

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from corehandler import elfcore, fields, steps
-from corehandler.analysis import account, coremodules, jail
+from corehandler.analysis import account, coremodules, jail, reason
 from corehandler.analysis.findings import Limits, apply_errors, build_result, parse_stack
 
 log = logging.getLogger(__name__)
@@ -279,6 +279,13 @@ def finish(run: Running) -> dict:
         problems.append(f"cannot read the modules of {run.core.name}: {e.strerror}")
     except Exception as e:  # the core's bytes are the crashed process's: no parser error stops the analysis
         problems.append(steps.problem("module listing", e))
+    why = None
+    try:
+        why = reason.of_core(run.core, run.record, modules, problems)
+    except OSError as e:
+        problems.append(f"cannot read the crash's reason from {run.core.name}: {e.strerror}")
+    except Exception as e:  # the core's bytes are the crashed process's, as above
+        problems.append(steps.problem("crash reason", e))
     if timed_out:
         problems.insert(0, f"analyser killed at the {limits.timeout:g} s timeout")
     # The child's own time plus our parsing: not the compression finish() waited behind.
@@ -286,6 +293,7 @@ def finish(run: Running) -> dict:
     result = build_result(run.record, stack, modules, modules_cut, problems, timed_out, available=run.available,
                           seconds=seconds, exe_vetting=report.get("exe"))
     result["sandbox"] = report.get("applied") or []
+    result["reason"] = why
     return result
 
 

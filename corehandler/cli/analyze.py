@@ -11,7 +11,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from corehandler.analysis import debuginfod, findings, symbols, unwind
+from corehandler.analysis import debuginfod, findings, reason, symbols, unwind
 from corehandler.cli.common import emit, load
 from corehandler.cli.selection import add_match_options, select
 from corehandler.errors import NoMatchError, NotRootError
@@ -74,6 +74,7 @@ def run_analyze(args: argparse.Namespace) -> int:
                                              missing=report.missing + more.missing, failed=report.failed + more.failed,
                                              cut=report.cut or more.cut)
             result["debuginfod"] = report.as_dict()
+            reason.carry_over(before, result)
             analyses.put(store, d.id, result)
             if userview.visible(d):
                 userview.refresh(store, [d.uid])

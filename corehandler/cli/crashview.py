@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 
+from corehandler import nocore
 from corehandler.analysis import findings
 from corehandler.cli import common
 from corehandler.printable import display
@@ -44,8 +45,9 @@ def _matches(args: argparse.Namespace, a: dict | None, ident: dict) -> bool:
         return False
     if args.signature:
         s = args.signature
+        # The v1 id too: what was noted down, alerted on or sent to the fleet before signature v2.
         if not (a["signature"] == s or a["exact_key"] == s
-                or (a["signature_id"] or "").startswith(s) or (a["exact_key"] or "").startswith(s)):
+                or any((a.get(k) or "").startswith(s) for k in ("signature_id", "exact_key", "signature_v1_id"))):
             return False
     if args.unit and args.unit not in (a["unit"], ident.get("unit"), ident.get("user_unit")):
         return False
@@ -79,14 +81,27 @@ def signatures(dumps: Dumps, found: list[Dump]) -> dict[str, dict]:
     return dumps.analysis_summaries([d.id for d in found])
 
 
-def signature_cell(row: dict | None) -> str:
+def signature_cell(row: dict | None, record: dict | None = None) -> str:
+    """The signature id; for a dump whose core was not kept, why (`no core: rlimit_core`): nothing was analysed."""
+    missing = nocore.explain(record or {})
+    if (row is None or not row["signature_id"]) and missing and missing["kind"] == "dropped":
+        return f"no core: {missing['reason']}"
     if row is None:
         return "-"
     return row["signature_id"] or row["state"]
 
 
+def nocore_fields(record: dict) -> list[tuple[str, str | None]]:
+    """info's lines for a dump without its whole core: why, and what to do (nocore.py)."""
+    missing = nocore.explain(record)
+    if missing is None:
+        return []
+    return [("No Core" if missing["kind"] == "dropped" else "Core Cut", missing["why"]), ("What To Do", missing["fix"])]
+
+
 def list_json(row: dict | None) -> dict:
-    keys = ("state", "signature", "signature_id", "exact_key", "unit", "container_id", "pod_uid", "runtime")
+    keys = ("state", "signature", "signature_id", "signature_v1_id", "exact_key", "unit", "container_id", "pod_uid",
+            "runtime", "reason")
     return {f"analysis_{k}" if k == "state" else k: (row or {}).get(k) for k in keys}
 
 
@@ -98,6 +113,7 @@ def groups(dumps: list[Dump], rows: dict[str, dict]) -> list[dict]:
         key = a.get("signature_id") or f"({a.get('state') or 'not analysed'})"
         g = out.setdefault(key, {"signature_id": a.get("signature_id"), "signature": a.get("signature"),
                                  "count": 0, "hosts": set(), "units": set(), "exact_keys": set(),
+                                 "signature_v1_ids": set(),
                                  "first_seen": d.crashed_at, "last_seen": d.crashed_at, "ids": []})
         g["count"] += 1
         g["ids"].append(d.id)
@@ -107,12 +123,15 @@ def groups(dumps: list[Dump], rows: dict[str, dict]) -> list[dict]:
             g["units"].add(a["unit"])
         if a.get("exact_key"):
             g["exact_keys"].add(a["exact_key"])
+        if a.get("signature_v1_id"):  # the v1 groups this one links (docs/analysis.md, "Grouping keys")
+            g["signature_v1_ids"].add(a["signature_v1_id"])
         g["first_seen"] = min(g["first_seen"], d.crashed_at)
         g["last_seen"] = max(g["last_seen"], d.crashed_at)
     result = []
     for key, g in out.items():
         g["hosts"], g["units"] = sorted(g["hosts"]), sorted(g["units"])
         g["exact_keys"] = len(g["exact_keys"])
+        g["signature_v1_ids"] = sorted(g["signature_v1_ids"])
         g["key"] = key
         result.append(g)
     return sorted(result, key=lambda g: (-g["count"], -g["last_seen"], g["key"]))
@@ -167,8 +186,10 @@ def info_fields(result: dict | None) -> list[tuple[str, str | None]]:
     exe = result.get("exe") or {}
     fields: list[tuple[str, str | None]] = [
         ("Analysis", f"{state}" + (f" in {result['seconds'] * 1000:.0f} ms" if result.get("seconds") else "")),
+        ("Reason", (result.get("reason") or {}).get("text")),
         ("Signature", result.get("signature")),
         ("Signature ID", result.get("signature_id")),
+        ("Signature v1 ID", result.get("signature_v1_id")),
         ("Exact Key", result.get("exact_key")),
         ("Build ID", (exe.get("build_id") or "-") + (f" ({exe['state']})" if exe.get("state") else "")
          if exe else None),

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from corehandler import fields
+from corehandler import fields, nocore
 from corehandler.cli import crashview
 from corehandler.cli.common import cut, emit, fit, load, note, terminal_width, write_output
 from corehandler.cli.common import table as format_table
@@ -172,7 +172,8 @@ def run_list(args: argparse.Namespace) -> int:
         emit(args, groups, crashview.group_table(groups, not args.no_legend))
         return 0
     if args.json:
-        emit(args, [_json(d, state, problem, record=None, **crashview.list_json(signatures.get(d.id)))
+        emit(args, [_json(d, state, problem, record=None, no_core=nocore.explain(d.record),
+                          **crashview.list_json(signatures.get(d.id)))
                     for d, state, problem in rows], "")
         return 0
     width = terminal_width(args)
@@ -181,7 +182,7 @@ def run_list(args: argparse.Namespace) -> int:
     for d, state, _ in rows:
         table.append((_time(d.crashed_at), *(str(n if n is not None else "-") for n in (d.pid, d.uid, d.gid)),
                       signal_name(d.signal), _status(d, state), state, _disk_size(d, state), short.get(d.id, d.id),
-                      crashview.signature_cell(signatures.get(d.id)),
+                      crashview.signature_cell(signatures.get(d.id), d.record),
                       display(d.exe) if d.exe else f"({display(d.comm)})" if d.comm else "-"))
     emit(args, None, cut(format_table(fit(table, width, LIST_DROPS), not args.no_legend), width))
     return 0
@@ -257,6 +258,7 @@ def _info_lines(dumps: Dumps, d: Dump, state: str, problem: str | None, all_thre
                        f"`debug` uses it {'once the full core is gone' if path else 'now'})"))
     if path is not None or mini is not None:
         fields.append(("Core File", state + (f": {problem}" if problem else "")))
+    fields += crashview.nocore_fields(r)
     for e in r.get("errors") or []:
         fields.append(("Error", str(e)))
     result = crashview.result(dumps, d)
@@ -278,7 +280,8 @@ def run_info(args: argparse.Namespace) -> int:
             state, problem = file_state(dumps, d, verify=not args.no_verify)
             out.append((d, state, problem, _info_lines(dumps, d, state, problem, args.all_threads),
                         crashview.info_json(dumps, d)))
-    emit(args, [_json(d, state, problem, **analysed) for d, state, problem, _, analysed in out],
+    emit(args, [_json(d, state, problem, no_core=nocore.explain(d.record), **analysed)
+                for d, state, problem, _, analysed in out],
          "\n\n".join("\n".join(lines) for *_, lines, _ in out))
     corrupt = [d.id for d, state, *_ in out if state == "corrupt"]
     if corrupt:

@@ -48,7 +48,7 @@ from typing import Any, TextIO
 
 from systemd import journal
 
-from corehandler import fields
+from corehandler import fields, nocore
 from corehandler.analysis import findings
 from corehandler.observer import Quiet
 from corehandler.printable import display
@@ -236,6 +236,10 @@ def dump_entry(record: Mapping[str, Any], stored: Mapping[str, Any]) -> Fields:
         what += f", stored as {stored['path']}"
     elif stored.get("status") == COMPRESSING:
         what += ", being compressed into the store"
+    missing = nocore.line(record)
+    if missing:  # the record's words only (a unit's name is escaped)
+        what += f"\n\n{display(missing)}"
+        _put(f, "COREHANDLER_NO_CORE", missing)
     f["MESSAGE"] = what
     _put(f, "COREDUMP_PID", record.get("pid"))
     _put(f, "COREDUMP_TID", record.get("tid"))
@@ -303,6 +307,10 @@ def analysis_fields(f: Fields, result: Mapping[str, Any] | None) -> None:
     ident = result.get("identity") or {}
     exe = result.get("exe") or {}
     threads = result.get("threads") or []
+    why = (result.get("reason") or {}).get("text")
+    if why:  # the crashed process's words (an assert's text): escaped, on one line
+        f["MESSAGE"] += f"\n\nReason: {display(why)}"
+        _put(f, "COREHANDLER_REASON", why)
     if threads:
         trace = "\n".join(findings.thread_lines(threads[0]))
         if len(trace) > MAX_TRACE_BYTES:

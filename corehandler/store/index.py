@@ -25,7 +25,9 @@ from corehandler.store.match import Filter
 # 7: records lose proc.oci_config (_SCRUB_OCI_CONFIG). 8: ingest_attempts (store/attempts.py).
 # 9: uploads.core, the verified core in the bucket (JSON), kept so a retry does not send it again.
 # 10: the mini core's columns (mini_path, mini_bytes). 11: the re-symbolising schedule (_RESYMBOLISE_TABLE).
-SCHEMA_VERSION = 11
+# 12: signature v2 (analysis.signature_v1_id; every stored analysis re-signed from its frames) and the crash's
+# reason line (analysis.reason).
+SCHEMA_VERSION = 12
 
 _SCHEMA_TABLE = """
 CREATE TABLE IF NOT EXISTS dumps (
@@ -67,10 +69,13 @@ CREATE TABLE IF NOT EXISTS analysis (
     pod_uid TEXT,
     pod_name TEXT,
     unit TEXT,
-    result TEXT NOT NULL
+    result TEXT NOT NULL,
+    signature_v1_id TEXT,
+    reason TEXT
 )"""
 _ANALYSIS_INDEXES = ("CREATE INDEX IF NOT EXISTS analysis_signature ON analysis (signature_id)",
-            "CREATE INDEX IF NOT EXISTS analysis_exact ON analysis (exact_key)")
+            "CREATE INDEX IF NOT EXISTS analysis_exact ON analysis (exact_key)",
+            "CREATE INDEX IF NOT EXISTS analysis_signature_v1 ON analysis (signature_v1_id)")
 _UPLOAD_TABLES = (
     """CREATE TABLE IF NOT EXISTS uploads (
         id TEXT PRIMARY KEY,
@@ -230,8 +235,15 @@ class Store:
             db.execute(_ATTEMPTS_TABLE)
             db.execute(_RESYMBOLISE_TABLE)
             db.execute(_RESYMBOLISE_DUE)
+            columns = {row[1] for row in db.execute("PRAGMA table_info(analysis)")}
+            for name in ("signature_v1_id", "reason"):
+                if name not in columns:
+                    db.execute(f"ALTER TABLE analysis ADD COLUMN {name} TEXT")
             for statement in _ANALYSIS_INDEXES:
                 db.execute(statement)
+            # Signature v2: the stored frames give each analysis the new signature, its v1 id kept beside it
+            # so groups, filters and alerts link the two (docs/analysis.md, "Grouping keys").
+            analyses.resign_all(db)
             have = {row[1] for row in db.execute("PRAGMA table_info(dumps)")}
             for name, kind in _ADDED_COLUMNS:
                 if name not in have:

@@ -78,6 +78,8 @@ def test_ingest_analyses_reports_and_shows(tmp_path, crashes, capsys):
     assert f["COREDUMP_UNIT"] == "analysed.service" and f["COREDUMP_SLICE"] == "system.slice"
     assert f["COREHANDLER_SIGNATURE"] == a["signature"] and f["COREHANDLER_EXACT_KEY"] == a["exact_key"]
     assert f["COREHANDLER_ANALYSIS"] == "ok" and f["COREHANDLER_BUILD_ID"] == a["exe"]["build_id"]
+    assert "\n\nReason: null pointer dereference (SEGV_MAPERR at 0x0)\n\nStack trace of thread" in f["MESSAGE"]
+    assert f["COREHANDLER_REASON"] == "null pointer dereference (SEGV_MAPERR at 0x0)"
 
     def cli(*argv):
         code = main(["--config-dir", str(tmp_path / "etc"), "--state-dir", str(state), *argv])
@@ -93,6 +95,12 @@ def test_ingest_analyses_reports_and_shows(tmp_path, crashes, capsys):
     assert out.count("Stack trace of thread") == 9 and "Unit: analysed.service" in out
     info = json.loads(cli("--json", "info", f"id={ids['a']}"))
     assert info[0]["analysis"]["signature"] == a["signature"]
+    assert info[0]["analysis"]["reason"]["text"] == "null pointer dereference (SEGV_MAPERR at 0x0)"
+    assert info[0]["analysis"]["reason"]["code"] == "SEGV_MAPERR" and info[0]["analysis"]["reason"]["addr"] == 0
+    assert "Reason: null pointer dereference (SEGV_MAPERR at 0x0)" in cli("info", f"id={ids['a']}")
+    with Store(state, readonly=True) as store:  # kept in the index's own column, for queries
+        row = store.analysis_summaries([ids["a"]])[ids["a"]]
+        assert row["reason"] == "null pointer dereference (SEGV_MAPERR at 0x0)"
 
     out = cli("list")
     assert "SIGNATURE" in out.splitlines()[0] and out.count(a["signature_id"]) == 2

@@ -90,6 +90,28 @@ def test_assert_drops_the_abort_frames(tmp_path, binary):
     assert r["signature"].startswith("analysed SIGABRT do_assert < main")
 
 
+# What glibc 2.36+ picks for strlen on this CPU, and with its AVX-512 and AVX2 use turned off by tunables.
+_VARIANTS = {"": None, "glibc.cpu.hwcaps=-AVX512VL,-AVX512BW": None,
+             "glibc.cpu.hwcaps=-AVX512VL,-AVX512BW,-AVX2": "__strlen_sse2"}
+
+
+def test_strlen_null_one_v2_signature_whichever_variant_libc_picked(tmp_path, binary):
+    """The same strlen(NULL) crash, with libc made to pick another ifunc variant each time: one v2 signature
+    (`strlen | count_name`), as many v1 signatures as variants, each naming it."""
+    results = {}
+    for tunables, expected in _VARIANTS.items():
+        c = realcore.crash(binary, tmp_path / f"core.{len(results)}", "strlen", env={"GLIBC_TUNABLES": tunables})
+        r = unwind.analyse(c.core, realcore.record_for(c, "id"))
+        variant = top(r)["function"]
+        assert variant.startswith("__strlen_") and (expected is None or variant == expected), variant
+        results[variant] = r
+    if len(results) < 2:
+        pytest.skip(f"this CPU gives only {list(results)}: the variants cannot be told apart here")
+    assert {r["signature"] for r in results.values()} == {"analysed SIGSEGV strlen | count_name < main"}
+    assert len({r["signature_id"] for r in results.values()}) == 1
+    assert len({r["signature_v1_id"] for r in results.values()}) == len(results)
+
+
 def test_cxx_throw(tmp_path, cache):
     if not shutil.which("g++"):
         pytest.skip("g++ is not installed (scripts/apt/test.txt has it)")
@@ -103,8 +125,18 @@ def test_stripped_pie(tmp_path, cache):
     _, r = analyse(tmp_path, b, "segv")
     f = top(r)
     assert f["function"] is None and f["build_id"] == r["exe"]["build_id"] and f["offset"] is not None
-    assert r["signature"].startswith(f"analysed-stripped SIGSEGV analysed-stripped+{f['offset']:#x}")
+    assert r["signature"] == "analysed-stripped SIGSEGV analysed-stripped"
     assert r["exact_key"]
+
+
+def test_two_builds_of_a_stripped_program_share_a_signature(tmp_path, cache):
+    one = realcore.build(cache / "stripped-1", "-fPIE", "-pie", strip=True, name="stripped-app")
+    two = realcore.build(cache / "stripped-2", "-fPIE", "-pie", "-DPAD", strip=True, name="stripped-app")
+    _, a = analyse(tmp_path, one, "segv")
+    _, b = analyse(tmp_path, two, "segv")
+    assert top(a)["offset"] != top(b)["offset"] and a["exe"]["build_id"] != b["exe"]["build_id"]
+    assert a["signature_id"] == b["signature_id"] and a["exact_key"] != b["exact_key"]
+    assert a["signature_v1_id"] != b["signature_v1_id"]
 
 
 def test_same_crash_twice_same_keys_other_site_other_keys(tmp_path, binary):
@@ -236,3 +268,23 @@ def test_the_child_has_no_core_no_network_no_proxies_and_low_priority(tmp_path, 
     assert facts["env"] == "0" and {"limits", "nice", "ionice"} <= set(r["sandbox"])
     if os.geteuid() == 0:
         assert facts["net"] == "lo+"  # a network namespace of its own: loopback only
+
+
+# -- the crash's reason (analysis/reason.py): NT_SIGINFO, the stack pointer, glibc's __abort_msg -------------
+
+@pytest.mark.parametrize("how, expected", [
+    ("segv", r"null pointer dereference \(SEGV_MAPERR at 0x0\)"),
+    ("strlen", r"null pointer dereference \(SEGV_MAPERR at 0x0\)"),
+    ("assert", r"assertion failed: x == 42 \(\S*analysed\.c:\d+, do_assert\)"),
+    ("doublefree", r"abort: free\(\): double free detected in tcache 2"),
+    ("overflow", r"stack overflow \(SEGV_(MAPERR|ACCERR) at 0x[0-9a-f]+, stack pointer 0x[0-9a-f]+\)"),
+])
+def test_the_reason_of_real_crashes(tmp_path, binary, how, expected):
+    import re
+    _, r = analyse(tmp_path, binary, how)
+    why = r["reason"]
+    assert re.fullmatch(expected, why["text"]), why
+    if how in ("assert", "doublefree"):
+        assert why["signal"] == 6 and why["code"] == "SI_TKILL" and why["abort_message"]
+    else:
+        assert why["signal"] == 11 and why["addr"] is not None

@@ -7,6 +7,9 @@
  *   analysed thread     8 workers started and waiting, worker 5 crashes in worker_crash
  *   analysed recurse    recurse() 5000 deep, then a NULL write
  *   analysed assert     do_assert: assert() fails (SIGABRT)
+ *   analysed strlen     count_name: strlen(NULL), in whichever ifunc variant libc picked for this CPU
+ *   analysed doublefree release: free() twice (glibc's tcache check aborts)
+ *   analysed overflow   overflow(): unbounded recursion into the stack guard
  *   analysed threads N [MIB]  N threads with small stacks, then MIB MiB written (in the core), then main
  *                       crashes (thousands of threads; a big core of many threads for bench/minicore.py)
  *
@@ -35,6 +38,19 @@ __attribute__((noinline)) int recurse(int n) {
 }
 
 __attribute__((noinline)) void do_assert(int x) { assert(x == 42); }
+
+__attribute__((noinline)) size_t count_name(const char *name) { return strlen(name) + 1; }
+
+__attribute__((noinline)) void release(char *p) {
+        free(p);
+        free(p);
+}
+
+__attribute__((noinline)) int overflow(volatile char *up) {
+        volatile char frame[1024];
+        frame[0] = up ? up[0] : 0;
+        return overflow(frame) + frame[0];
+}
 
 static pthread_barrier_t started;
 
@@ -71,6 +87,12 @@ int main(int argc, char *argv[]) {
                 return recurse(5000);
         else if (!strcmp(argv[1], "assert"))
                 do_assert(argc);
+        else if (!strcmp(argv[1], "strlen"))
+                return (int) count_name(argc > 5 ? argv[2] : NULL);
+        else if (!strcmp(argv[1], "doublefree"))
+                release(malloc(32));
+        else if (!strcmp(argv[1], "overflow"))
+                return overflow(NULL);
         else if (!strcmp(argv[1], "thread")) {
                 pthread_t t[8];
                 pthread_barrier_init(&started, NULL, 9);

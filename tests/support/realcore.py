@@ -49,11 +49,12 @@ _REPORT = ("python import gdb; t = gdb.selected_thread(); "
            "print('CRASH', gdb.selected_inferior().pid, t.ptid[1], int(gdb.parse_and_eval('$_siginfo.si_signo')))")
 
 
-def crash(binary: Path, core: Path, *args: str, timeout: float = 120) -> Crash:
-    """Runs binary under gdb until its fatal signal and gcores it to `core`."""
+def crash(binary: Path, core: Path, *args: str, timeout: float = 120, env: dict | None = None) -> Crash:
+    """Runs binary under gdb until its fatal signal and gcores it to `core` (env: added to the program's)."""
     out = subprocess.run(["gdb", "-q", "-nx", "-batch", "-ex", "set pagination off", "-ex", "run", "-ex", _REPORT,
                           "-ex", f"gcore {core}", "-ex", "kill", "--args", str(binary), *args],
-                         capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+                         capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                         env={**os.environ, **env} if env else None)
     line = next((x for x in out.stdout.splitlines() if x.startswith("CRASH ")), None)
     assert line and core.exists(), f"gdb made no core: {out.stdout}\n{out.stderr}"
     _, pid, tid, sig = line.split()

@@ -22,11 +22,12 @@ def write_settings(path: Path, spool_dir: Path, **extra) -> Path:
 def feed(feeder: Path, csplice: Path, settings: Path, *, size: int, pid: int = 4242, comm: str | bytes = "feeder",
          signal: int = 11, zero_regions: bool = False, proc_root: Path | None = None, uid: int | None = None,
          dumpable: int | None = None, euid: int | None = None, egid: int | None = None,
-         at_secure: int = 0) -> dict | None:
+         at_secure: int = 0, rlimit: int | None = None) -> dict | None:
     """Runs feeder | csplice for one fake crash and returns the committed record (None when a running
     daemon took it before we could read it). uid and dumpable are the kernel's %u (default: ours) and %d
     (default 1); with a uid, the proc root's status says its real, effective, saved and fs ids (euid and egid
-    the effective ones, default the real ones); at_secure goes into the core's auxv."""
+    the effective ones, default the real ones); at_secure goes into the core's auxv; rlimit is the kernel's %c
+    (default unlimited)."""
     spool_dir = Path(next(line.split("=", 1)[1].strip() for line in settings.read_text().splitlines()
                           if line.startswith("spool_dir=")))
     before = set(os.listdir(spool_dir)) if spool_dir.exists() else set()
@@ -46,7 +47,7 @@ def feed(feeder: Path, csplice: Path, settings: Path, *, size: int, pid: int = 4
     args = [str(feeder), "--size", str(size), "--pid", str(pid), "--at-secure", str(at_secure)] + \
         (["--zero-regions"] if zero_regions else [])
     kernel_args = core_args(pid, comm=comm, signal=signal, hostname="testhost")
-    for position, value in ((3, uid), (4, uid), (5, dumpable)):  # %u %g %d
+    for position, value in ((3, uid), (4, uid), (5, dumpable), (8, rlimit)):  # %u %g %d %c
         if value is not None:
             kernel_args[position] = str(value).encode()
     args += ["--", str(csplice), *kernel_args]

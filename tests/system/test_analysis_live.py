@@ -106,3 +106,43 @@ def test_mini_cores_of_kernel_cores_unwind_like_the_full_ones(live, tmp_path):
         assert [t for t, _ in g_mini] == [t for t, _ in g_full]
         for (_, frames_f), (_, frames_m) in zip(g_full, g_mini):
             assert frames_m == frames_f if not deep else (len(frames_m) > 1000 and frames_m == frames_f[:len(frames_m)])
+
+
+def _no_core():
+    resource.setrlimit(resource.RLIMIT_CORE, (0, resource.RLIM_INFINITY))
+
+
+def test_signature_v2_reasons_and_a_missing_core_on_the_live_kernel(live, tmp_path):
+    """Issue 36 through the real handler: strlen(NULL) with libc's evex, avx2 and sse2 variants (forced by
+    GLIBC_TUNABLES) has one v2 signature; a NULL write, an assert, a double free and a stack overflow say so
+    in `info`; a crash under `ulimit -c 0` says why it has no core."""
+    state, etc, cli, base = live
+    binary = realcore.build(tmp_path / "bin", name="analysed")
+    tunables = ("", "glibc.cpu.hwcaps=-AVX512VL,-AVX512BW", "glibc.cpu.hwcaps=-AVX512VL,-AVX512BW,-AVX2")
+    daemon = serve(base)
+    try:
+        for t in tunables:
+            subprocess.run([str(binary), "strlen"], preexec_fn=_allow_core, capture_output=True, timeout=60,
+                           env=dict(os.environ, GLIBC_TUNABLES=t))
+        for kind in ("segv", "assert", "doublefree", "overflow"):
+            subprocess.run([str(binary), kind], preexec_fn=_allow_core, capture_output=True, timeout=60)
+        subprocess.run([str(binary), "other"], preexec_fn=_no_core, capture_output=True, timeout=60)
+        dumps = indexed(cli, 8)
+    finally:
+        log = stop(daemon)
+    assert "Traceback" not in log
+    details = [json.loads(cli("--json", "info", f"id={d['id']}").stdout)[0] for d in dumps]
+    strlens = [d["analysis"] for d in details[:3]]
+    assert len({a["threads"][0]["frames"][0]["function"] for a in strlens}) >= 2  # the variants differed
+    assert {a["signature"] for a in strlens} == {"analysed SIGSEGV strlen | count_name < main"}
+    assert [a["reason"]["text"] for a in strlens] == ["null pointer dereference (SEGV_MAPERR at 0x0)"] * 3
+    reasons = [d["analysis"]["reason"]["text"] for d in details[3:7]]
+    assert reasons[0] == "null pointer dereference (SEGV_MAPERR at 0x0)"
+    assert reasons[1].startswith("assertion failed: x == 42 (") and reasons[1].endswith(", do_assert)")
+    assert reasons[2] == "abort: free(): double free detected in tcache 2"
+    assert reasons[3].startswith("stack overflow (")
+    assert "Reason: assertion failed: x == 42" in cli("info", f"id={dumps[4]['id']}", text=True).stdout
+    missing = details[7]
+    assert missing["status"] == "dropped" and missing["no_core"]["reason"] == "rlimit_core"
+    assert "RLIMIT_CORE was 0" in cli("info", f"id={dumps[7]['id']}", text=True).stdout
+    assert "no core: rlimit_core" in cli("list", text=True).stdout

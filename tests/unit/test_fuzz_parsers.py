@@ -1,5 +1,5 @@
 """Fuzzing the parsers of what a crashing process controls: the spool record (JSON), the core's notes
-(NT_PRSTATUS, NT_PRPSINFO, NT_FILE), the package note, the module listing.
+(NT_PRSTATUS, NT_PRPSINFO, NT_FILE, NT_SIGINFO), the package note, the module listing, the reason line.
 
 Each parser either answers or raises its module's own error type, never anything else, and each input is
 bounded in time (hypothesis's per-example deadline, generous for a loaded machine: the inputs are small, a
@@ -188,3 +188,24 @@ def test_note_segment(data, end, bits):
 def test_the_fuzzed_record_shapes_are_the_ones_read():
     """The fuzzer's keys follow spool's shape table: a field added there is fuzzed too."""
     assert set(spool._SHAPE) <= set(RECORD_KEYS) and set(spool._PROC_SHAPE) <= set(PROC_KEYS)
+
+
+@FUZZ
+@given(st.binary(max_size=200), st.binary(max_size=600), st.sampled_from(["<", ">"]), st.sampled_from([32, 64]),
+       st.sampled_from([62, 183, 243, 3, 40, 8, 0, 0xFFFF]))
+@example(b"\x0b\0\0\0\0\0\0\0\x01\0\0\0", b"", "<", 64, 62)
+@example(b"\x0b\0\0\0", b"\0" * 300, "<", 64, 62)
+def test_siginfo_and_prstatus_notes(siginfo, prstatus, end, bits, machine):
+    """NT_SIGINFO and NT_PRSTATUS of any length and content, on any machine: the core's validation answers,
+    and the reason line is a string (or nothing)."""
+    from corehandler.analysis import reason
+    layout = elfcore._LAYOUTS[elfcore.ELFCLASS64 if bits == 64 else elfcore.ELFCLASS32]
+
+    def note(ntype, desc):
+        return struct.pack(end + "III", 5, len(desc), ntype) + b"CORE\0\0\0\0" + desc + b"\0" * (-len(desc) % 4)
+    info = elfcore.CoreInfo(machine=machine)
+    elfcore._parse_notes(info, note(elfcore.NT_PRSTATUS, prstatus) + note(elfcore.NT_SIGINFO, siginfo), end, layout)
+    assert info.siginfo is None or all(isinstance(v, int) for v in info.siginfo.values())
+    assert info.sp is None or isinstance(info.sp, int)
+    line = reason.explain(info.signal, info.siginfo, info.sp, {info.pid})
+    assert line is None or isinstance(line, str)

@@ -292,3 +292,76 @@ def test_a_dump_another_process_is_deleting_is_left_to_it(store):
     (done,) = store.finish_deletions()
     assert (done.deleted_rule, done.freed_bytes) == ("max_use", 8192)
     assert store.deletions() == {"max_use": (1, 8192)}
+
+
+def _v1_analysis(variant: str, offset: int) -> dict:
+    """An analysis as a schema-11 daemon (signature v1) stored it, of a strlen(NULL) crash on a CPU whose libc
+    picked `variant`."""
+    from corehandler.analysis import signature
+    frames = [{"index": 0, "pc": 0x7f0000000000 + offset, "function": variant,
+               "module": "/usr/lib/x86_64-linux-gnu/libc.so.6", "build_id": "cc", "offset": offset},
+              {"index": 1, "pc": 0x5555_5555_5189, "function": "count_name", "module": "/usr/bin/app",
+               "build_id": "aa", "offset": 0x1189},
+              {"index": 2, "pc": 0x5555_5555_51d0, "function": "main", "module": "/usr/bin/app", "build_id": "aa",
+               "offset": 0x11d0}]
+    text = signature.signature("/usr/bin/app", "SIGSEGV", frames, 1)
+    return {"state": "ok", "threads": [{"tid": 1, "crashing": True, "frames": frames}],
+            "exe": {"path": "/usr/bin/app", "build_id": "aa"}, "signature": text,
+            "signature_id": signature.signature_id(text, 1), "signature_version": 1,
+            "exact_key": f"x1-{offset:032x}", "exact_version": 1}
+
+
+@pytest.mark.parametrize("readonly", [False, True])
+def test_a_schema_11_index_gets_signature_v2_with_the_v1_ids_kept(tmp_path, readonly):
+    """Three dumps of one bug on three CPUs, analysed by a v1 daemon: three groups before the upgrade, one
+    after, each analysis keeping its v1 id (what the fleet's older hosts still send), the exact keys as they
+    were; `--signature` finds them by either id, and their group lists the v1 ids it links."""
+    from corehandler.cli import crashview
+    from corehandler.store import analyses
+    with Store(tmp_path) as s:
+        s.db.execute("DROP INDEX analysis_signature_v1")
+        s.db.execute("ALTER TABLE analysis DROP COLUMN signature_v1_id")
+        olds = {}
+        for n, (variant, offset) in enumerate((("__strlen_evex", 0x1a1a5d), ("__strlen_avx2", 0x19e6bd),
+                                               ("__strlen_sse2", 0xa0b65)), 1):
+            record = _record(n)
+            s.insert(_row(record))
+            values = analyses.row(record["id"], _v1_analysis(variant, offset))
+            del values["signature_v1_id"]
+            s.db.execute(f"INSERT INTO analysis ({', '.join(values)}) VALUES ({', '.join('?' * len(values))})",
+                         list(values.values()))
+            olds[record["id"]] = values
+        s.db.execute("PRAGMA user_version=11")
+        s.db.commit()
+    with Store(tmp_path, readonly=readonly) as s:
+        rows = s.analysis_summaries(olds)
+        assert {r["signature"] for r in rows.values()} == {"app SIGSEGV strlen | count_name < main"}
+        assert {r["signature_version"] for r in rows.values()} == {2}
+        assert {i: r["signature_v1_id"] for i, r in rows.items()} == {i: v["signature_id"] for i, v in olds.items()}
+        assert {i: r["exact_key"] for i, r in rows.items()} == {i: v["exact_key"] for i, v in olds.items()}
+        result = s.analysis_for(_record(1)["id"])
+        assert result["signature_id"] == rows[_record(1)["id"]]["signature_id"]
+        assert result["signature_v1_id"] == olds[_record(1)["id"]]["signature_id"]
+        [group] = crashview.groups(s.all(), rows)
+        assert group["count"] == 3 and sorted(group["signature_v1_ids"]) == sorted(v["signature_id"]
+                                                                                   for v in olds.values())
+        old_id = olds[_record(2)["id"]]["signature_id"]
+        args = type("Args", (), {"signature": old_id, "unit": None, "container": None, "pod": None})()
+        assert [d.id for d in crashview.apply_filters(args, s, s.all(), None)] == [_record(2)["id"]]
+
+
+def test_a_v2_signature_is_as_old_as_the_v1_group_it_links(store):
+    """Two dumps of one v1 signature that v2 splits (its prefix rule reads deeper): the second v2 group is not a
+    new kind of crash, as its v1 id was seen with the first dump."""
+    from corehandler.store import analyses
+    for n, sig in ((1, "s2-aaaa"), (2, "s2-bbbb")):
+        record = _record(n, ts=1_700_000_000 + n * 1000)
+        store.insert(_row(record))
+        analyses.put(store, record["id"], {"state": "ok", "signature": sig, "signature_id": sig,
+                                           "signature_version": 2, "signature_v1_id": "s1-same"})
+    assert analyses.newest_signature(store)[2] == 1_700_001_000
+    record = _record(3, ts=1_700_003_000)
+    store.insert(_row(record))
+    analyses.put(store, record["id"], {"state": "ok", "signature": "s2-cccc", "signature_id": "s2-cccc",
+                                       "signature_version": 2, "signature_v1_id": "s1-other"})
+    assert analyses.newest_signature(store)[:3] == ("s2-cccc", "s2-cccc", 1_700_003_000)
