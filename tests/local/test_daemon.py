@@ -79,7 +79,7 @@ def test_ingest_complete_truncated_and_dropped(tmp_path, state, feeder, csplice)
     s = ingested[ok["id"]]
     assert s["status"] == "compressing" and s["raw_bytes"] == 3 << 20 and s["path"] is None
     assert s["stored_bytes"] is None and s["compress_seconds"] is None
-    assert s["analysis"]["state"] != "pending"  # analysed before it is listed: the trace is there at once
+    assert s["analysis"]["state"] == "pending"  # listed at once; analysed off the ingest thread
     assert set(s) == {"id", "path", "raw_bytes", "stored_bytes", "compress_seconds", "ingest_seconds",
                       "ingested_at", "status", "problem", "analysis"}
     assert ingested[trunc["id"]]["status"] == "compressing"
@@ -90,6 +90,7 @@ def test_ingest_complete_truncated_and_dropped(tmp_path, state, feeder, csplice)
     s = stored[ok["id"]]
     assert s["status"] == "ok" and s["raw_bytes"] == 3 << 20 and s["stored_bytes"] == rows[ok["id"]].stored_bytes
     assert s["path"] == str(state / "store" / rows[ok["id"]].path) and s["ingest_seconds"] >= s["compress_seconds"]
+    assert s["analysis"]["state"] not in (None, "pending")  # the final event has the analysis
     assert stored[trunc["id"]]["status"] == "truncated"
     order = [(e[0], e[1]) for e in rec.events if e[0] in ("ingested", "stored")]
     assert order.index(("ingested", ok["id"])) < order.index(("stored", ok["id"]))
