@@ -1,12 +1,13 @@
 """The analysis workers: a dump's unwinding, symbols and mini core run here, in threads off the daemon's, so one
 slow dump (a 4000-thread process unwinding to its timeout) cannot hold the ingest of the others
-(docs/design.md, "Analysis off the ingest thread").
+(docs/design.md, "Analysis off the ingest thread; capture first").
 
 - A queue per uid, served round-robin, and at most one running job per uid: with two workers, one user's slow
   crashes hold one worker at most, and another uid's (root's) next dump starts on the other.
 - A budget per uid: the analysis seconds a uid's jobs took in the last `window` seconds. A job whose uid has
   spent `budget` is not run: its skip outcome, saying why ("analysis skipped: uid budget"), stands for it.
   Checked when the job's turn comes, so a burst queued before the budget ran out is skipped at once.
+- While a capture runs (capture.py) no job starts: the capture has the CPUs and the disk.
 
 Jobs and their outcomes go back to the daemon's thread (finished(), after wake()): the index is written there
 only. Workers never raise: a job whose work raises ends with the outcome its skip gives for the error.
@@ -46,10 +47,12 @@ class Job:
 
 class Workers:
     def __init__(self, wake: Callable[[], None], *, workers: int = 2, budget: float = 0.0, window: float = 600.0,
-                 clock: Callable[[], float] = time.monotonic):
-        """wake: tells the daemon's loop a job finished. budget: analysis seconds per uid per window, 0 = no cap."""
+                 yield_to: Callable[[], None] | None = None, clock: Callable[[], float] = time.monotonic):
+        """wake: tells the daemon's loop a job finished. budget: analysis seconds per uid per window, 0 = no cap.
+        yield_to: returns once no capture runs (capture.py)."""
         self._wake = wake
         self.budget, self.window = budget, window
+        self._yield_to = yield_to
         self._clock = clock
         self._lock = threading.Condition()
         self._queues: collections.OrderedDict[int | None, collections.deque[Job]] = collections.OrderedDict()
@@ -139,6 +142,8 @@ class Workers:
             job.outcome = job.skip(f"{BUDGET_SKIP} (uid {job.uid} used {spent:.0f} s of analysis in the last "
                                    f"{self.window:g} s; the dump is stored without it)")
             return
+        if self._yield_to is not None:
+            self._yield_to()
         started = self._clock()
         problems: list[str] = []
         job.outcome = steps.run("analysis", problems, job.work, job)

@@ -14,7 +14,7 @@ import time
 from dataclasses import replace
 from typing import Callable, Sequence
 
-from corehandler import analysisqueue, daemonlock, spool
+from corehandler import analysisqueue, capture, daemonlock, spool
 from corehandler.analysis import resymbolise, unwind
 from corehandler.ingest import Ingest, Settings, settings_from_config  # noqa: F401 (serve, tests)
 from corehandler.inotify import IN_Q_OVERFLOW, Watch
@@ -42,6 +42,8 @@ class Daemon:
         self.store: Store | None = None
         self._ingest: Ingest | None = None  # from run(), with the store
         self._workers: analysisqueue.Workers | None = None  # from run()
+        # Paused between chunks of background work while csplice captures (capture.py).
+        self.capture = capture.Yield(settings.spool_dir, self._stop)
         self._corrupt_seen: set[str] | None = None
         self._views_stale = False  # an append failed: the next change rewrites every view whole
         if handle_signals:  # now, not in run(): a SIGHUP before the loop starts is kept, not fatal
@@ -226,10 +228,11 @@ class Daemon:
         lock = self._lock()
         self.store = Store(s.state_dir)
         self._workers = analysisqueue.Workers(self._wake, workers=s.analysis_workers, budget=s.analysis_uid_budget,
-                                              window=s.analysis_uid_window)
+                                              window=s.analysis_uid_window,
+                                              yield_to=lambda: self.capture("analysis"))
         self._ingest = Ingest(lambda: self.settings, self.store, self._stop, notify=self._notify,
                               report_error=self.report_error, update_views=self._update_views, retain=self.retain,
-                              symbols=self._symbols, workers=self._workers)
+                              symbols=self._symbols, workers=self._workers, yield_to=self.capture)
         if s.analysis_enabled:
             unwind.sandbox()  # probed now, not in the first dump's analysis time
         self.check_corrupt()  # the baseline, before an observer (the scrub) can mark anything

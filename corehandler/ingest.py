@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from corehandler import analysisqueue, elfcore, paths, spool, steps
+from corehandler import analysisqueue, capture, elfcore, paths, spool, steps
 from corehandler.analysis import debuginfod, findings, minicore, resymbolise, symbols, unwind
 from corehandler.observer import Observer, Stored
 from corehandler.store import analyses, attempts, compress, retention, userview
@@ -185,9 +185,11 @@ class Ingest:
     def __init__(self, settings: Callable[[], Settings], store: Store, stop: threading.Event, *,
                  notify: Callable[[str, Callable[[Observer], None]], None],
                  report_error: Callable[..., None], update_views: Callable[..., None], retain: Callable[[], Any],
-                 symbols: resymbolise.Resymboliser, workers: analysisqueue.Workers):
+                 symbols: resymbolise.Resymboliser, workers: analysisqueue.Workers,
+                 yield_to: capture.Yield | None = None):
         """settings: the daemon's current Settings (a reload replaces them); stop: set when the daemon stops,
-        which abandons a long step at its next checkpoint; workers: where analyses run."""
+        which abandons a long step at its next checkpoint; workers: where analyses run; yield_to: paused in
+        between compression chunks while a capture runs."""
         self._settings = settings
         self.store = store
         self._stop = stop
@@ -198,6 +200,7 @@ class Ingest:
         self._symbols = symbols
         self._retry_at: dict[str, float] = {}
         self._workers = workers
+        self._yield = yield_to
         self._parked: dict[str, _Parked] = {}
 
     @property
@@ -206,6 +209,8 @@ class Ingest:
 
     def _checkpoint(self, point: str) -> None:
         pause(INGEST_ENV, point)
+        if self._yield is not None and point == "compressing":
+            self._yield("compress")
         if self._stop.is_set():
             raise Stopping(point)
 
@@ -469,6 +474,8 @@ class Ingest:
 
             def work(job):
                 problems: list[str] = []
+                if self._yield is not None:
+                    self._yield("mini core")
                 return self._write_mini(dump.id, raw, problems), problems
 
             def skip(reason):
