@@ -144,6 +144,8 @@ class Workers:
             return
         if self._yield_to is not None:
             self._yield_to()
+        if self._stopping:  # stop() came during the wait: the job is redone at the next start
+            return
         started = self._clock()
         problems: list[str] = []
         job.outcome = steps.run("analysis", problems, job.work, job)

@@ -9,16 +9,16 @@ step is safe to redo (see Ingest.ingest):
 
 visible   validate the raw core, mark its analysis pending, announce the dump (on_ingested), then insert its
           index row: status `compressing` when there is a core to store, else its final status; publish the
-          users' views, and hand the analysis (unwinder, symbols, mini core) to the workers. From here `list`,
+          users' views, and hand the unwinding (and the symbols' sources) to the workers. From here `list`,
           `info`, the journal and the metrics show the dump; its trace and signature come with the final row.
           No analysis runs on this thread: a slow one holds its own dump only.
 stored    store the raw core (compress to a temp file verified as it streams, fsync, rename); a stored file a
-          kill left in place is verified and kept instead. The raw core stays in the spool until the analysis
-          is done too (it reads the full core). A dump stored before its analysis ends waits for it, off this
-          thread; the next dumps go on meanwhile.
-analysed  the workers' result goes into the analysis row as it arrives (collect); once the core is stored as
-          well, announce the final status, the stored file's figures and the analysis (on_stored: the journal's
-          one coredumpctl entry, with the trace), then commit them to the row.
+          kill left in place is verified and kept instead; then hand the mini core to the workers. The raw core
+          stays in the spool until they are done (they read the full core). A dump stored before its jobs end
+          waits for them, off this thread; the next dumps go on meanwhile.
+analysed  the workers' results go into the analysis row as they arrive (collect); once the core is stored and
+          every job done, announce the final status, the stored file's figures and the analysis (on_stored:
+          the journal's one coredumpctl entry, with the trace), then commit them to the row.
 cleanup   delete the raw core, then the record.
 Each announcement is made at least once: it is built from the row about to be committed (and the analysis
 already stored) and made just BEFORE that commit, so a kill at any point loses none. A kill between an
@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from corehandler import analysisqueue, capture, elfcore, paths, spool, steps
+from corehandler import analysisqueue, elfcore, paths, spool, steps
 from corehandler.analysis import debuginfod, findings, minicore, resymbolise, symbols, unwind
 from corehandler.observer import Observer, Stored
 from corehandler.store import analyses, attempts, compress, retention, userview
@@ -186,10 +186,10 @@ class Ingest:
                  notify: Callable[[str, Callable[[Observer], None]], None],
                  report_error: Callable[..., None], update_views: Callable[..., None], retain: Callable[[], Any],
                  symbols: resymbolise.Resymboliser, workers: analysisqueue.Workers,
-                 yield_to: capture.Yield | None = None):
+                 yield_to: Callable[[str], None] | None = None):
         """settings: the daemon's current Settings (a reload replaces them); stop: set when the daemon stops,
-        which abandons a long step at its next checkpoint; workers: where analyses run; yield_to: paused in
-        between compression chunks while a capture runs."""
+        which abandons a long step at its next checkpoint; workers: where analyses run; yield_to(what): called
+        between compression chunks and before a mini core, returns once no capture runs (capture.Yield)."""
         self._settings = settings
         self.store = store
         self._stop = stop
@@ -489,6 +489,8 @@ class Ingest:
         """In a worker: the unwinder on the full raw core. Touches no index: the daemon's thread stores what
         this returns (collect)."""
         pause(ANALYSIS_ENV, "analysing", until=self._stop)
+        if self._stop.is_set():  # the daemon stops: this outcome is dropped, the next start redoes it
+            return findings.skipped(record, "the daemon stopped")
         failed: list[str] = []
         running = unwind.start(raw, record, self._analysis_limits())
         job.interrupt = lambda: unwind.interrupt(running)
