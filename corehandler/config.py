@@ -352,6 +352,12 @@ class AnalysisConfig(_Section):
                                                   "from its stack pointer up")
     mini_core_max: Size(64 << 10, 1 << 30) = Field(32 << 20, description="most bytes of one mini core; threads "
                                                    "past it keep their registers only")
+    workers: int = Field(2, ge=1, le=64, description="analyses running at once, each in a thread of the daemon "
+                         "beside ingest; one uid's dumps take one at a time")
+    uid_budget: Duration(0, 86400) = Field(120.0, description="analysis seconds one uid's dumps may take per "
+                                           "uid_window; past it that uid's dumps are stored without analysis "
+                                           "(\"analysis skipped: uid budget\"); 0 = no cap")
+    uid_window: Duration(1, 86400) = Field(600.0, description="the window uid_budget counts over")
 
     @model_validator(mode="after")
     def _plain_http(self) -> "AnalysisConfig":

@@ -14,7 +14,7 @@ import time
 from dataclasses import replace
 from typing import Callable, Sequence
 
-from corehandler import daemonlock, spool
+from corehandler import analysisqueue, capture, daemonlock, spool
 from corehandler.analysis import resymbolise, unwind
 from corehandler.ingest import Ingest, Settings, settings_from_config  # noqa: F401 (serve, tests)
 from corehandler.inotify import IN_Q_OVERFLOW, Watch
@@ -41,6 +41,9 @@ class Daemon:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.store: Store | None = None
         self._ingest: Ingest | None = None  # from run(), with the store
+        self._workers: analysisqueue.Workers | None = None  # from run()
+        # Paused between chunks of background work while csplice captures (capture.py).
+        self.capture = capture.Yield(settings.spool_dir, self._stop)
         self._corrupt_seen: set[str] | None = None
         self._views_stale = False  # an append failed: the next change rewrites every view whole
         if handle_signals:  # now, not in run(): a SIGHUP before the loop starts is kept, not fatal
@@ -100,6 +103,8 @@ class Daemon:
             log.warning("state_dir changed to %s: takes effect at the next start", new.state_dir)
             new = replace(new, state_dir=self.settings.state_dir)
         self.settings = new
+        if self._workers is not None:  # the number of workers is the start's
+            self._workers.budget, self._workers.window = new.analysis_uid_budget, new.analysis_uid_window
         log.info("Configuration reloaded")
 
     # -- ingest passes ------------------------------------------------------------------------------------------
@@ -222,9 +227,12 @@ class Daemon:
         s.spool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         lock = self._lock()
         self.store = Store(s.state_dir)
+        self._workers = analysisqueue.Workers(self._wake, workers=s.analysis_workers, budget=s.analysis_uid_budget,
+                                              window=s.analysis_uid_window,
+                                              yield_to=lambda: self.capture("analysis"))
         self._ingest = Ingest(lambda: self.settings, self.store, self._stop, notify=self._notify,
                               report_error=self.report_error, update_views=self._update_views, retain=self.retain,
-                              symbols=self._symbols)
+                              symbols=self._symbols, workers=self._workers, yield_to=self.capture)
         if s.analysis_enabled:
             unwind.sandbox()  # probed now, not in the first dump's analysis time
         self.check_corrupt()  # the baseline, before an observer (the scrub) can mark anything
@@ -251,6 +259,8 @@ class Daemon:
                             break
                 if self._stop.is_set():
                     break
+                if self._ingest.collect():
+                    self.retain()
                 self._symbols.step(self.store, self.settings)
                 if self._reload_pending:
                     self._do_reload()
@@ -276,6 +286,7 @@ class Daemon:
             return 0
         finally:
             watch.close()
+            self._workers.stop()
             self._symbols.stop()
             self.store.close()
             os.close(lock)  # the wake-up pipe stays: stop() may still be called from another thread

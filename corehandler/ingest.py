@@ -1,17 +1,24 @@
-"""Ingest: one committed spool record's way into the store, stage by stage, on the daemon's thread.
+"""Ingest: one committed spool record's way into the store, stage by stage, on the daemon's thread; its analysis
+beside it, in the analysis workers (analysisqueue.py).
 
-A dump goes through ingest in stages, each read back from what is on disk (its index row, its spool files, its
-stored file), so a daemon started after a kill resumes where the killed one stopped and every step is safe to
-redo (see Ingest.ingest):
+A dump goes through ingest in stages, each read back from what is on disk (its index row, its analysis row, its
+spool files, its stored file), so a daemon started after a kill resumes where the killed one stopped and every
+step is safe to redo (see Ingest.ingest):
 
-  no row --visible--> row `compressing` --stored--> row final, spool files left --cleanup--> done
+  no row --visible--> row `compressing` --stored + analysed--> row final, spool files left --cleanup--> done
 
-visible   validate the raw core, analyse it, announce the dump (on_ingested), then insert its index row: status
-          `compressing` when there is a core to store, else its final status; then publish the users' views.
-          From here `list`, `info`, the journal and the metrics show the dump, its trace and signature.
+visible   validate the raw core, mark its analysis pending, announce the dump (on_ingested), then insert its
+          index row: status `compressing` when there is a core to store, else its final status; publish the
+          users' views, and hand the unwinding (and the symbols' sources) to the workers. From here `list`,
+          `info`, the journal and the metrics show the dump; its trace and signature come with the final row.
+          No analysis runs on this thread: a slow one holds its own dump only.
 stored    store the raw core (compress to a temp file verified as it streams, fsync, rename); a stored file a
-          kill left in place is verified and kept instead. Announce the final status and the stored file's
-          figures (on_stored), then commit them to the row.
+          kill left in place is verified and kept instead; then hand the mini core to the workers. The raw core
+          stays in the spool until they are done (they read the full core). A dump stored before its jobs end
+          waits for them, off this thread; the next dumps go on meanwhile.
+analysed  the workers' results go into the analysis row as they arrive (collect); once the core is stored and
+          every job done, announce the final status, the stored file's figures and the analysis (on_stored:
+          the journal's one coredumpctl entry, with the trace), then commit them to the row.
 cleanup   delete the raw core, then the record.
 Each announcement is made at least once: it is built from the row about to be committed (and the analysis
 already stored) and made just BEFORE that commit, so a kill at any point loses none. A kill between an
@@ -21,7 +28,8 @@ included) repeats none. Observers therefore may hear of a row a moment before th
 
 COREHANDLER_TEST_PAUSE_AT=<point> (test-only, testpause.py) makes ingest stop forever at a named point so tests
 can kill the daemon there: ingested_announced, visible, compressing, compressed, stored, stored_announced, indexed,
-core_removed.
+core_removed. COREHANDLER_TEST_ANALYSIS_PAUSE_AT=analysing holds every analysis worker before its unwinder until
+the daemon stops.
 """
 
 from __future__ import annotations
@@ -34,13 +42,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from corehandler import elfcore, paths, spool, steps
+from corehandler import analysisqueue, elfcore, paths, spool, steps
 from corehandler.analysis import debuginfod, findings, minicore, resymbolise, symbols, unwind
 from corehandler.observer import Observer, Stored
 from corehandler.store import analyses, attempts, compress, retention, userview
 from corehandler.store.dumprow import COMPRESSING, Dump, row_from_record
 from corehandler.store.index import Store
-from corehandler.testpause import INGEST_ENV, pause
+from corehandler.testpause import ANALYSIS_ENV, INGEST_ENV, pause
 
 log = logging.getLogger("corehandler.daemon")
 
@@ -64,6 +72,9 @@ class Settings:
     ingest_attempts: int = attempts.MAX_ATTEMPTS  # then the record is given up (store/attempts.py)
     mini_core: minicore.Limits | None = field(default_factory=minicore.Limits)  # None: no mini cores
     debuginfod: debuginfod.Settings = field(default_factory=debuginfod.Settings)
+    analysis_workers: int = 2       # threads analysing at once (analysisqueue.py)
+    analysis_uid_budget: float = 0.0  # analysis seconds per uid per window; 0: no cap
+    analysis_uid_window: float = 600.0
 
     @property
     def spool_dir(self) -> Path:
@@ -83,7 +94,9 @@ def settings_from_config(config, paths, **overrides) -> Settings:
                     analysis_limits=analysis_limits(config),
                     mini_core=minicore.Limits(config.analysis.mini_core_stack, config.analysis.mini_core_max)
                     if config.analysis.mini_core else None,
-                    debuginfod=debuginfod_settings(config), **overrides)
+                    debuginfod=debuginfod_settings(config), analysis_workers=config.analysis.workers,
+                    analysis_uid_budget=config.analysis.uid_budget, analysis_uid_window=config.analysis.uid_window,
+                    **overrides)
 
 
 def analysis_limits(config) -> findings.Limits:
@@ -144,6 +157,19 @@ def stored_event(dump: Dump, path: Path | None, analysis: Mapping[str, Any] | No
                   problem=dump.problem, analysis=analysis)
 
 
+@dataclass(eq=False)
+class _Parked:
+    """A dump indexed `compressing` with jobs in the workers: its unwinding (from the stage visible on) and its
+    mini core (once its core is stored: a full disk then leaves nothing of the dump in the store). Its core
+    once stored, and the mini core's index columns and problems once written."""
+    jobs: set[analysisqueue.Job] = field(default_factory=set)  # running or queued
+    mini_asked: bool = False
+    stored: compress.Stored | None = None
+    seconds: float = 0.0  # the store stage's
+    mini: dict = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+
 def _stand_in(spool_dir: Path, dump_id: str, error: str, **flags) -> dict:
     """The record the daemon makes for one it cannot use: the id, the core if there is one, and why."""
     core = spool.core_path(spool_dir, dump_id)
@@ -152,16 +178,18 @@ def _stand_in(spool_dir: Path, dump_id: str, error: str, **flags) -> dict:
 
 
 class Ingest:
-    """The stages above, for one dump at a time, on the daemon's thread. What it tells the world goes through
-    the daemon: its observers (notify, report_error), the users' views (update_views) and retention (retain,
-    when a full disk stopped a dump)."""
+    """The stages above, for one dump at a time, on the daemon's thread; analyses in the workers, collected
+    on the daemon's thread. What it tells the world goes through the daemon: its observers (notify,
+    report_error), the users' views (update_views) and retention (retain, when a full disk stopped a dump)."""
 
     def __init__(self, settings: Callable[[], Settings], store: Store, stop: threading.Event, *,
                  notify: Callable[[str, Callable[[Observer], None]], None],
                  report_error: Callable[..., None], update_views: Callable[..., None], retain: Callable[[], Any],
-                 symbols: resymbolise.Resymboliser):
+                 symbols: resymbolise.Resymboliser, workers: analysisqueue.Workers,
+                 yield_to: Callable[[str], None] | None = None):
         """settings: the daemon's current Settings (a reload replaces them); stop: set when the daemon stops,
-        which abandons a long step at its next checkpoint."""
+        which abandons a long step at its next checkpoint; workers: where analyses run; yield_to(what): called
+        between compression chunks and before a mini core, returns once no capture runs (capture.Yield)."""
         self._settings = settings
         self.store = store
         self._stop = stop
@@ -171,7 +199,9 @@ class Ingest:
         self._retain = retain
         self._symbols = symbols
         self._retry_at: dict[str, float] = {}
-        self._analysing: unwind.Running | None = None
+        self._workers = workers
+        self._yield = yield_to
+        self._parked: dict[str, _Parked] = {}
 
     @property
     def settings(self) -> Settings:
@@ -179,6 +209,8 @@ class Ingest:
 
     def _checkpoint(self, point: str) -> None:
         pause(INGEST_ENV, point)
+        if self._yield is not None and point == "compressing":
+            self._yield("compress")
         if self._stop.is_set():
             raise Stopping(point)
 
@@ -187,6 +219,9 @@ class Ingest:
     def try_ingest(self, dump_id: str) -> bool:
         if self._retry_at.get(dump_id, 0) > time.monotonic():
             return False
+        parked = self._parked.get(dump_id)
+        if parked is not None and parked.stored is not None and parked.jobs:
+            return False  # stored; collect() finishes it when its jobs end
         try:
             # Counted before it runs: an attempt that kills the daemon counts too.
             attempt = attempts.begin(self.store, dump_id)
@@ -195,7 +230,6 @@ class Ingest:
                 self.report_error("ingest", f"{dump_id}: {given_up.reason}; indexed as invalid", dump_id)
             done = self.ingest(dump_id, given_up)
         except _Retry as e:
-            self._cancel_analysis()
             self._retry_at[dump_id] = time.monotonic() + self.settings.retry_interval
             if isinstance(e.__cause__, compress.DiskFullError):
                 self.count(attempts.undo, dump_id)  # not the record's fault
@@ -204,11 +238,9 @@ class Ingest:
                 self.count(attempts.failed, dump_id, str(e.__cause__))
             return False
         except Stopping:
-            self._cancel_analysis()
             self.count(attempts.undo, dump_id)
             return False
         except Exception as e:
-            self._cancel_analysis()
             log.exception("Ingest of %s failed", dump_id)
             self.report_error("ingest", f"Ingest of {dump_id} failed: {e}; retrying later", dump_id)
             self._retry_at[dump_id] = time.monotonic() + self.settings.retry_interval
@@ -240,6 +272,8 @@ class Ingest:
                 return False
         if dump.status == COMPRESSING:
             dump = self._make_stored(dump, start, given_up)
+            if dump is None:
+                return False  # waits for its analysis (collect)
         self._cleanup(dump)
         return True
 
@@ -282,8 +316,10 @@ class Ingest:
         if given_up is not None:  # what failed may be anything the record says: only the core is kept
             record = _stand_in(self.settings.spool_dir, dump_id, given_up.reason, given_up=True)
         raw, info, status, problems = self._validate(dump_id, record, given_up)
-        self._start_analysis(dump_id, record, raw, status)
-        self._finish_analysis(dump_id, record, status)
+        if self._analysable(status) and self.settings.analysis_enabled:
+            analyses.mark_pending(self.store, dump_id)
+        else:
+            self._put_analysis(dump_id, self._not_analysed(record, status))
         row = row_from_record(record, status=COMPRESSING if info is not None else status,
                               problem="; ".join(problems) or None, path=None,
                               raw_bytes=raw.stat().st_size if info is not None else 0, stored_bytes=0,
@@ -293,16 +329,30 @@ class Ingest:
         self.store.insert(row)
         dump = self.store.get(dump_id)
         self._update_views(changed=[dump])
+        if info is not None and self._analysable(status) and self.settings.analysis_enabled:
+            self._submit(self._parked.setdefault(dump_id, _Parked()), dump, raw, "analysis")
         self._checkpoint("visible")
         return dump
 
-    def _make_stored(self, dump: Dump, start: float, given_up: attempts.GiveUp | None = None) -> Dump:
-        """Stage stored: the raw core into the store, verified, and the row's final status. Validation is
-        redone (it reads headers only): a restarted daemon has only the row and the spool."""
+    def _make_stored(self, dump: Dump, start: float, given_up: attempts.GiveUp | None = None) -> Dump | None:
+        """Stage stored: the raw core into the store, verified, and, once its analysis is done too, the row's
+        final status; None while the analysis still runs. Validation is redone (it reads headers only): a
+        restarted daemon has only the row and the spool."""
         s = self.settings
         raw, info, status, problems = self._validate(dump.id, dump.record, given_up)
+        if given_up is not None:  # stored as invalid without waiting for its analysis (collect stores one that ends)
+            self._parked.pop(dump.id, None)
+        parked = self._parked.get(dump.id)
+        if parked is None and info is not None and self._analysable(status):
+            # A restarted daemon: the analysis is redone unless its result was stored before the kill.
+            parked = self._parked[dump.id] = _Parked()
+            found = analyses.analysis_for(self.store, dump.id)
+            if s.analysis_enabled and (found is None or found["state"] == analyses.PENDING):
+                self._submit(parked, dump, raw, "analysis")
         store_dir = paths.store_dir(s.state_dir)
-        stored = self._stored_already(dump.id, store_dir, raw if info is not None else None)
+        stored = parked.stored if parked is not None else None
+        if stored is None:
+            stored = self._stored_already(dump.id, store_dir, raw if info is not None else None)
         if stored is None and info is not None:
             try:
                 stored = compress.store_file(raw, store_dir, dump.id, enabled=s.compression, level=s.level,
@@ -317,13 +367,24 @@ class Ingest:
                 self.report_error("compress", f"{e}; the raw dump stays in the spool", dump.id)
                 raise _Retry() from e
         self._checkpoint("stored")
-        # After the store's copy, so a full disk leaves nothing of the dump in the store until the retry.
-        mini = self._write_mini(dump.id, raw, problems) if status in ("ok", "truncated") else {}
+        mini: dict = {}
+        seconds = time.monotonic() - start
+        if parked is not None:
+            if parked.stored is None:
+                parked.stored, parked.seconds = stored, seconds
+            if not parked.mini_asked and s.mini_core is not None:
+                # After the store's copy, so a full disk leaves nothing of the dump in the store until the retry.
+                self._submit(parked, dump, raw, "mini")
+            if parked.jobs:
+                return None
+            del self._parked[dump.id]
+            mini, seconds = parked.mini, parked.seconds  # this thread's time: the wait for the jobs was not ingest's
+            problems += parked.problems
         final = dict(**mini, status=status, problem="; ".join(problems) or None,
                      path=stored.path.name if stored else None, raw_bytes=stored.raw_bytes if stored else 0,
                      stored_bytes=stored.stored_bytes if stored else 0, sha256=stored.sha256 if stored else None,
                      compress_seconds=stored.seconds if stored else 0.0,
-                     ingest_seconds=(dump.ingest_seconds or 0.0) + time.monotonic() - start)
+                     ingest_seconds=(dump.ingest_seconds or 0.0) + seconds)
         self._announce("on_stored", replace(dump, **final))
         pause(INGEST_ENV, "stored_announced")
         self.store.complete(dump.id, **final)
@@ -386,26 +447,87 @@ class Ingest:
         log.info("Ingested %s: %s%s, %d -> %d bytes", dump.id, dump.status,
                  f" ({dump.problem})" if dump.problem else "", dump.raw_bytes, dump.stored_bytes)
 
-    # -- analysis (corehandler/analysis/unwind.py) ----------------------------------------------------------------
+    # -- analysis, in the workers (analysisqueue.py; corehandler/analysis/unwind.py) -------------------------------
 
-    def _start_analysis(self, dump_id: str, record: dict, raw: Path, status: str) -> None:
-        if self.settings.analysis_enabled and status in ("ok", "truncated"):
-            analyses.mark_pending(self.store, dump_id)
-            self._analysing = unwind.start(raw, record, self._analysis_limits())
+    def _analysable(self, status: str) -> bool:
+        """Whether a dump of this status gets a job: an unwinder run, a mini core, or both."""
+        s = self.settings
+        return status in ("ok", "truncated") and (s.analysis_enabled or s.mini_core is not None)
 
-    def _finish_analysis(self, dump_id: str, record: dict, status: str) -> None:
-        running, self._analysing = self._analysing, None
-        failed: list[str] = []
-        if running is not None:
-            result = steps.run("analysis", failed, unwind.finish, running)
-            if result is None:
-                unwind.cancel(running)
-                result = findings.skipped(record, failed[0], state=findings.FAILED)
-        elif not self.settings.analysis_enabled:
-            result = findings.skipped(record, "analysis disabled ([analysis] enabled = false)")
+    def _not_analysed(self, record: dict, status: str) -> dict:
+        if not self.settings.analysis_enabled:
+            return findings.skipped(record, "analysis disabled ([analysis] enabled = false)")
+        return findings.skipped(record, f"no core to analyse ({status})")
+
+    def _submit(self, parked: _Parked, dump: Dump, raw: Path, kind: str) -> None:
+        """Hands a job of the dump to the workers: its "analysis" (the unwinder and the symbols' sources) or its
+        "mini" core, both read from the raw core, which stays in the spool until they are done."""
+        record = dump.record
+        if kind == "analysis":
+            def work(job):
+                return self._analyse(job, raw, record)
+
+            def skip(reason):
+                return findings.skipped(record, reason)
         else:
-            result = findings.skipped(record, f"no core to analyse ({status})")
+            parked.mini_asked = True
+
+            def work(job):
+                problems: list[str] = []
+                if self._yield is not None:
+                    self._yield("mini core")
+                return self._write_mini(dump.id, raw, problems), problems
+
+            def skip(reason):
+                return {}, [f"no mini core: {reason}"]
+        uid = record.get("uid") if isinstance(record.get("uid"), int) else None
+        job = analysisqueue.Job(dump.id, uid, kind, work, skip)
+        parked.jobs.add(job)
+        self._workers.submit(job)
+
+    def _analyse(self, job: analysisqueue.Job, raw: Path, record: dict) -> dict:
+        """In a worker: the unwinder on the full raw core. Touches no index: the daemon's thread stores what
+        this returns (collect)."""
+        pause(ANALYSIS_ENV, "analysing", until=self._stop)
+        if self._stop.is_set():  # the daemon stops: this outcome is dropped, the next start redoes it
+            return findings.skipped(record, "the daemon stopped")
+        failed: list[str] = []
+        running = unwind.start(raw, record, self._analysis_limits())
+        job.interrupt = lambda: unwind.interrupt(running)
+        result = steps.run("analysis", failed, unwind.finish, running)
+        if result is None:
+            unwind.cancel(running)
+            result = findings.skipped(record, failed[0], state=findings.FAILED)
         symbols.annotate(result, self.settings.state_dir)
+        return result
+
+    def collect(self) -> int:
+        """Stores what the workers finished and finishes the dumps whose cores are stored and jobs done;
+        returns how many it finished. On the daemon's thread, each turn of its loop."""
+        finished = 0
+        for job in self._workers.finished():
+            parked = self._parked.get(job.key)
+            if parked is not None and job not in parked.jobs:
+                parked = None  # a job of a dump given up and parked again since: the outcome is stale
+            if parked is not None:
+                parked.jobs.discard(job)
+            if job.what == "mini":
+                if parked is not None:
+                    parked.mini, parked.problems = job.outcome
+            elif self.store.get(job.key) is not None:  # an analysis, also of a dump given up meanwhile
+                try:
+                    self._put_analysis(job.key, job.outcome)
+                except sqlite3.Error as e:  # still pending: the next sweep parks the dump again and redoes it
+                    self.report_error("ingest", f"Cannot store the analysis of {job.key}: {e}; retrying later",
+                                      job.key)
+                    if parked is not None:
+                        del self._parked[job.key]
+                    continue
+            if parked is not None and parked.stored is not None and not parked.jobs and self.try_ingest(job.key):
+                finished += 1
+        return finished
+
+    def _put_analysis(self, dump_id: str, result: dict) -> None:
         analyses.put(self.store, dump_id, result)
         self._symbols.analysed(self.store, self.settings, dump_id, result)
         if result["state"] == findings.TIMEOUT:  # a failed unwind is a fact of the dump, a hang is ours
@@ -415,11 +537,6 @@ class Ingest:
     def _analysis_limits(self) -> findings.Limits:
         return debuginfod.reading_cache(self.settings.analysis_limits, self.settings.state_dir)
 
-    def _cancel_analysis(self) -> None:
-        running, self._analysing = self._analysing, None
-        if running is not None:
-            unwind.cancel(running)
-
     # -- leftovers of a killed daemon (Daemon.recover) ----------------------------------------------------------
 
     def analyse_indexed(self) -> None:
@@ -428,6 +545,8 @@ class Ingest:
         for dump_id, state in analyses.unanalysed(self.store):
             raw = spool.core_path(self.settings.spool_dir, dump_id)
             dump = self.store.get(dump_id)
+            if dump.status == COMPRESSING:  # resumed by ingest, which hands its analysis to the workers
+                continue
             if self.settings.analysis_enabled and raw.exists() and dump.status in ("ok", "truncated"):
                 result = unwind.analyse(raw, dump.record, self._analysis_limits())
             else:

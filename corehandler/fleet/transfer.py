@@ -10,7 +10,8 @@ payload.Digests keeps, so the HEAD afterwards is checked against exactly what wa
 A stream no longer than one part goes up in one PUT; a longer one as a multipart upload (its parts sent in
 order of reading by a pool of `concurrency` threads), aborted when a part fails or `stop` is set (one that a
 kill leaves behind is aborted by the uploader's next start). `bandwidth` (bytes/s, 0 = none) paces the start
-of each part, so the upload's average rate stays under it.
+of each part, so the upload's average rate stays under it; `yield_to()` is called before each part starts (it
+waits while csplice captures: corehandler/capture.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import base64
 import hashlib
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from corehandler.fleet.payload import Digests, from_parts
@@ -54,11 +56,14 @@ def read_part(source, size: int) -> bytes:
 
 
 def send(client, bucket: str, key: str, source, part_size: int, *, concurrency: int = 4, bandwidth: int = 0,
-         extra: dict | None = None, stop: threading.Event | None = None) -> Digests:
+         extra: dict | None = None, stop: threading.Event | None = None,
+         yield_to: Callable[[], None] | None = None) -> Digests:
     """Sends everything source (read()) holds to bucket/key in parts of part_size; the digests of what
     was sent. Raises the failing request's error, or Cancelled."""
     extra = dict(extra or {})
     stop = stop or threading.Event()
+    yield_to = yield_to or (lambda: None)
+    yield_to()
     first = read_part(source, part_size)
     second = read_part(source, part_size) if len(first) == part_size else b""
     if not second:
@@ -69,7 +74,7 @@ def send(client, bucket: str, key: str, source, part_size: int, *, concurrency: 
                                                **extra)["UploadId"]
     try:
         return _parts(client, bucket, key, upload_id, source, part_size, (first, second), concurrency,
-                      bandwidth, stop)
+                      bandwidth, stop, yield_to)
     except BaseException:
         try:
             client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
@@ -78,7 +83,7 @@ def send(client, bucket: str, key: str, source, part_size: int, *, concurrency: 
         raise
 
 
-def _parts(client, bucket, key, upload_id, source, part_size, firsts, concurrency, bandwidth, stop):
+def _parts(client, bucket, key, upload_id, source, part_size, firsts, concurrency, bandwidth, stop, yield_to):
     room = threading.BoundedSemaphore(max(1, concurrency))  # parts in memory: read, or on the wire
 
     def put(number: int, body: bytes) -> dict:
@@ -104,6 +109,7 @@ def _parts(client, bucket, key, upload_id, source, part_size, firsts, concurrenc
                     break
                 if bandwidth:  # the part starts when the bytes before it are within the limit
                     stop.wait(max(0.0, started + queued / bandwidth - time.monotonic()))
+                yield_to()
                 if stop.is_set():
                     room.release()
                     raise Cancelled(f"upload of {key} stopped")

@@ -34,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-from corehandler import paths, spool
+from corehandler import capture, paths, spool
 from corehandler.analysis import minicore
 from corehandler.errors import CorehandlerError
 from corehandler.fleet import bucket, dataset, seal, transfer
@@ -80,6 +80,7 @@ class Uploader(Quiet):
         self._clock = clock
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._capture = capture.Yield(paths.spool_dir(self.state_dir), self._stop)  # csplice first
         self._thread: threading.Thread | None = None
         self._hold_until = 0.0
         self._queue_failures = 0
@@ -365,7 +366,8 @@ class Uploader(Quiet):
         with source:
             expect = transfer.send(self._client, self.target.bucket, key, source, part,
                                    concurrency=self.config.concurrency, bandwidth=self.config.bandwidth_limit,
-                                   extra={"ContentType": content_type, **self._sse()}, stop=self._stop)
+                                   extra={"ContentType": content_type, **self._sse()}, stop=self._stop,
+                                   yield_to=lambda: self._capture("upload"))
         return self._verified(dump, key, self._head(key), expect, part, sent=True, encryption=encryption)
 
     def _verified(self, dump, key: str, head: dict | None, expect, part_size: int, *, sent: bool,

@@ -8,12 +8,16 @@ Find them with `journalctl MESSAGE_ID=<id>`:
                                     coredump entries see corehandler's dumps as they saw systemd-coredump's;
                                     SYSLOG_IDENTIFIER=corehandler tells the two apart. For a dump whose core
                                     is stored after it is listed, this is the second entry, once the core is
-                                    stored and verified (PRIORITY 6: the first one was the crash's alarm)
-  7a7dd158d6224178bebec48e1516b612  a dump listed while its core is being stored (COREHANDLER_STATUS=
-                                    compressing), as soon as it is indexed, with its trace: the same fields but
-                                    COREDUMP_FILENAME and COREHANDLER_STORED_BYTES, which the entry above has
-                                    (COREHANDLER_ID is the id `corehandler list` shows; a kill just before
-                                    the row's commit repeats an entry, daemon.py)
+                                    stored and verified and its analysis done: it carries the trace, so
+                                    coredumpctl shows one entry per dump, complete (PRIORITY 6: the first one
+                                    was the crash's alarm)
+  7a7dd158d6224178bebec48e1516b612  a dump listed while its core is being stored and analysed
+                                    (COREHANDLER_STATUS=compressing, COREHANDLER_ANALYSIS=pending), as soon as
+                                    it is indexed: the record's fields, without COREDUMP_FILENAME,
+                                    COREHANDLER_STORED_BYTES and the trace, which the entry above has; the
+                                    analysis runs off the ingest thread (ingest.py), and one slow dump's does
+                                    not hold up the alarm of the next (COREHANDLER_ID is the id `corehandler
+                                    list` shows; a kill just before the row's commit repeats an entry, daemon.py)
   240de2af0a3e441c8602d0269540ea6c  retention removed a dump
   a219c89f8f754bd9b672a00dd7c65b78  a daemon error
 

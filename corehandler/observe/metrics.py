@@ -156,11 +156,13 @@ class MetricsObserver(Quiet):
     def on_ingested(self, record: Mapping[str, Any], stored: Mapping[str, Any]) -> None:
         with self._guard("on_ingested"):
             self._count_dump(record, stored)
-            self.analysis.count(stored)
+            if stored.get("status") != COMPRESSING:  # else its analysis comes with on_stored
+                self.analysis.count(stored)
 
     def on_stored(self, record: Mapping[str, Any], stored: Mapping[str, Any]) -> None:
         with self._guard("on_stored"):
             self._count_stored(stored)
+            self.analysis.count(stored)
 
     def on_error(self, kind: str, message: str, dump_id: str | None) -> None:
         with self._guard("on_error"):

@@ -14,9 +14,11 @@ import logging
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from corehandler import capture, paths
 from corehandler.observer import Quiet
 from corehandler.store import compress
 from corehandler.store.index import Store
@@ -35,14 +37,19 @@ class Policy:
 
 
 class Pace:
-    """Holds reads to rate bytes per second on average; stop() ends the wait (and the read) at once."""
+    """Holds reads to rate bytes per second on average, and pauses them while csplice captures (yield_to,
+    capture.py; the pause does not count against the rate); stop() ends the wait (and the read) at once."""
 
-    def __init__(self, rate: int, stop: threading.Event):
-        self.rate, self.stop_event = rate, stop
+    def __init__(self, rate: int, stop: threading.Event, yield_to: Callable[[str], None] | None = None):
+        self.rate, self.stop_event, self.yield_to = rate, stop, yield_to
         self.started, self.done = time.monotonic(), 0
 
     def __call__(self, n: int) -> None:
         self.done += n
+        if self.yield_to is not None:
+            paused = time.monotonic()
+            self.yield_to("scrub")
+            self.started += time.monotonic() - paused
         ahead = self.started + self.done / self.rate - time.monotonic()
         if self.stop_event.wait(max(0.0, ahead)):
             raise _Stopped()
@@ -98,6 +105,7 @@ class Scrubber(Quiet):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.passes = 0
+        self.capture = capture.Yield(paths.spool_dir(self.state_dir), self._stop)
 
     def on_start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="scrub", daemon=True)
@@ -108,7 +116,7 @@ class Scrubber(Quiet):
             started = time.monotonic()
             try:
                 with Store(self.state_dir) as store:
-                    found = run_pass(store, Pace(self.policy.rate, self._stop))
+                    found = run_pass(store, Pace(self.policy.rate, self._stop, self.capture))
                 self.passes += 1
                 log.info("Scrub pass done: %d corrupt dumps found", found)
             except _Stopped:

@@ -54,7 +54,8 @@ def test_ingest_analyses_reports_and_shows(tmp_path, crashes, capsys):
     metrics = MetricsObserver(state_dir=state)
     ingest_all(state, [rec, metrics])
     assert rec.of("error") == []
-    events = {e[1]: e[2] for e in rec.of("ingested")}
+    events = {e[1]: e[2] for e in rec.of("stored")}  # with the analysis (listed before it: pending)
+    assert {e[2]["analysis"]["state"] for e in rec.of("ingested")} == {analyses.PENDING}
     exposition = metrics.exposition().decode()
     assert 'corehandler_analyses_total{outcome="ok"} 5.0' in exposition
     assert "corehandler_analysis_duration_seconds_count 5.0" in exposition
@@ -211,3 +212,71 @@ def test_a_deleted_dump_takes_its_analysis_along(tmp_path, crashes):
         assert store.delete(store.get(dump_id), "max_count") is not None
         assert analyses.analysis_for(store, dump_id) is None
         assert store.deletions()["max_count"][0] == 1
+
+
+def _hanging_unwinder(tmp_path, monkeypatch):
+    fake = tmp_path / "eu-stack"
+    fake.write_text("#!/bin/sh\nexec sleep 600\n")
+    fake.chmod(0o755)
+    real = unwind._tool
+    monkeypatch.setattr(unwind, "_tool", lambda name: str(fake) if name == "eu-stack" else real(name))
+
+
+def test_a_slow_analysis_holds_its_own_dump_only(tmp_path, crashes, monkeypatch):
+    """Issue 34, MEDIUM 4: a dump whose unwinder runs to a long timeout (a 4000-thread process) no longer holds
+    the ingest of the dumps after it. The first dump's analysis hangs; a second one, of root, arriving after
+    it is listed and its core stored while the first is still being analysed. The next start finishes both
+    from their rows."""
+    _hanging_unwinder(tmp_path, monkeypatch)
+    state = tmp_path / "state"
+    spool_dir = state / "spool"
+    slow = realcore.spool(crashes["thread"], spool_dir, uid=1000)
+    rec = Recorder()
+    with Running(Settings(state, threads=1, sweep_interval=3600, analysis_limits=findings.Limits(timeout=600)),
+                 [rec]) as d:
+        wait_for(lambda: d.store is not None and rec.of("ingested"), what="the slow dump listed")
+        second = realcore.spool(crashes["segv"], spool_dir)
+        wait_for(lambda: [e[1] for e in rec.of("ingested")] == [slow, second], what="the second dump listed")
+        wait_for(lambda: (state / "store" / f"{second}.zst").exists(), what="the second core stored")
+        with Store(state, readonly=True) as store:
+            assert analyses.analysis_for(store, slow)["state"] == analyses.PENDING
+            assert store.get(slow).status == store.get(second).status == "compressing"
+        listed = dict((e[1], e[2]) for e in rec.of("ingested"))
+        assert listed[second]["analysis"]["state"] == analyses.PENDING and rec.of("stored") == []
+    # Stopped mid-analysis: raw cores kept, rows `compressing`; the next start analyses and finishes both.
+    assert (spool_dir / f"{slow}.core").exists() and (spool_dir / f"{second}.core").exists()
+    monkeypatch.undo()
+    rec = Recorder()
+    ingest_all(state, [rec])
+    with Store(state, readonly=True) as store:
+        assert {store.get(i).status for i in (slow, second)} == {"ok"}
+        assert analyses.analysis_for(store, second)["signature"].startswith("analysed SIGSEGV crash_segv")
+        # (partial: uid 1000 may not read the test's binary, so the unwinder is not shown it)
+        assert analyses.analysis_for(store, slow)["state"] in (findings.OK, findings.PARTIAL)
+        assert store.get(slow).mini_path == f"{slow}.mini.core"
+    stored = {e[1]: e[2] for e in rec.of("stored")}
+    assert set(stored) == {slow, second} and stored[second]["analysis"]["state"] == findings.OK
+    # the one coredumpctl entry of the dump carries its trace
+    f = journal.stored_entry(realcore.record_for(crashes["segv"], second), stored[second])
+    assert f["MESSAGE_ID"] == journal.MESSAGE_ID_COREDUMP and "crash_segv" in f["MESSAGE"]
+
+
+def test_past_its_budget_a_uid_is_stored_without_analysis(tmp_path, crashes, monkeypatch):
+    """Every budget is per uid: a uid whose analyses used its seconds in the window gets its next dumps
+    stored without analysis, saying why; another uid's (root's) dumps are analysed as before."""
+    _hanging_unwinder(tmp_path, monkeypatch)
+    state = tmp_path / "state"
+    first = realcore.spool(crashes["segv"], state / "spool", uid=1000)
+    second = realcore.spool(crashes["other"], state / "spool", uid=1000)
+    root = realcore.spool(crashes["segv"], state / "spool", uid=0)
+    rec = Recorder()
+    ingest_all(state, [rec], analysis_limits=findings.Limits(timeout=1), analysis_uid_budget=0.5)
+    with Store(state, readonly=True) as store:
+        assert {store.get(i).status for i in (first, second, root)} == {"ok"}
+        assert analyses.analysis_for(store, first)["state"] == findings.TIMEOUT
+        skipped = analyses.analysis_for(store, second)
+        assert skipped["state"] == findings.SKIPPED and skipped["problems"][0].startswith(
+            "analysis skipped: uid budget (uid 1000 used 1 s of analysis in the last 600 s")
+        assert analyses.analysis_for(store, root)["state"] == findings.TIMEOUT  # analysed: its own budget
+        assert store.get(second).mini_path is None  # the mini core too: that uid is stored without analysis
+    assert {e[1] for e in rec.of("stored")} == {first, second, root}

@@ -13,9 +13,10 @@ import pytest
 
 from corehandler.daemon import Settings
 from corehandler.observer import Quiet
-from corehandler.store import compress
+from corehandler.store import analyses, compress
 from corehandler.store.index import Store
 from corehandler.store.retention import Policy
+from corehandler.testpause import ANALYSIS_ENV
 from support.daemon_harness import Recorder, Running, wait_for
 from support.spoolfeed import feed, write_settings
 
@@ -79,7 +80,7 @@ def test_ingest_complete_truncated_and_dropped(tmp_path, state, feeder, csplice)
     s = ingested[ok["id"]]
     assert s["status"] == "compressing" and s["raw_bytes"] == 3 << 20 and s["path"] is None
     assert s["stored_bytes"] is None and s["compress_seconds"] is None
-    assert s["analysis"]["state"] != "pending"  # analysed before it is listed: the trace is there at once
+    assert s["analysis"]["state"] == "pending"  # listed at once; analysed off the ingest thread
     assert set(s) == {"id", "path", "raw_bytes", "stored_bytes", "compress_seconds", "ingest_seconds",
                       "ingested_at", "status", "problem", "analysis"}
     assert ingested[trunc["id"]]["status"] == "compressing"
@@ -90,6 +91,7 @@ def test_ingest_complete_truncated_and_dropped(tmp_path, state, feeder, csplice)
     s = stored[ok["id"]]
     assert s["status"] == "ok" and s["raw_bytes"] == 3 << 20 and s["stored_bytes"] == rows[ok["id"]].stored_bytes
     assert s["path"] == str(state / "store" / rows[ok["id"]].path) and s["ingest_seconds"] >= s["compress_seconds"]
+    assert s["analysis"]["state"] not in (None, "pending")  # the final event has the analysis
     assert stored[trunc["id"]]["status"] == "truncated"
     order = [(e[0], e[1]) for e in rec.events if e[0] in ("ingested", "stored")]
     assert order.index(("ingested", ok["id"])) < order.index(("stored", ok["id"]))
@@ -316,3 +318,27 @@ def test_retention_timer_applies_a_reloaded_policy(tmp_path, state, feeder, cspl
     # each full core, then its mini core
     assert sorted(e[2] for e in rec.of("deleted")) == ["max_age", "max_age", "mini_max_age", "mini_max_age"]
     assert indexed(state) == {}
+
+
+def test_a_dump_waits_for_its_analysis_with_its_raw_core_kept(tmp_path, state, feeder, csplice, monkeypatch):
+    """The analysis reads the full raw core: a dump stored while its analysis is held (the test-only pause
+    of the analysis workers) keeps its raw core and record in the spool and its row `compressing`; the daemon
+    stops at once all the same, and the next start analyses it and finishes the dump."""
+    monkeypatch.setenv(ANALYSIS_ENV, "analysing")
+    r = feed(feeder, csplice, write_settings(tmp_path / "s.conf", state / "spool"), size=1 << 20, pid=601)
+    rec = Recorder()
+    with Running(Settings(state, threads=1, sweep_interval=0.1), [rec]):
+        wait_for(lambda: (state / "store" / f"{r['id']}.zst").exists(), what="the core stored")
+        time.sleep(0.3)  # sweeps come and go: none finishes the dump before its analysis
+        assert indexed(state)[r["id"]].status == "compressing" and rec.of("stored") == []
+        assert (state / "spool" / r["core"]).exists() and (state / "spool" / f"{r['id']}.json").exists()
+        with Store(state, readonly=True) as s:
+            assert analyses.analysis_for(s, r["id"])["state"] == analyses.PENDING
+    monkeypatch.delenv(ANALYSIS_ENV)
+    with Running(Settings(state, threads=1, sweep_interval=3600), [rec]):
+        wait_for(lambda: spool_empty(state), what="spool drained")
+    row = indexed(state)[r["id"]]
+    assert row.status == "ok" and row.mini_path == f"{r['id']}.mini.core"
+    with Store(state, readonly=True) as s:
+        assert analyses.analysis_for(s, r["id"])["state"] != analyses.PENDING
+    assert [e[1] for e in rec.of("stored")] == [r["id"]]

@@ -58,7 +58,9 @@ def test_counters_restart_at_zero_and_the_index_series_carry_on(tmp_path, feeder
     observers, problems = observers_for(config, paths, lambda: None)
     [first] = [o for o in observers if isinstance(o, MetricsObserver)]
     assert problems == []
-    run_until(lambda c: total(c, "corehandler_retention_deletions_total") == 1, first)
+    # (the others stored too: analyses run beside ingest, and a dump is final once its own is done)
+    run_until(lambda c: total(c, "corehandler_retention_deletions_total") == 1 and
+              total(c, "corehandler_store_dumps", status="ok") == 3, first)
     before = exposed(first)
     assert total(before, "corehandler_dumps_total") == 4
     assert total(before, "corehandler_retention_deletions_total", rule="max_count") == 1

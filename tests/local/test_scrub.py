@@ -18,6 +18,11 @@ from support.daemon_harness import Running, wait_for
 from support.spoolfeed import fed_state
 
 
+def all_stored(state):
+    with Store(state, readonly=True) as s:
+        return all(d.path for d in s.all())
+
+
 def test_a_rotten_stored_file_is_found_by_the_scrub_alone(tmp_path, capsys):
     state, etc = fed_state(tmp_path, (4101, 4102, 4103), "scrubbed")
     metrics = MetricsObserver(state_dir=state)
@@ -25,6 +30,7 @@ def test_a_rotten_stored_file_is_found_by_the_scrub_alone(tmp_path, capsys):
 
     with Running(Settings(state, threads=1, sweep_interval=0.1), [metrics]):
         wait_for(lambda: sample("corehandler_store_dumps") == 3, what="three dumps indexed")
+        wait_for(lambda: all_stored(state), what="their cores stored")
     with Store(state) as s:
         rotten = s.all()[1]
     path = state / "store" / rotten.path

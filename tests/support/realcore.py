@@ -61,10 +61,10 @@ def crash(binary: Path, core: Path, *args: str, timeout: float = 120, env: dict 
     return Crash(core, binary, int(pid), int(tid), int(sig))
 
 
-def record_for(c: Crash, dump_id: str, **proc: object) -> dict:
+def record_for(c: Crash, dump_id: str, *, uid: int = 0, **proc: object) -> dict:
     """The spool record csplice writes for this crash (the fields analysis and ingest read)."""
     size = c.core.stat().st_size
-    return {"schema": 1, "id": dump_id, "core": f"{dump_id}.core", "pid": c.pid, "tid": c.tid, "uid": 0, "gid": 0,
+    return {"schema": 1, "id": dump_id, "core": f"{dump_id}.core", "pid": c.pid, "tid": c.tid, "uid": uid, "gid": uid,
             "signal": c.signal, "timestamp": int(time.time()), "hostname": "testhost", "comm": c.binary.name[:15],
             "boot_id": "0" * 32,
             "proc": {"available": True, "exe": str(c.binary), "comm": c.binary.name[:15],
@@ -79,13 +79,16 @@ def record_for(c: Crash, dump_id: str, **proc: object) -> dict:
 _seq = 0
 
 
-def spool(c: Crash, spool_dir: Path, **proc: object) -> str:
-    """Puts the crash's core and record into spool_dir as csplice commits them; returns the id."""
+def spool(c: Crash, spool_dir: Path, *, uid: int = 0, **proc: object) -> str:
+    """Puts the crash's core and record into spool_dir as csplice commits them (the record renamed into place
+    whole: a running daemon may be watching); returns the id."""
     global _seq
     _seq += 1
     dump_id = f"{time.time_ns() // 1000 + _seq}-{'0' * 16}-{c.pid}"
     spool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     shutil.copyfile(c.core, spool_dir / f"{dump_id}.core")
     os.chmod(spool_dir / f"{dump_id}.core", 0o600)
-    (spool_dir / f"{dump_id}.json").write_text(json.dumps(record_for(c, dump_id, **proc)))
+    tmp = spool_dir / f".tmp.{dump_id}.json"
+    tmp.write_text(json.dumps(record_for(c, dump_id, uid=uid, **proc)))
+    tmp.rename(spool_dir / f"{dump_id}.json")
     return dump_id

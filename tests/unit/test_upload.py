@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import json
 import os
 import random
+import threading
 import time
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import pytest
 import zstandard
 from botocore.exceptions import ClientError, EndpointConnectionError
 
-from corehandler import paths, spool
+from corehandler import capture, paths, spool
 from corehandler.config import Config, UploadConfig
 from corehandler.errors import ConfigError
 from corehandler.fleet import bucket, credentials, payload, transfer, upload
@@ -24,6 +26,7 @@ from corehandler.store import upload_queue
 from corehandler.store.dumprow import row_from_record
 from corehandler.store.index import Store
 from support.fleethost import store_with_dump
+from support.waiting import wait_for
 
 moto = pytest.importorskip("moto", reason="moto is a test dependency (scripts/pip/test.txt)")
 
@@ -66,8 +69,6 @@ def test_parts_grow_to_keep_an_object_within_10000(size, want):
 
 
 def test_a_stream_goes_up_in_one_put_up_to_one_part_and_in_checked_parts_past_it(s3mock):
-    import io
-
     part = transfer.MIN_PART
     for size, parts in ((0, 1), (part, 1), (part + 1, 2), (3 * part - 1, 3)):
         data = random.Random(size).randbytes(size)
@@ -77,6 +78,27 @@ def test_a_stream_goes_up_in_one_put_up_to_one_part_and_in_checked_parts_past_it
         assert s3mock.get_object(Bucket="fleet-test", Key=f"k{size}")["Body"].read() == data
         head = s3mock.head_object(Bucket="fleet-test", Key=f"k{size}", ChecksumMode="ENABLED")
         assert head["ContentLength"] == size and head.get("ETag", "").endswith(f'-{parts}"') == (parts > 1)
+
+
+def test_an_upload_waits_while_csplice_captures(s3mock, tmp_path):
+    """Issue 37: the uploader's parts start only while no capture runs (a fresh .tmp core in the spool)."""
+    spool_dir = tmp_path / "spool"
+    spool_dir.mkdir()
+    running = spool_dir / ".tmp.1796000000000000-0123456789abcdef-9.core"
+    running.write_bytes(b"\x7fELF")
+    waits = capture.Yield(spool_dir)
+    data = random.Random(9).randbytes(transfer.MIN_PART + 1)
+    sender = threading.Thread(target=transfer.send,
+                              args=(s3mock, "fleet-test", "held", io.BytesIO(data), transfer.MIN_PART),
+                              kwargs={"yield_to": lambda: waits("upload")})
+    sender.start()
+    try:
+        wait_for(lambda: waits.waiting == {"upload": 1}, what="the upload paused")
+        assert "Contents" not in s3mock.list_objects_v2(Bucket="fleet-test", Prefix="held")
+    finally:
+        running.unlink()
+    sender.join(30)
+    assert s3mock.get_object(Bucket="fleet-test", Key="held")["Body"].read() == data and waits.pauses >= 1
 
 
 def test_check_object_compares_size_and_checksum(tmp_path):

@@ -1,0 +1,99 @@
+"""Issue 37, "capture has priority over everything the daemon does": while csplice writes a core into the spool
+(a `.tmp.<id>.core` that still grows), the daemon's compression, analyses and scrub pause between chunks and
+go on once the capture ends. The real daemon, a record committed by the real csplice, a capture file kept
+growing as csplice's would be; what is asserted is the daemon's state, not its timing."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from corehandler import capture
+from corehandler.daemon import Settings
+from corehandler.store import scrub
+from corehandler.store.index import Store
+from support.daemon_harness import Running, wait_for
+from support.spoolfeed import feed, write_settings
+
+
+class Capture:
+    """A capture in progress, as csplice leaves it in the spool: a .tmp core written to every 0.1 s."""
+
+    def __init__(self, spool_dir):
+        self.path = spool_dir / ".tmp.1796000000000000-0123456789abcdef-777.core"
+        self.path.write_bytes(b"\x7fELF")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._grow, daemon=True)
+        self._thread.start()
+
+    def _grow(self):
+        while not self._stop.wait(0.1):
+            with open(self.path, "ab") as f:
+                f.write(b"x" * 4096)
+
+    def end(self):
+        self._stop.set()
+        self._thread.join()
+        self.path.unlink()
+
+
+def status_of(state, dump_id):
+    with Store(state, readonly=True) as store:
+        return store.get(dump_id).status
+
+
+@pytest.fixture
+def state(tmp_path):
+    state_dir = tmp_path / "state"
+    (state_dir / "spool").mkdir(parents=True, mode=0o700)
+    return state_dir
+
+
+def test_compression_and_analysis_pause_while_csplice_captures(tmp_path, state, feeder, csplice):
+    spool_dir = state / "spool"
+    record = feed(feeder, csplice, write_settings(tmp_path / "s.conf", spool_dir), size=24 << 20, pid=501)
+    dump_id = record["id"]
+    running = Capture(spool_dir)
+    try:
+        with Running(Settings(state, threads=1, sweep_interval=3600)) as d:
+            wait_for(lambda: d.capture.waiting.get("compress"), what="compression paused")
+            wait_for(lambda: d.capture.waiting.get("analysis"), what="the analysis waiting to start")
+            partial = state / "store" / f".tmp.{dump_id}.zst"
+            size = partial.stat().st_size
+            time.sleep(0.3)  # a paused compression writes nothing
+            assert partial.stat().st_size == size and not (state / "store" / f"{dump_id}.zst").exists()
+            assert status_of(state, dump_id) == "compressing"  # listed at once: only storing waits
+            running.end()
+            wait_for(lambda: status_of(state, dump_id) == "ok", what="stored once it ended")
+            assert d.capture.waiting == {} and d.capture.pauses >= 2
+    finally:
+        if running.path.exists():
+            running.end()
+    assert os.listdir(spool_dir) in ([], [".rate"])
+
+
+def test_the_scrub_pauses_while_csplice_captures_and_a_stalled_capture_holds_nothing(tmp_path, state):
+    spool_dir = state / "spool"
+    stop = threading.Event()
+    pace = scrub.Pace(1 << 40, stop, capture.Yield(spool_dir, stop))
+    running = Capture(spool_dir)
+    reader = threading.Thread(target=pace, args=(1 << 20,))
+    reader.start()
+    try:
+        wait_for(lambda: pace.yield_to.waiting == {"scrub": 1}, what="the scrub paused")
+        assert reader.is_alive()
+    finally:
+        running.end()
+    reader.join(10)
+    assert not reader.is_alive() and pace.yield_to.waiting == {}
+    # A .tmp core that stopped growing (a capture stalled on its reader, an orphan) is not a capture running.
+    stale = spool_dir / ".tmp.1796000000000000-0123456789abcdef-778.core"
+    stale.write_bytes(b"\x7fELF")
+    old = time.time() - capture.ACTIVE_SEC - 1
+    os.utime(stale, (old, old))
+    assert not capture.capturing(spool_dir)
+    pace(1 << 20)
+    assert pace.yield_to.pauses == 1
