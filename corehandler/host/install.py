@@ -30,7 +30,7 @@ from typing import Callable
 from corehandler import paths as paths_mod
 from corehandler.analysis import account
 from corehandler.config import Config
-from corehandler.csplice_contract import PIDFD_SINCE, PIDFD_SPECIFIER, SPECIFIERS, csplice_version
+from corehandler.csplice_contract import PIDFD_SPECIFIER, SPECIFIERS, csplice_version
 from corehandler.errors import NotRootError, SystemFailure, UnsafePathError
 from corehandler.host import handler, listener, sysctl, writerates
 from corehandler.host.handler import mode_of
@@ -43,15 +43,13 @@ PIPE_LIMIT = 16
 ROOT_UID = 0
 # Owners trusted for every component of csplice's path (tests running unprivileged add their own uid).
 TRUSTED_UIDS = frozenset({ROOT_UID})
-kernel_version = listener.kernel_version
 MODES = ("pipe", "socket", "auto")
 LISTEN_TIMEOUT = 5.0  # the listener must be listening this soon after it was started
 
 
-def core_pattern_for(csplice: Path, kernel_release: str) -> str:
-    pattern = f"|{csplice} {SPECIFIERS}"
-    if kernel_version(kernel_release) >= PIDFD_SINCE:
-        pattern += f" {PIDFD_SPECIFIER}"
+def core_pattern_for(csplice: Path) -> str:
+    """The same on every kernel, as the package's sysctl.d file has it (csplice_contract.PIDFD_SPECIFIER)."""
+    pattern = f"|{csplice} {SPECIFIERS} {PIDFD_SPECIFIER}"
     if len(pattern) > MAX_CORE_PATTERN:
         raise SystemFailure(f"core_pattern would be {len(pattern)} characters, the kernel takes at most "
                             f"{MAX_CORE_PATTERN}: install corehandler under a shorter path than {csplice.parent}")
@@ -132,7 +130,7 @@ def install(config: Config, paths: Paths, *, host: Host = Host(), csplice: Path 
     mode = mode or config.kernel.mode
     if mode not in MODES:
         raise SystemFailure(f"unknown mode {mode!r}: one of {', '.join(MODES)}")
-    pattern = core_pattern_for(program, sysctl.read("kernel.osrelease", host.sysctl_root))
+    pattern = core_pattern_for(program)
     handler.check_claim(host, paths, force=force, socket_path=socket_path)  # before anything is made
     ensure_state_dirs(paths)
     try:

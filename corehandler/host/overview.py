@@ -139,7 +139,7 @@ def status(config: Config, paths: Paths, *, host: Host = Host(), csplice: Path |
     try:
         real = check_handler_path(program)
         found["version"] = csplice_version(real)
-        expected = core_pattern_for(real, sysctl.read("kernel.osrelease", host.sysctl_root))
+        expected = core_pattern_for(real)
     except (UnsafePathError, SystemFailure) as e:
         found["problem"] = e.message
     pipe_limit = _int_or_zero(live[sysctl.CORE_PIPE_LIMIT])

@@ -38,22 +38,19 @@ def mode(path) -> int:
     return stat.S_IMODE(os.stat(path).st_mode)
 
 
-@pytest.mark.parametrize("release, pidfd", [("6.18.44-fc-v657", True), ("6.16.0", True), ("6.15.9-arch1", False),
-                                            ("6.1.0-26-amd64", False), ("5.10.0", False), ("7.0", True),
-                                            ("garbage", False)])
-def test_core_pattern_adds_pidfd_from_6_16(tmp_path, release, pidfd):
-    pattern = install.core_pattern_for(tmp_path / "csplice", release)
-    assert pattern == f"|{tmp_path}/csplice {SPECS}" + (" %F" if pidfd else "")
+def test_core_pattern_carries_pidfd_on_every_kernel(tmp_path):
+    """What the package's sysctl.d file sets at boot: a kernel before 6.16 passes csplice nothing for %F."""
+    assert install.core_pattern_for(tmp_path / "csplice") == f"|{tmp_path}/csplice {SPECS} %F"
 
 
 def test_core_pattern_length_limit(tmp_path):
     longest = "/" + "d" * (127 - len(f"| {SPECS} %F") - len("/csplice") - 1) + "/csplice"
-    assert len(install.core_pattern_for(Path(longest), "6.18")) == 127
+    assert len(install.core_pattern_for(Path(longest))) == 127
     too_long = Path("/x" + longest)
     with pytest.raises(SystemFailure, match="would be 129 characters, the kernel takes at most 127"):
-        install.core_pattern_for(too_long, "6.18")
+        install.core_pattern_for(too_long)
     with pytest.raises(SystemFailure, match="whitespace"):
-        install.core_pattern_for(tmp_path / "my dir" / "csplice", "6.1")
+        install.core_pattern_for(tmp_path / "my dir" / "csplice")
 
 
 def test_is_ours():
@@ -95,10 +92,11 @@ def test_install_tightens_existing_state_dirs(host):
     assert mode(host.paths.state_dir) == DIR_MODES["state"] and mode(host.paths.spool_dir) == DIR_MODES["spool"]
 
 
-def test_old_kernel_gets_no_pidfd(tmp_path, csplice, monkeypatch, short_dir):
+def test_an_old_kernel_gets_the_boot_time_pattern_too(tmp_path, csplice, monkeypatch, short_dir):
+    """%F on 6.1 too: the package's sysctl.d file sets it at every boot, and status must match it afterwards."""
     host = FakeHost(tmp_path, csplice, monkeypatch, release="6.1.0-26-amd64", bin_dir=short_dir)
     install.install(Config(), host.paths, host=host.machine, csplice=host.csplice)
-    assert host.get("core_pattern") == f"|{host.csplice} {SPECS}"
+    assert host.get("core_pattern") == f"|{host.csplice} {SPECS} %F"
 
 
 def test_another_handler_is_refused_without_force(host):

@@ -21,6 +21,7 @@ from corehandler import paths
 from corehandler.cli import manpage
 from corehandler.config import KernelConfig
 from corehandler.csplice_contract import SPECIFIERS
+from corehandler.host import install
 from corehandler.paths import DIR_MODES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,9 +164,11 @@ def test_the_sysctl_template_names_csplice_with_the_design_argv():
     rendered = SYSCTL_TEMPLATE.read_text().replace("@CSPLICE@", INSTALLED_CSPLICE)
     values = sysctl_values(rendered)
     assert set(values) == {"kernel.core_pattern", "kernel.core_pipe_limit"}
-    assert values["kernel.core_pattern"] == f"|{INSTALLED_CSPLICE} {SPECIFIERS}"
-    # The kernel cuts core_pattern at 127 characters, silently; leave room for " %F".
-    assert len(values["kernel.core_pattern"]) + len(" %F") <= 127
+    # What install sets, on every kernel: after a reboot status must still find this installation's pattern.
+    assert values["kernel.core_pattern"] == f"|{INSTALLED_CSPLICE} {SPECIFIERS} %F"
+    assert values["kernel.core_pattern"] == install.core_pattern_for(Path(INSTALLED_CSPLICE))
+    # The kernel cuts core_pattern at 127 characters, silently.
+    assert len(values["kernel.core_pattern"]) <= 127
     assert int(values["kernel.core_pipe_limit"]) > 0  # /proc/PID must outlive the capture
     # Applied after systemd's 50-coredump.conf at boot (sysctl.d files apply in name order, later wins).
     assert sorted(["50-coredump.conf", "50-corehandler.conf"])[-1] == "50-corehandler.conf"
