@@ -29,6 +29,7 @@ from typing import Callable
 
 from corehandler import paths as paths_mod
 from corehandler.analysis import account
+from corehandler.atomicfile import write_atomic
 from corehandler.config import Config
 from corehandler.csplice_contract import PIDFD_SPECIFIER, SPECIFIERS, csplice_version
 from corehandler.errors import NotRootError, SystemFailure, UnsafePathError
@@ -127,7 +128,7 @@ def install(config: Config, paths: Paths, *, host: Host = Host(), csplice: Path 
     program = check_handler_path(csplice or paths_mod.csplice_path())
     version = csplice_version(program)
     socket_path = config.kernel.socket_path
-    mode = mode or config.kernel.mode
+    mode = requested_mode(config, paths, mode)
     if mode not in MODES:
         raise SystemFailure(f"unknown mode {mode!r}: one of {', '.join(MODES)}")
     pattern = core_pattern_for(program)
@@ -152,6 +153,7 @@ def install(config: Config, paths: Paths, *, host: Host = Host(), csplice: Path 
         # needs ours, whose name in /etc overrides the package's, or the next boot gives pipe mode back.
         persist = (write_sysctl_d or mode_of(pattern) == "socket") if persistent else None
         sysctl_d = claim.point(values, persist=persist)
+        _remember_mode(paths, mode)
     if start_daemon is not None:
         start_daemon(paths)
     if mode_of(pattern) == "pipe" and stop_listener is not None:
@@ -163,6 +165,30 @@ def install(config: Config, paths: Paths, *, host: Host = Host(), csplice: Path 
             "state_dir": str(paths.state_dir), "installation": claim.me.installation,
             "daemon_started": start_daemon is not None,
             "write_rates": {**writerates.describe(rates[0]), "problem": rates[1]}}
+
+
+def requested_mode(config: Config, paths: Paths, given: str | None) -> str:
+    """The mode to install: --mode, else [kernel] mode where a config file sets it, else the one the last
+    install was asked for, else the default. The package's postinst installs again on every upgrade without
+    --mode: socket mode chosen on the command line must survive it, not fall back to the default pipe."""
+    if given is not None:
+        return given
+    if "mode" in config.kernel.model_fields_set:
+        return config.kernel.mode
+    try:
+        remembered = paths.install_mode.read_text().strip()
+    except FileNotFoundError:
+        remembered = None
+    except OSError as e:
+        raise SystemFailure(f"cannot read {paths.install_mode}: {e.strerror}") from None
+    return remembered if remembered in MODES else config.kernel.mode
+
+
+def _remember_mode(paths: Paths, mode: str) -> None:
+    try:
+        write_atomic(paths.install_mode, f"{mode}\n".encode(), 0o644)
+    except OSError as e:
+        raise SystemFailure(f"cannot write {paths.install_mode}: {e.strerror}") from None
 
 
 def _socket_mode(config: Config, paths: Paths, host: Host, program: Path, mode: str,
