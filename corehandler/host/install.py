@@ -160,7 +160,7 @@ def install(config: Config, paths: Paths, *, host: Host = Host(), csplice: Path 
         stop_listener(paths)  # a listener from an earlier socket-mode install serves nobody now
     return {"mode": mode_of(pattern), "listening": listening, "core_pattern": pattern,
             "core_pipe_limit": pipe_limit, "csplice": str(program), "csplice_version": version,
-            "replaced": claim.replaced, "previous_saved": not claim.already_ours,
+            "replaced": claim.replaced, "previous_saved": claim.saves_previous,
             "sysctl_d": None if sysctl_d is None else str(sysctl_d), "settings": str(host.csplice_settings),
             "state_dir": str(paths.state_dir), "installation": claim.me.installation,
             "daemon_started": start_daemon is not None,

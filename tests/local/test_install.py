@@ -9,9 +9,11 @@ import stat
 from pathlib import Path
 
 import pytest
+import yaml
 from fakehost import SYSTEMD_PATTERN, FakeHost
 
 from corehandler import csplice_contract
+from corehandler.cli.install import _capture_line
 from corehandler.config import Config
 from corehandler.errors import (
     EXIT_CONFLICT,
@@ -22,6 +24,7 @@ from corehandler.errors import (
     UnsafePathError,
 )
 from corehandler.host import handler, install, overview, sysctl
+from corehandler.observe.metrics import MetricsObserver
 from corehandler.paths import DIR_MODES
 from corehandler.store.dumprow import row_from_record
 from corehandler.store.index import Store
@@ -333,3 +336,38 @@ def test_the_capture_mode_is_this_installations_own(host):
     assert overview.capture_state(Config(), other, host.machine)["mode"] is None
     host.set("core_pattern", SYSTEMD_PATTERN)  # apt's systemd-coredump took the handler
     assert overview.capture_state(Config(), host.paths, host.machine)["mode"] is None
+
+
+def test_a_handler_taken_while_csplice_conf_names_this_installation_shows_and_alerts(host):
+    """systemd-coredump's postinst re-applies its pattern on every systemd update: csplice.conf still names this
+    installation, the kernel runs another handler. The scrape says so (corehandler_handler_displaced, which
+    CorehandlerHandlerDisplaced alerts on with the runbook's fix) and so does status; another installation's
+    daemon, or one that was never installed, is not displaced."""
+    before = host.get("core_pattern")
+    install.install(Config(), host.paths, host=host.machine, csplice=host.csplice)
+    other = host.installation("other")
+
+    def scrape(paths) -> str:
+        probe = lambda: overview.capture_state(Config(), paths, host.machine)  # noqa: E731 - what serve passes
+        return MetricsObserver(capture_probe=probe).exposition().decode()
+
+    assert "corehandler_handler_displaced 0.0" in scrape(host.paths)
+    host.set("core_pattern", SYSTEMD_PATTERN)
+    assert handler.settings_owner_of(host.machine).state_dir == str(host.paths.state_dir)
+    text = scrape(host.paths)
+    assert "corehandler_handler_displaced 1.0" in text and 'corehandler_capture_mode{mode="none"} 1.0' in text
+    assert "corehandler_handler_displaced 0.0" in scrape(other)
+    capture = overview.status(Config(), host.paths, host=host.machine, csplice=host.csplice)["capture"]
+    assert capture["displaced"] and _capture_line(capture).startswith(
+        "NOBODY: the kernel runs /lib/systemd/systemd-coredump although csplice.conf names this installation")
+    assert "`corehandler install --force` takes it back" in _capture_line(capture)
+    rules = yaml.safe_load((Path(__file__).parents[2] / "packaging/prometheus/corehandler-alerts.yml").read_text())
+    [rule] = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "CorehandlerHandlerDisplaced"]
+    assert rule["expr"] == "corehandler_handler_displaced == 1" and "corehandler install --force" in \
+        rule["annotations"]["description"]
+
+    install.install(Config(), host.paths, host=host.machine, csplice=host.csplice, force=True)  # the fix
+    assert "corehandler_handler_displaced 0.0" in scrape(host.paths)
+    # Uninstall gives back what the host had before this installation's first claim, csplice.conf included.
+    install.uninstall(host.paths, host=host.machine)
+    assert host.get("core_pattern") == before and "corehandler_handler_displaced 0.0" in scrape(host.paths)
