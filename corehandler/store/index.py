@@ -203,7 +203,8 @@ class IndexVersion:
     version: str | None
 
     def describe(self) -> str:
-        return f"corehandler {self.version or 'older than 0.3'} (schema {self.schema})"
+        # Before schema 12 the index did not say which version wrote it.
+        return f"{f'corehandler {self.version}' if self.version else 'an older corehandler'} (schema {self.schema})"
 
 
 @dataclasses.dataclass(frozen=True)

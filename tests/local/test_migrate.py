@@ -62,7 +62,7 @@ def test_read_verbs_refuse_an_older_index_and_leave_it_as_it_was(capsys, old):
     for verb in (["list"], ["info", "1"], ["list", "--json=short"]):
         code, out, err = cli(capsys, old, *verb)
         assert code == EXIT_INDEX_OLDER and out == "" and len(err.splitlines()) == 1
-        assert err.startswith(f"corehandler: {state / 'index.sqlite'} was written by corehandler older than 0.3 "
+        assert err.startswith(f"corehandler: {state / 'index.sqlite'} was written by an older corehandler "
                               f"(schema 2), older than this corehandler {__version__}")
     assert digest(state / "index.sqlite") == before
     assert sorted(p.name for p in state.iterdir()) == ["index.sqlite", "spool", "store"]
@@ -73,7 +73,7 @@ def test_migrate_backs_up_then_migrates_once_and_check_answers_for_scripts(capsy
     code, out, _ = cli(capsys, old, "migrate", "--check")
     assert code == 0 and "migrates it to schema" in out
     code, out, _ = cli(capsys, old, "migrate")
-    assert code == 0 and out.startswith("Migrated the index from corehandler older than 0.3 (schema 2)")
+    assert code == 0 and out.startswith("Migrated the index from an older corehandler (schema 2)")
     assert (state / "index.schema-2.sqlite").exists()
     code, out, _ = cli(capsys, old, "migrate")
     assert code == 0 and out.strip() == f"{state / 'index.sqlite'} is already at schema {SCHEMA_VERSION}"

@@ -65,7 +65,7 @@ def test_a_migration_backs_the_old_index_up_first_and_records_its_writer(tmp_pat
     assert copy.execute("SELECT COUNT(*) FROM dumps").fetchone()[0] == 3  # the tombstone too: as it was
     assert copy.execute("PRAGMA journal_mode").fetchone()[0] == "delete"  # one file, whole
     copy.close()
-    assert done.describe().startswith(f"Migrated the index from corehandler older than 0.3 (schema 2) to "
+    assert done.describe().startswith(f"Migrated the index from an older corehandler (schema 2) to "
                                       f"corehandler {__version__} (schema {SCHEMA_VERSION}); the old index is kept "
                                       f"as {done.backup}")
     with Store(tmp_path, migrate=True) as s:
