@@ -5,6 +5,7 @@ an index a newer version wrote exits once with EXIT_INDEX_NEWER, under the super
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import sqlite3
 import subprocess
@@ -16,10 +17,12 @@ import pytest
 
 from corehandler import __version__, daemonlock
 from corehandler.cli import main
+from corehandler.daemon import Settings
 from corehandler.errors import EXIT_CONFLICT, EXIT_INDEX_NEWER, EXIT_INDEX_OLDER
 from corehandler.host import supervise
 from corehandler.paths import Paths
 from corehandler.store.index import SCHEMA_VERSION, Store
+from support.daemon_harness import Running
 from support.indexrows import schema_2_index
 from support.waiting import wait_for
 
@@ -95,6 +98,21 @@ def test_migrate_refuses_under_a_running_daemon(capsys, old):
         os.close(lock)
     assert code == EXIT_CONFLICT and f"another corehandler daemon (pid {os.getpid()})" in err
     assert not (state / "index.schema-2.sqlite").exists()
+
+
+def test_the_daemon_migrates_once_after_a_backup_and_says_so_once(old, caplog):
+    state, _ = old
+    with caplog.at_level(logging.INFO, logger="corehandler.daemon"):
+        for _ in range(2):  # a start, then a restart
+            with Running(Settings(state, threads=1, sweep_interval=3600)) as daemon:
+                pass
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Migrated the index")]
+    assert said == [f"Migrated the index from an older corehandler (schema 2) to corehandler {__version__} (schema "
+                    f"{SCHEMA_VERSION}); the old index is kept as {state / 'index.schema-2.sqlite'} (the newest 2 "
+                    "such copies are kept)"]
+    assert daemon.store.migration is None
+    with Store(state, readonly=True) as s:
+        assert len(s.all()) == 2
 
 
 def test_a_newer_index_stops_the_daemon_once_with_the_way_back(old):
