@@ -157,7 +157,8 @@ class KernelConfig(_Section):
     """How the kernel hands a dump to csplice (not csplice's per-crash settings: those are [capture])."""
 
     mode: Literal["pipe", "socket", "auto"] = Field(
-        "pipe", description="pipe | socket | auto (install --mode overrides): the kernel runs csplice per crash, "
+        "pipe", description="pipe | socket | auto (install --mode overrides; set in neither, install keeps the mode "
+        "it was last asked for): the kernel runs csplice per crash, "
         "or connects to csplice's listener, which can refuse a dump before it is written (Linux 6.17+); auto = "
         "socket where the kernel has it and the listener answers")
     socket_path: Annotated[Path, BeforeValidator(_socket_path), Human(str)] = Field(

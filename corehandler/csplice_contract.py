@@ -65,11 +65,11 @@ def choose_strategy(proc_root: Path = Path("/proc")) -> str:
 SPECIFIERS = "%P %i %I %u %g %d %s %t %c %h %e"
 
 
-# %F, a pidfd of the crashed process, exists from Linux 6.16; older kernels would pass it through literally.
+# %F, a pidfd of the crashed process, exists from Linux 6.16. Every pattern carries it, so the one the package's
+# sysctl.d file sets at boot is the one install sets: an older kernel's format_corename expands a specifier it
+# does not know to nothing (fs/coredump.c, `default: break`), which csplice reads as "no pidfd" in both shapes
+# of argv the kernel makes of it: an empty last argument (5.7 on, split before expansion) or none (argv_split).
 PIDFD_SPECIFIER = "%F"
-
-
-PIDFD_SINCE = (6, 16)
 
 
 def csplice_version(path: Path) -> str:

@@ -226,7 +226,11 @@ class Daemon:
         s = self.settings
         s.spool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         lock = self._lock()
-        self.store = Store(s.state_dir)
+        # The one place (with `corehandler migrate`) an index an older version wrote is migrated; one a newer
+        # version wrote stops us here with EXIT_INDEX_NEWER, which neither systemd nor the supervisor restarts.
+        self.store = Store(s.state_dir, migrate=True)
+        if self.store.migration is not None:
+            log.warning("%s", self.store.migration.describe())
         self._workers = analysisqueue.Workers(self._wake, workers=s.analysis_workers, budget=s.analysis_uid_budget,
                                               window=s.analysis_uid_window,
                                               yield_to=lambda: self.capture("analysis"))

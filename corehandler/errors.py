@@ -12,6 +12,10 @@ Exit codes (stable; scripts rely on them):
                       `dump`, `debug`: the dump's core is still being compressed)
   6  EXIT_SYSTEM      a system operation failed (sysctl write, filesystem, a helper program), or a stored
                       dump failed verification (info, dump, debug)
+  7  EXIT_INDEX_NEWER the index was written by a newer corehandler (a downgrade): nothing reads or migrates it;
+                      the daemon exits with it and is not restarted (RestartPreventExitStatus)
+  8  EXIT_INDEX_OLDER the index was written by an older corehandler and not migrated yet: the daemon migrates it
+                      when it starts, or `corehandler migrate` (read verbs never do)
 The CLI prints `corehandler: <message>` on stderr, one line, and exits with the code.
 """
 
@@ -24,6 +28,8 @@ EXIT_CONFIG = 3
 EXIT_PERMISSION = 4
 EXIT_CONFLICT = 5
 EXIT_SYSTEM = 6
+EXIT_INDEX_NEWER = 7
+EXIT_INDEX_OLDER = 8
 
 
 class CorehandlerError(Exception):

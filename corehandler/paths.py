@@ -112,6 +112,11 @@ class Paths:
         return Path(self.state_dir) / "installation-id"
 
     @property
+    def install_mode(self) -> Path:
+        """The mode install was last asked for (pipe, socket, auto): what a later install keeps (host/install.py)."""
+        return Path(self.state_dir) / "install-mode"
+
+    @property
     def previous_handler(self) -> Path:
         """What the host's handler was before this installation claimed it (host/handler.py)."""
         return Path(self.state_dir) / "previous-handler.conf"

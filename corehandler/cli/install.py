@@ -87,7 +87,8 @@ def run_install(args: argparse.Namespace) -> int:
     if args.mode == "auto" and done["mode"] == "pipe":
         lines.append("  socket mode unavailable (kernel without the handshake, or the listener did not answer)")
     if done["replaced"] is not None:
-        lines.append(f"  replaced core_pattern {done['replaced']!r}; `corehandler uninstall` restores it")
+        back = "restores it" if done["previous_saved"] else "restores what the host had before the first install"
+        lines.append(f"  replaced core_pattern {done['replaced']!r}; `corehandler uninstall` {back}")
     if done["daemon_started"]:
         lines.append(f"  daemon started (supervised, log in {paths.log_dir})")
     elif not args.package and _systemd_runs_daemon():
@@ -117,6 +118,10 @@ def uninstalled_line(done: dict, who: str) -> str:
 
 
 def _capture_line(capture: dict) -> str:
+    if capture.get("displaced"):
+        return (f"NOBODY: the kernel runs {capture['handler'] or '?'} although csplice.conf names this "
+                "installation (another package's postinst re-applied its pattern): `corehandler install --force` "
+                "takes it back")
     if capture["owner"] is None:
         return "no corehandler installation (core_pattern is not corehandler's, or csplice.conf names none)"
     where = capture["owner"] + (f" (installation {capture['installation']})" if capture["installation"] else "")

@@ -53,6 +53,10 @@ EXIT_MEANINGS = {
     errors.EXIT_CONFLICT: "another core handler is installed (install without --force), or the supervised "
                           "daemon is not running",
     errors.EXIT_SYSTEM: "a system call failed, or a stored dump is corrupt (info, dump, debug)",
+    errors.EXIT_INDEX_NEWER: "the index was written by a newer corehandler (a downgrade): restore the backup the "
+                             "message names or install that version again; the daemon is not restarted",
+    errors.EXIT_INDEX_OLDER: "the index was written by an older corehandler and not migrated yet: the daemon "
+                             "migrates it when it starts, or run corehandler migrate",
 }
 
 CSPLICE_EXITS = {

@@ -144,6 +144,16 @@ def owns(host: Host, paths: Paths, socket_path: Path | None = None) -> bool:
     return is_me(owner(host, socket_path), paths)
 
 
+def displaced(host: Host, paths: Paths, socket_path: Path | None = None) -> bool:
+    """The kernel runs another handler although csplice.conf names this installation as the owner: nobody
+    released it (uninstall would have), so another package took it (systemd-coredump's postinst re-applies its
+    pattern on every systemd update)."""
+    if is_corehandler(sysctl.read(CORE_PATTERN, host.sysctl_root), socket_path):
+        return False
+    data = _read_bytes(host.csplice_settings)
+    return data is not None and is_me(settings_owner(data.decode(errors="replace")), paths)
+
+
 def is_live(found: Owner) -> bool:
     """Whether the installation found still exists: its state dir, holding the id csplice.conf names."""
     state = Paths(state_dir=Path(found.state_dir))
@@ -303,9 +313,12 @@ def render_sysctl_d(values: dict[str, str]) -> bytes:
 class Claim:
     """The handler, being claimed by paths' installation, inside the lock (claim())."""
 
-    def __init__(self, host: Host, paths: Paths, found: Previous, already_ours: bool):
+    def __init__(self, host: Host, paths: Paths, found: Previous, already_ours: bool, retaken: bool = False):
         self.host, self.paths, self.found, self.already_ours = host, paths, found, already_ours
-        if not already_ours:
+        # Taken back from a package that took it (displaced): what this installation saved at its first claim
+        # stays what uninstall restores; the csplice.conf found now is this installation's own.
+        self.saves_previous = not already_ours and not (retaken and read_previous(paths) is not None)
+        if self.saves_previous:
             _put_file(paths.previous_handler, _render_previous(found), 0o600)
         self.me = this_installation(paths, create=True)
 
@@ -377,7 +390,7 @@ def claim(host: Host, paths: Paths, *, force: bool = False, socket_path: Path | 
     values from before the first). paths' state dir must exist: its installation id is made here."""
     with sysctl.held_lock(host.lock, what):
         mine = check_claim(host, paths, force=force, socket_path=socket_path)
-        yield Claim(host, paths, _found(host), mine)
+        yield Claim(host, paths, _found(host), mine, retaken=not mine and displaced(host, paths, socket_path))
 
 
 def refresh(host: Host, paths: Paths, text: str, *, socket_path: Path | None = None,

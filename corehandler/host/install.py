@@ -29,8 +29,9 @@ from typing import Callable
 
 from corehandler import paths as paths_mod
 from corehandler.analysis import account
+from corehandler.atomicfile import write_atomic
 from corehandler.config import Config
-from corehandler.csplice_contract import PIDFD_SINCE, PIDFD_SPECIFIER, SPECIFIERS, csplice_version
+from corehandler.csplice_contract import PIDFD_SPECIFIER, SPECIFIERS, csplice_version
 from corehandler.errors import NotRootError, SystemFailure, UnsafePathError
 from corehandler.host import handler, listener, sysctl, writerates
 from corehandler.host.handler import mode_of
@@ -43,15 +44,13 @@ PIPE_LIMIT = 16
 ROOT_UID = 0
 # Owners trusted for every component of csplice's path (tests running unprivileged add their own uid).
 TRUSTED_UIDS = frozenset({ROOT_UID})
-kernel_version = listener.kernel_version
 MODES = ("pipe", "socket", "auto")
 LISTEN_TIMEOUT = 5.0  # the listener must be listening this soon after it was started
 
 
-def core_pattern_for(csplice: Path, kernel_release: str) -> str:
-    pattern = f"|{csplice} {SPECIFIERS}"
-    if kernel_version(kernel_release) >= PIDFD_SINCE:
-        pattern += f" {PIDFD_SPECIFIER}"
+def core_pattern_for(csplice: Path) -> str:
+    """The same on every kernel, as the package's sysctl.d file has it (csplice_contract.PIDFD_SPECIFIER)."""
+    pattern = f"|{csplice} {SPECIFIERS} {PIDFD_SPECIFIER}"
     if len(pattern) > MAX_CORE_PATTERN:
         raise SystemFailure(f"core_pattern would be {len(pattern)} characters, the kernel takes at most "
                             f"{MAX_CORE_PATTERN}: install corehandler under a shorter path than {csplice.parent}")
@@ -129,10 +128,10 @@ def install(config: Config, paths: Paths, *, host: Host = Host(), csplice: Path 
     program = check_handler_path(csplice or paths_mod.csplice_path())
     version = csplice_version(program)
     socket_path = config.kernel.socket_path
-    mode = mode or config.kernel.mode
+    mode = requested_mode(config, paths, mode)
     if mode not in MODES:
         raise SystemFailure(f"unknown mode {mode!r}: one of {', '.join(MODES)}")
-    pattern = core_pattern_for(program, sysctl.read("kernel.osrelease", host.sysctl_root))
+    pattern = core_pattern_for(program)
     handler.check_claim(host, paths, force=force, socket_path=socket_path)  # before anything is made
     ensure_state_dirs(paths)
     try:
@@ -154,17 +153,42 @@ def install(config: Config, paths: Paths, *, host: Host = Host(), csplice: Path 
         # needs ours, whose name in /etc overrides the package's, or the next boot gives pipe mode back.
         persist = (write_sysctl_d or mode_of(pattern) == "socket") if persistent else None
         sysctl_d = claim.point(values, persist=persist)
+        _remember_mode(paths, mode)
     if start_daemon is not None:
         start_daemon(paths)
     if mode_of(pattern) == "pipe" and stop_listener is not None:
         stop_listener(paths)  # a listener from an earlier socket-mode install serves nobody now
     return {"mode": mode_of(pattern), "listening": listening, "core_pattern": pattern,
             "core_pipe_limit": pipe_limit, "csplice": str(program), "csplice_version": version,
-            "replaced": claim.replaced, "previous_saved": not claim.already_ours,
+            "replaced": claim.replaced, "previous_saved": claim.saves_previous,
             "sysctl_d": None if sysctl_d is None else str(sysctl_d), "settings": str(host.csplice_settings),
             "state_dir": str(paths.state_dir), "installation": claim.me.installation,
             "daemon_started": start_daemon is not None,
             "write_rates": {**writerates.describe(rates[0]), "problem": rates[1]}}
+
+
+def requested_mode(config: Config, paths: Paths, given: str | None) -> str:
+    """The mode to install: --mode, else [kernel] mode where a config file sets it, else the one the last
+    install was asked for, else the default. The package's postinst installs again on every upgrade without
+    --mode: socket mode chosen on the command line must survive it, not fall back to the default pipe."""
+    if given is not None:
+        return given
+    if "mode" in config.kernel.model_fields_set:
+        return config.kernel.mode
+    try:
+        remembered = paths.install_mode.read_text().strip()
+    except FileNotFoundError:
+        remembered = None
+    except OSError as e:
+        raise SystemFailure(f"cannot read {paths.install_mode}: {e.strerror}") from None
+    return remembered if remembered in MODES else config.kernel.mode
+
+
+def _remember_mode(paths: Paths, mode: str) -> None:
+    try:
+        write_atomic(paths.install_mode, f"{mode}\n".encode(), 0o644)
+    except OSError as e:
+        raise SystemFailure(f"cannot write {paths.install_mode}: {e.strerror}") from None
 
 
 def _socket_mode(config: Config, paths: Paths, host: Host, program: Path, mode: str,

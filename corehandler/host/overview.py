@@ -91,11 +91,12 @@ def _settings_summary(config: Config, paths: Paths, host: Host, owner) -> dict:
     return {"path": str(path), "state": "current" if current else "differs from the config (reinstall or reload)"}
 
 
-def _capture_summary(paths: Paths, pattern: str, found) -> dict:
+def _capture_summary(paths: Paths, host: Host, socket_path: Path, pattern: str, found) -> dict:
     """Which installation captures this host's crashes (found: handler.owner()), and whether it is this one."""
     return {"owner": found and found.state_dir, "installation": found and found.installation,
             "this": handler.is_me(found, paths), "owner_exists": found is not None and handler.is_live(found),
-            "mode": mode_of(pattern) if found else None, "handler": handler.handler_program(pattern)}
+            "mode": mode_of(pattern) if found else None, "handler": handler.handler_program(pattern),
+            "displaced": found is None and handler.displaced(host, paths, socket_path)}
 
 
 def capture_state(config: Config, paths: Paths, host: Host = Host()) -> dict:
@@ -108,7 +109,8 @@ def capture_state(config: Config, paths: Paths, host: Host = Host()) -> dict:
     mode = mode_of(pattern) if handler.owns(host, paths, socket_path) else None
     return {"mode": mode, "listening": mode == "socket" and listener.listening(socket_path, host.proc_root),
             "refused_peers": spool.refused_count(paths.spool_dir),
-            "stalled": len(spool.stalled_captures(paths.spool_dir, config.capture.timeout))}
+            "stalled": len(spool.stalled_captures(paths.spool_dir, config.capture.timeout)),
+            "displaced": mode is None and handler.displaced(host, paths, socket_path)}
 
 
 def _listener_summary(config: Config, paths: Paths, host: Host, mode: str | None) -> dict | None:
@@ -141,7 +143,7 @@ def status(config: Config, paths: Paths, *, host: Host = Host(), csplice: Path |
     try:
         real = check_handler_path(program)
         found["version"] = csplice_version(real)
-        expected = core_pattern_for(real, sysctl.read("kernel.osrelease", host.sysctl_root))
+        expected = core_pattern_for(real)
     except (UnsafePathError, SystemFailure) as e:
         found["problem"] = e.message
     pipe_limit = _int_or_zero(live[sysctl.CORE_PIPE_LIMIT])
@@ -155,7 +157,7 @@ def status(config: Config, paths: Paths, *, host: Host = Host(), csplice: Path |
     return {
         "installed": installed,
         "mode": mode,
-        "capture": _capture_summary(paths, pattern, owner),
+        "capture": _capture_summary(paths, host, config.kernel.socket_path, pattern, owner),
         "listener": _listener_summary(config, paths, host, mode),
         "core_pattern": pattern,
         "core_pattern_expected": expected,

@@ -3,7 +3,8 @@
 Where systemd is PID 1, corehandler.service does this job. Containers and hosts with another init get this
 instead, and it behaves like the unit: the daemon runs in the foreground under a supervisor that restarts it
 when it fails (backoff from 1 s doubling to 60 s, reset once it has stayed up a minute; a clean exit is not
-restarted, like Restart=on-failure), forwards SIGHUP (reload) and SIGTERM (stop, SIGKILL after a timeout).
+restarted, like Restart=on-failure, nor one of NO_RESTART, like RestartPreventExitStatus=), forwards SIGHUP
+(reload) and SIGTERM (stop, SIGKILL after a timeout).
 
 The supervisor is a fresh interpreter started by a double fork and setsid, so it shares nothing with the
 installer that started it (no terminal, no inherited descriptors, no threads) and is re-parented to init.
@@ -30,12 +31,16 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from corehandler.errors import EXIT_CONFLICT, CorehandlerError
+from corehandler.errors import EXIT_CONFLICT, EXIT_INDEX_NEWER, CorehandlerError
 from corehandler.paths import DEFAULT_STATE_DIR, Paths
 
 PID_FILE = "corehandler.pid"  # the supervisor's pid; flocked while it lives
 SERVE_PID_FILE = "serve.pid"  # the pid of the daemon it is running now
 LOG_FILE = "corehandler.log"
+
+# What a restart cannot fix: the index a newer corehandler wrote (a downgrade). The unit's
+# RestartPreventExitStatus= lists the same.
+NO_RESTART = (EXIT_INDEX_NEWER,)
 
 BACKOFF_FIRST = 1.0
 BACKOFF_MAX = 60.0
@@ -400,6 +405,11 @@ class _Supervisor:
             if returncode == 0:
                 self.log("the daemon exited cleanly without being asked to; not restarting it")
                 return 0
+            if returncode in NO_RESTART:
+                # As RestartPreventExitStatus= in corehandler.service: another try would fail the same way.
+                self.log(f"the daemon {_describe(returncode)} (the index is a newer version's: its log says the "
+                         "way back); not restarting it")
+                return returncode
             if time.monotonic() - started >= STABLE_AFTER:
                 backoff = self.service.backoff_first
             self.log(f"the daemon {_describe(returncode)}; restarting it in {backoff:g} s")

@@ -358,6 +358,10 @@ class _CaptureCollector:
         for name in ("pipe", "socket", "none"):
             mode.add_metric([name], 1.0 if (state.get("mode") or "none") == name else 0.0)
         yield mode
+        yield GaugeMetricFamily("corehandler_handler_displaced", "1 while the kernel runs another core handler "
+                                "although csplice.conf names this installation as its owner: another package took "
+                                "it (systemd-coredump's postinst re-applies its pattern on every systemd update)",
+                                value=1.0 if state.get("displaced") else 0.0)
         if state.get("mode") == "socket":
             yield GaugeMetricFamily("corehandler_listener_up", "1 while csplice's coredump socket listener "
                                     "listens; at 0 the kernel drops every dump silently",

@@ -10,11 +10,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import sqlite3
+import time
 from pathlib import Path
 from typing import Iterable
 
-from corehandler import paths
-from corehandler.errors import EXIT_PERMISSION, CorehandlerError
+from corehandler import __version__, paths
+from corehandler.atomicfile import fsync_dir
+from corehandler.errors import EXIT_INDEX_NEWER, EXIT_INDEX_OLDER, EXIT_PERMISSION, CorehandlerError
 from corehandler.paths import DIR_MODES
 from corehandler.store import analyses, match
 from corehandler.store.dumprow import _COLUMNS, COMPRESSING, Dump
@@ -25,9 +27,14 @@ from corehandler.store.match import Filter
 # 7: records lose proc.oci_config (_SCRUB_OCI_CONFIG). 8: ingest_attempts (store/attempts.py).
 # 9: uploads.core, the verified core in the bucket (JSON), kept so a retry does not send it again.
 # 10: the mini core's columns (mini_path, mini_bytes). 11: the re-symbolising schedule (_RESYMBOLISE_TABLE).
-# 12: signature v2 (analysis.signature_v1_id; every stored analysis re-signed from its frames) and the crash's
+# 12: written_by, the corehandler version that wrote the index (_WRITER_TABLE).
+# 13: signature v2 (analysis.signature_v1_id; every stored analysis re-signed from its frames) and the crash's
 # reason line (analysis.reason).
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
+
+# Only the daemon (at start) and `corehandler migrate` migrate, after a copy of the index named for its old
+# schema (index.schema-11.sqlite) is made beside it; the newest BACKUPS_KEPT copies stay.
+BACKUPS_KEPT = 2
 
 _SCHEMA_TABLE = """
 CREATE TABLE IF NOT EXISTS dumps (
@@ -121,6 +128,18 @@ CREATE TABLE IF NOT EXISTS resymbolise (
 )"""
 _RESYMBOLISE_DUE = "CREATE INDEX IF NOT EXISTS resymbolise_due ON resymbolise (due)"
 
+# The version of corehandler that created, migrated or last served the index (one row): what a downgrade's
+# refusal names.
+_WRITER_TABLE = """
+CREATE TABLE IF NOT EXISTS written_by (
+    one INTEGER PRIMARY KEY CHECK (one = 1),
+    version TEXT NOT NULL,
+    schema INTEGER NOT NULL,
+    at REAL NOT NULL
+)"""
+_RECORD_WRITER = ("INSERT INTO written_by (one, version, schema, at) VALUES (1, ?, ?, ?) ON CONFLICT (one) "
+                  "DO UPDATE SET version = excluded.version, schema = excluded.schema, at = excluded.at")
+
 _DELETIONS_TABLE = """
 CREATE TABLE IF NOT EXISTS deletions (
     rule TEXT PRIMARY KEY,
@@ -168,6 +187,144 @@ class StoreAccessError(StoreError):
     exit_code = EXIT_PERMISSION
 
 
+class IndexNewerError(StoreError):
+    """A newer corehandler wrote the index (a downgrade, or mixed versions): nothing here reads or migrates it."""
+
+    exit_code = EXIT_INDEX_NEWER
+
+
+class IndexOlderError(StoreError):
+    """An older corehandler wrote the index and it is not migrated yet: only the daemon or `migrate` do it."""
+
+    exit_code = EXIT_INDEX_OLDER
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexVersion:
+    """What an index says of itself: its schema and the corehandler version that wrote it (None before
+    schema 12 recorded it)."""
+
+    schema: int
+    version: str | None
+
+    def describe(self) -> str:
+        # Before schema 12 the index did not say which version wrote it.
+        return f"{f'corehandler {self.version}' if self.version else 'an older corehandler'} (schema {self.schema})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Migration:
+    """What one migration did, for its one log line."""
+
+    before: IndexVersion
+    backup: Path
+    removed: tuple[Path, ...]  # older copies past BACKUPS_KEPT
+
+    def describe(self) -> str:
+        gone = f"; removed the older {', '.join(p.name for p in self.removed)}" if self.removed else ""
+        return (f"Migrated the index from {self.before.describe()} to corehandler {__version__} (schema "
+                f"{SCHEMA_VERSION}); the old index is kept as {self.backup} (the newest {BACKUPS_KEPT} such copies "
+                f"are kept{gone})")
+
+
+def backup_path(state_dir: Path, schema: int) -> Path:
+    return Path(state_dir) / f"index.schema-{schema}.sqlite"
+
+
+def backups(state_dir: Path) -> list[tuple[int, Path]]:
+    """The copies migrations left, by the schema they hold, oldest first."""
+    found = []
+    for p in Path(state_dir).glob("index.schema-*.sqlite"):
+        number = p.name[len("index.schema-"):-len(".sqlite")]
+        if number.isdigit():
+            found.append((int(number), p))
+    return sorted(found)
+
+
+def _this() -> str:
+    return f"corehandler {__version__} (schema {SCHEMA_VERSION})"
+
+
+def _newer(index_path: Path, found: IndexVersion) -> IndexNewerError:
+    copies = [p for schema, p in backups(index_path.parent) if schema <= SCHEMA_VERSION]
+    back = f"restore {copies[-1]} (the index before it was migrated) or " if copies else ""
+    return IndexNewerError(f"{index_path} was written by {found.describe()}, newer than this {_this()}: "
+                           f"{back}install corehandler {found.version or 'of that schema'} or newer again")
+
+
+def _older(index_path: Path, found: IndexVersion) -> IndexOlderError:
+    return IndexOlderError(f"{index_path} was written by {found.describe()}, older than this {_this()}, and is not "
+                           "migrated yet: the daemon migrates it when it starts (systemctl restart corehandler), "
+                           "or run `corehandler migrate` as root")
+
+
+def index_version(db: sqlite3.Connection) -> IndexVersion:
+    schema = db.execute("PRAGMA user_version").fetchone()[0]
+    try:
+        row = db.execute("SELECT version FROM written_by WHERE one = 1").fetchone()
+    except sqlite3.OperationalError:  # before schema 12
+        row = None
+    return IndexVersion(schema, row[0] if row else None)
+
+
+def read_version(state_dir: Path) -> IndexVersion | None:
+    """The schema and writer of the index in state_dir, read-only; None when there is none."""
+    path = paths.index_path(state_dir)
+    if not path.exists():
+        return None
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        try:
+            return index_version(db)
+        finally:
+            db.close()
+    except sqlite3.Error as e:
+        if not os.access(path, os.R_OK):
+            raise StoreAccessError(f"cannot open the index {path}: permission denied") from e
+        raise StoreError(f"cannot open the index {path}: {e}") from e
+
+
+def refusal(state_dir: Path, found: IndexVersion, schema: int = SCHEMA_VERSION) -> IndexNewerError | None:
+    """Why a corehandler reading schema `schema` (this one by default) cannot use the index (a downgrade),
+    None when it can, directly or by migrating it."""
+    if found.schema <= schema:
+        return None
+    if schema == SCHEMA_VERSION:
+        return _newer(paths.index_path(state_dir), found)
+    copies = [p for n, p in backups(state_dir) if n <= schema]
+    back = f"restore {copies[-1]} after the downgrade or " if copies else ""
+    return IndexNewerError(f"{paths.index_path(state_dir)} was written by {found.describe()}, which a corehandler "
+                           f"of schema {schema} cannot read: {back}keep corehandler {found.version or 'as it is'}")
+
+
+def _is_empty(db: sqlite3.Connection) -> bool:
+    return db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0] == 0
+
+
+def _backup(db: sqlite3.Connection, path: Path) -> None:
+    """A consistent copy of the index (SQLite's online backup), whole under its name or not there at all."""
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+    try:
+        copy = sqlite3.connect(tmp)
+        try:
+            db.backup(copy)
+            copy.execute("PRAGMA journal_mode=DELETE")  # one file, readable without its -wal
+        finally:
+            copy.close()
+        fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
 def create_upload_tables(db: sqlite3.Connection) -> None:
     """The upload queue's tables, all in one transaction (a reader sees all of them or none)."""
     db.execute("BEGIN IMMEDIATE")
@@ -183,29 +340,33 @@ def create_upload_tables(db: sqlite3.Connection) -> None:
 class Store:
     """The index and the directory of stored files. One connection per Store; not shared across threads."""
 
-    def __init__(self, state_dir: Path, *, readonly: bool = False):
+    def __init__(self, state_dir: Path, *, readonly: bool = False, migrate: bool = False):
+        """readonly: opened with SQLite's mode=ro (the read verbs, the metrics, status). migrate: an index an
+        older corehandler wrote is migrated, after a backup (the daemon, `corehandler migrate`); without it such
+        an index is refused (IndexOlderError), as one a newer corehandler wrote always is (IndexNewerError).
+        Who writes may create a missing index."""
         self.state_dir = Path(state_dir)
         self.store_dir = paths.store_dir(self.state_dir)
         self.index_path = paths.index_path(self.state_dir)
         self.readonly = readonly
+        self.migration: Migration | None = None
         try:
             if readonly and not self.index_path.exists():
                 raise StoreError(f"no index at {self.index_path}")
             if readonly:
                 self.db = self._connect_readonly()
-                if self.db.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
-                    # An index an older daemon wrote: upgrade it in place once (a few ALTERs), then read.
-                    self.db.close()
-                    with sqlite3.connect(self.index_path, timeout=30) as upgrade:
-                        self._migrate(upgrade)
-                    upgrade.close()
-                    self.db = self._connect_readonly()
+                self._check(self.db)
             else:
                 for d, kind in ((self.state_dir, "state"), (self.store_dir, "store")):
                     d.mkdir(mode=DIR_MODES[kind], parents=True, exist_ok=True)
                 self.db = sqlite3.connect(self.index_path, timeout=30)
                 os.chmod(self.index_path, 0o600)
-                self._migrate(self.db)
+                if _is_empty(self.db) and self.db.execute("PRAGMA user_version").fetchone()[0] == 0:
+                    self._upgrade(self.db, 0)
+                elif migrate:
+                    self.migration = self._migrate(self.db)
+                else:
+                    self._check(self.db)
         except PermissionError as e:
             raise StoreAccessError(f"cannot open the index {self.index_path}: permission denied") from e
         except (sqlite3.Error, OSError) as e:
@@ -218,15 +379,35 @@ class Store:
         db.execute("PRAGMA user_version").fetchone()  # fails here if it is not an SQLite file
         return db
 
-    def _migrate(self, db: sqlite3.Connection) -> None:
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise StoreError(f"{self.index_path} has schema {version}, newer than this corehandler "
-                             f"({SCHEMA_VERSION})")
+    def _check(self, db: sqlite3.Connection) -> None:
+        found = index_version(db)
+        if found.schema > SCHEMA_VERSION:
+            raise _newer(self.index_path, found)
+        if found.schema < SCHEMA_VERSION:
+            raise _older(self.index_path, found)
+
+    def _migrate(self, db: sqlite3.Connection) -> Migration | None:
+        """Brings an older index to this schema after a backup; records this version as the index's writer."""
+        found = index_version(db)
+        if found.schema > SCHEMA_VERSION:
+            raise _newer(self.index_path, found)
+        if found.schema == SCHEMA_VERSION:
+            if found.version != __version__:
+                with db:
+                    db.execute(_RECORD_WRITER, (__version__, SCHEMA_VERSION, time.time()))
+            return None
+        backup = backup_path(self.state_dir, found.schema)
+        _backup(db, backup)
+        self._upgrade(db, found.schema)
+        removed = tuple(p for _, p in backups(self.state_dir)[:-BACKUPS_KEPT])
+        for old in removed:
+            old.unlink(missing_ok=True)
+        return Migration(found, backup, removed)
+
+    def _upgrade(self, db: sqlite3.Connection, version: int) -> None:
+        """Creates (version 0) or migrates the tables, in one transaction: a kill leaves the old schema
+        untouched or the new one complete."""
         db.execute("PRAGMA journal_mode=WAL")
-        if version == SCHEMA_VERSION:
-            return
-        # One transaction: a kill leaves the old schema untouched or the new one complete.
         db.execute("BEGIN IMMEDIATE")
         try:
             db.execute(_SCHEMA_TABLE)
@@ -235,6 +416,7 @@ class Store:
             db.execute(_ATTEMPTS_TABLE)
             db.execute(_RESYMBOLISE_TABLE)
             db.execute(_RESYMBOLISE_DUE)
+            db.execute(_WRITER_TABLE)
             columns = {row[1] for row in db.execute("PRAGMA table_info(analysis)")}
             for name in ("signature_v1_id", "reason"):
                 if name not in columns:
@@ -264,6 +446,7 @@ class Store:
             uploads = {row[1] for row in db.execute("PRAGMA table_info(uploads)")}
             if uploads and "core" not in uploads:
                 db.execute("ALTER TABLE uploads ADD COLUMN core TEXT")
+            db.execute(_RECORD_WRITER, (__version__, SCHEMA_VERSION, time.time()))
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             db.commit()
         except BaseException:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from corehandler.csplice_contract import SPECIFIERS
+from corehandler.csplice_contract import PIDFD_SPECIFIER, SPECIFIERS
 from support import cbuild
 from support.crash import build_crasher
 
@@ -100,11 +100,13 @@ def build_csplice_static(cache: Path) -> Path:
 
 def build_guest(cache: Path) -> Path:
     source = HERE / "guest.c"
-    # The guest's core_pattern takes csplice's argv from the control plane's one copy of it.
-    binary = cache / f"guest-{_digest(source.read_bytes(), SPECIFIERS.encode())}"
+    # The guest's core_pattern takes csplice's argv from the control plane's one copy of it, %F included as
+    # install and the boot-time sysctl.d file set it on every kernel (6.1 passes csplice nothing for it).
+    argv = f"{SPECIFIERS} {PIDFD_SPECIFIER}"
+    binary = cache / f"guest-{_digest(source.read_bytes(), argv.encode())}"
     if not binary.exists():
         cache.mkdir(parents=True, exist_ok=True)
-        _run(["gcc", "-static", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", f'-DSPECIFIERS="{SPECIFIERS}"',
+        _run(["gcc", "-static", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", f'-DSPECIFIERS="{argv}"',
               "-o", f"{binary}.tmp", str(source)])
         os.replace(f"{binary}.tmp", binary)
     return _require_static(binary)

@@ -229,8 +229,10 @@ def test_an_index_damaged_past_its_header_is_one_line(capsys, filled, tmp_path):
     (copy / "index.sqlite").write_bytes(bytes(data))
     code = main(["--config-dir", str(etc), "--state-dir", str(copy), "list"])
     _, err = capsys.readouterr()
-    assert code == EXIT_SYSTEM and err.startswith("corehandler: the index is damaged") and \
-        len(err.splitlines()) == 1
+    # Opening it reads past the header now (the version that wrote it): the damage shows there, or at the query.
+    assert code == EXIT_SYSTEM and err.startswith(("corehandler: the index is damaged", "corehandler: cannot open "
+                                                   f"the index {copy / 'index.sqlite'}: database disk image is "
+                                                   "malformed")) and len(err.splitlines()) == 1
 
 
 def test_corrupt_store_files_are_reported_not_crashed_on(capsys, filled, tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import pty
 import subprocess
@@ -186,3 +187,38 @@ def test_kernel_start_with_a_dead_pid_is_refused_in_the_kernel_log(tmp_path):
     assert status == EXIT_USAGE
     assert any(f"PID {NO_SUCH_PID} is not a live process" in line for line in lines), lines
     assert not spool.exists()
+
+
+def boot_pattern_argv(crashed: int, kernel_splits_first: bool) -> list[bytes]:
+    """The argv a kernel without %F (before 6.16) makes of the package's boot-time pattern: it expands an
+    unknown specifier to nothing (fs/coredump.c format_corename), which leaves an empty last argument where it
+    splits the pattern before expanding it (5.7 on), and none where it splits the expansion (argv_split)."""
+    template = (Path(__file__).parents[2] / "packaging" / "sysctl.d" / "50-corehandler.conf.in").read_text()
+    pattern = next(line.split("=", 1)[1].strip() for line in template.splitlines()
+                   if line.startswith("kernel.core_pattern"))
+    program, *specifiers = pattern.split()
+    assert program == "|@CSPLICE@" and specifiers[-1] == "%F"
+    values = core_args(crashed)
+    assert len(values) == len(specifiers) - 1  # every other specifier has its value
+    return values + [b""] if kernel_splits_first else values
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("kernel_splits_first", [True, False], ids=["empty-last-argument", "no-last-argument"])
+def test_the_boot_patterns_F_on_a_kernel_without_it_is_no_pidfd(host_core_settings, tmp_path, kernel_splits_first):
+    """After a reboot the package's sysctl.d file sets `... %e %F` on every kernel (what install sets): csplice,
+    started as the kernel starts it, records the crash and proves the process by its start time."""
+    spool = tmp_path / "spool"
+    host_core_settings.write_settings(render_settings({"spool_dir": str(spool), "min_free": 0, "max_pending": 0,
+                                                       "max_per_exe_per_minute": 0}))
+    with subprocess.Popen(["sleep", "60"]) as crashed:
+        try:
+            _, status = as_the_kernel(paths.csplice_path(), boot_pattern_argv(crashed.pid, kernel_splits_first),
+                                      b"no core here\n" * 100)
+        finally:
+            crashed.kill()
+    assert status == 0
+    [name] = [n for n in os.listdir(spool) if n.endswith(".json")]
+    record = json.loads((spool / name).read_text())
+    assert record["pid"] == crashed.pid
+    assert (record["proc"]["verified_by"], record["proc"]["verified"]) == ("start_time", True)

@@ -9,9 +9,11 @@ import stat
 from pathlib import Path
 
 import pytest
+import yaml
 from fakehost import SYSTEMD_PATTERN, FakeHost
 
 from corehandler import csplice_contract
+from corehandler.cli.install import _capture_line
 from corehandler.config import Config
 from corehandler.errors import (
     EXIT_CONFLICT,
@@ -22,6 +24,7 @@ from corehandler.errors import (
     UnsafePathError,
 )
 from corehandler.host import handler, install, overview, sysctl
+from corehandler.observe.metrics import MetricsObserver
 from corehandler.paths import DIR_MODES
 from corehandler.store.dumprow import row_from_record
 from corehandler.store.index import Store
@@ -38,22 +41,19 @@ def mode(path) -> int:
     return stat.S_IMODE(os.stat(path).st_mode)
 
 
-@pytest.mark.parametrize("release, pidfd", [("6.18.44-fc-v657", True), ("6.16.0", True), ("6.15.9-arch1", False),
-                                            ("6.1.0-26-amd64", False), ("5.10.0", False), ("7.0", True),
-                                            ("garbage", False)])
-def test_core_pattern_adds_pidfd_from_6_16(tmp_path, release, pidfd):
-    pattern = install.core_pattern_for(tmp_path / "csplice", release)
-    assert pattern == f"|{tmp_path}/csplice {SPECS}" + (" %F" if pidfd else "")
+def test_core_pattern_carries_pidfd_on_every_kernel(tmp_path):
+    """What the package's sysctl.d file sets at boot: a kernel before 6.16 passes csplice nothing for %F."""
+    assert install.core_pattern_for(tmp_path / "csplice") == f"|{tmp_path}/csplice {SPECS} %F"
 
 
 def test_core_pattern_length_limit(tmp_path):
     longest = "/" + "d" * (127 - len(f"| {SPECS} %F") - len("/csplice") - 1) + "/csplice"
-    assert len(install.core_pattern_for(Path(longest), "6.18")) == 127
+    assert len(install.core_pattern_for(Path(longest))) == 127
     too_long = Path("/x" + longest)
     with pytest.raises(SystemFailure, match="would be 129 characters, the kernel takes at most 127"):
-        install.core_pattern_for(too_long, "6.18")
+        install.core_pattern_for(too_long)
     with pytest.raises(SystemFailure, match="whitespace"):
-        install.core_pattern_for(tmp_path / "my dir" / "csplice", "6.1")
+        install.core_pattern_for(tmp_path / "my dir" / "csplice")
 
 
 def test_is_ours():
@@ -95,10 +95,11 @@ def test_install_tightens_existing_state_dirs(host):
     assert mode(host.paths.state_dir) == DIR_MODES["state"] and mode(host.paths.spool_dir) == DIR_MODES["spool"]
 
 
-def test_old_kernel_gets_no_pidfd(tmp_path, csplice, monkeypatch, short_dir):
+def test_an_old_kernel_gets_the_boot_time_pattern_too(tmp_path, csplice, monkeypatch, short_dir):
+    """%F on 6.1 too: the package's sysctl.d file sets it at every boot, and status must match it afterwards."""
     host = FakeHost(tmp_path, csplice, monkeypatch, release="6.1.0-26-amd64", bin_dir=short_dir)
     install.install(Config(), host.paths, host=host.machine, csplice=host.csplice)
-    assert host.get("core_pattern") == f"|{host.csplice} {SPECS}"
+    assert host.get("core_pattern") == f"|{host.csplice} {SPECS} %F"
 
 
 def test_another_handler_is_refused_without_force(host):
@@ -335,3 +336,38 @@ def test_the_capture_mode_is_this_installations_own(host):
     assert overview.capture_state(Config(), other, host.machine)["mode"] is None
     host.set("core_pattern", SYSTEMD_PATTERN)  # apt's systemd-coredump took the handler
     assert overview.capture_state(Config(), host.paths, host.machine)["mode"] is None
+
+
+def test_a_handler_taken_while_csplice_conf_names_this_installation_shows_and_alerts(host):
+    """systemd-coredump's postinst re-applies its pattern on every systemd update: csplice.conf still names this
+    installation, the kernel runs another handler. The scrape says so (corehandler_handler_displaced, which
+    CorehandlerHandlerDisplaced alerts on with the runbook's fix) and so does status; another installation's
+    daemon, or one that was never installed, is not displaced."""
+    before = host.get("core_pattern")
+    install.install(Config(), host.paths, host=host.machine, csplice=host.csplice)
+    other = host.installation("other")
+
+    def scrape(paths) -> str:
+        probe = lambda: overview.capture_state(Config(), paths, host.machine)  # noqa: E731 - what serve passes
+        return MetricsObserver(capture_probe=probe).exposition().decode()
+
+    assert "corehandler_handler_displaced 0.0" in scrape(host.paths)
+    host.set("core_pattern", SYSTEMD_PATTERN)
+    assert handler.settings_owner_of(host.machine).state_dir == str(host.paths.state_dir)
+    text = scrape(host.paths)
+    assert "corehandler_handler_displaced 1.0" in text and 'corehandler_capture_mode{mode="none"} 1.0' in text
+    assert "corehandler_handler_displaced 0.0" in scrape(other)
+    capture = overview.status(Config(), host.paths, host=host.machine, csplice=host.csplice)["capture"]
+    assert capture["displaced"] and _capture_line(capture).startswith(
+        "NOBODY: the kernel runs /lib/systemd/systemd-coredump although csplice.conf names this installation")
+    assert "`corehandler install --force` takes it back" in _capture_line(capture)
+    rules = yaml.safe_load((Path(__file__).parents[2] / "packaging/prometheus/corehandler-alerts.yml").read_text())
+    [rule] = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "CorehandlerHandlerDisplaced"]
+    assert rule["expr"] == "corehandler_handler_displaced == 1" and "corehandler install --force" in \
+        rule["annotations"]["description"]
+
+    install.install(Config(), host.paths, host=host.machine, csplice=host.csplice, force=True)  # the fix
+    assert "corehandler_handler_displaced 0.0" in scrape(host.paths)
+    # Uninstall gives back what the host had before this installation's first claim, csplice.conf included.
+    install.uninstall(host.paths, host=host.machine)
+    assert host.get("core_pattern") == before and "corehandler_handler_displaced 0.0" in scrape(host.paths)

@@ -59,6 +59,27 @@ class FakeListener:
         self.gone()
 
 
+def test_socket_mode_installed_by_hand_survives_the_packages_reinstall_on_upgrade(host):
+    """postinst runs `install --package` on every upgrade, without --mode: socket mode chosen on the command line
+    stays socket mode (it came back as pipe mode unless the config said socket). A config that sets [kernel]
+    mode, and --mode, still decide."""
+    fake = FakeListener(host)
+    ours = host.machine.sysctl_d / "50-corehandler.conf"
+    package = {"host": host.machine, "csplice": host.csplice, "start_listener": fake.start,
+               "stop_listener": fake.stop, "write_sysctl_d": False, "force": True}
+    install.install(Config(), host.paths, mode="socket", **package)
+    assert host.paths.install_mode.read_text() == "socket\n"
+    fake.stop(host.paths)  # the upgrade: prerm stops things, the new package's postinst installs again
+    done = install.install(Config(), host.paths, **package)
+    assert done["mode"] == "socket" and host.get("core_pattern") == f"@@{SOCKET}" and ours.exists()
+    assert len(fake.started) == 2
+
+    config_says_pipe = Config.model_validate({"kernel": {"mode": "pipe"}})
+    assert install.install(config_says_pipe, host.paths, **package)["mode"] == "pipe" and not ours.exists()
+    assert install.install(Config(), host.paths, **package)["mode"] == "pipe"  # what was last asked for
+    assert install.install(Config(), host.paths, mode="socket", **package)["mode"] == "socket"
+
+
 def test_socket_patterns_are_ours_only_on_our_socket():
     assert handler.is_corehandler(f"@@{SOCKET}", SOCKET) and handler.is_corehandler(f"@{SOCKET}", SOCKET)
     assert not handler.is_corehandler("@@/run/systemd/coredump", SOCKET)
@@ -93,7 +114,7 @@ def test_install_socket_mode_starts_the_listener_first_then_uninstall(host):
     assert st["installed"] and st["mode"] == "socket" and st["core_pattern_matches"]
     assert st["listener"]["listening"] is True and st["listener"]["socket_path"] == str(SOCKET)
     assert overview.capture_state(Config(), host.paths, host.machine) == {"mode": "socket", "listening": True,
-                                  "refused_peers": 0, "stalled": 0}
+                                  "refused_peers": 0, "stalled": 0, "displaced": False}
 
     fake.gone()  # the listener died: the kernel now drops dumps silently, and status must say so
     assert overview.status(Config(), host.paths, host=host.machine,

@@ -9,21 +9,11 @@ import pytest
 
 from corehandler.errors import UsageError
 from corehandler.paths import DIR_MODES
-from corehandler.store.dumprow import row_from_record
 from corehandler.store.index import SCHEMA_VERSION, UNKNOWN_RULE, Store, StoreError
 from corehandler.store.match import Filter
-
-
-def _record(n: int, *, pid=None, comm="app", exe="/usr/bin/app", signal=11, ts=None):
-    return {"schema": 1, "id": f"17960000000{n:05d}-0123456789abcdef-{pid or n}", "core": "x.core",
-            "pid": pid or n, "uid": 1000, "gid": 1000, "signal": signal, "timestamp": ts or 1_700_000_000 + n,
-            "comm": comm, "hostname": "h", "boot_id": "0" * 32,
-            "proc": {"exe": exe, "cmdline": [exe, f"--n={n}"]}}
-
-
-def _row(record, status="ok"):
-    return row_from_record(record, status=status, problem=None, path=f"{record['id']}.zst", raw_bytes=100,
-                           stored_bytes=10, sha256="ab" * 32)
+from support.indexrows import SCHEMA_1, SCHEMA_2_TOMBSTONES
+from support.indexrows import record as _record
+from support.indexrows import row as _row
 
 
 @pytest.fixture
@@ -124,7 +114,7 @@ def test_newer_schema_is_refused(tmp_path):
     db.commit()
     db.close()
     with pytest.raises(StoreError, match="newer than this corehandler"):
-        Store(tmp_path)
+        Store(tmp_path, migrate=True)
 
 
 def test_readonly_open_of_missing_index(tmp_path):
@@ -185,19 +175,7 @@ def test_a_kill_after_the_mark_completes_with_the_marked_rule_and_size(store):
     assert store.deletions() == {"max_use": (1, 8192)}
 
 
-SCHEMA_1 = """
-CREATE TABLE dumps (id TEXT PRIMARY KEY, crashed_at REAL NOT NULL, ingested_at REAL NOT NULL,
-    pid INTEGER, uid INTEGER, gid INTEGER, signal INTEGER, exe TEXT, comm TEXT, cmdline TEXT, hostname TEXT,
-    boot_id TEXT, raw_bytes INTEGER NOT NULL DEFAULT 0, stored_bytes INTEGER NOT NULL DEFAULT 0, sha256 TEXT,
-    status TEXT NOT NULL, problem TEXT, path TEXT, deleting INTEGER NOT NULL DEFAULT 0, record TEXT NOT NULL);
-CREATE INDEX dumps_crashed_at ON dumps (crashed_at);
-CREATE INDEX dumps_exe ON dumps (exe);
-PRAGMA user_version=1;
-"""
-
-
-@pytest.mark.parametrize("readonly", [False, True])
-def test_a_schema_1_index_is_migrated_in_place(tmp_path, readonly):
+def test_a_schema_1_index_is_migrated_in_place(tmp_path):
     """What corehandler wrote before schema 2: one live row and one deletion a kill interrupted."""
     (tmp_path / "store").mkdir()
     db = sqlite3.connect(tmp_path / "index.sqlite")
@@ -213,7 +191,7 @@ def test_a_schema_1_index_is_migrated_in_place(tmp_path, readonly):
     db.close()
     (tmp_path / "store" / f"{_record(2)['id']}.zst").write_bytes(b"x" * 4096)
 
-    with Store(tmp_path, readonly=readonly) as s:
+    with Store(tmp_path, migrate=True) as s:
         assert s.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert [d.id for d in s.query()] == [_record(1)["id"], odd["id"]]
         assert len(s.all(include_deleting=True)) == 3 and s.deletions() == {}
@@ -239,16 +217,11 @@ def test_a_schema_6_index_loses_the_container_configs_v02_copied(tmp_path):
                          list(row.values()))
         s.db.execute("PRAGMA user_version=6")
         s.db.commit()
-    with Store(tmp_path) as s:
+    with Store(tmp_path, migrate=True) as s:
         assert [d.record["proc"] for d in s.all()] == [{"comm": "a\udcff"}, {"comm": "b"}]
 
 
-SCHEMA_2_TOMBSTONES = ", deleted_at REAL, deleted_rule TEXT, freed_bytes INTEGER, compress_seconds REAL, " \
-    "ingest_seconds REAL);"
-
-
-@pytest.mark.parametrize("readonly", [False, True])
-def test_a_schema_2_index_turns_its_tombstones_into_counts(tmp_path, readonly):
+def test_a_schema_2_index_turns_its_tombstones_into_counts(tmp_path):
     """v0.1 kept a tombstone row per deleted dump, for the metrics to replay: the migration counts them per rule
     and drops them with their column; live rows and a deletion under way stay as they were."""
     (tmp_path / "store").mkdir()
@@ -263,7 +236,7 @@ def test_a_schema_2_index_turns_its_tombstones_into_counts(tmp_path, readonly):
     db.commit()
     db.close()
 
-    with Store(tmp_path, readonly=readonly) as s:
+    with Store(tmp_path, migrate=True) as s:
         assert s.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert "deleted_at" not in {r[1] for r in s.db.execute("PRAGMA table_info(dumps)")}
         assert s.deletions() == {"max_age": (2, 4096 + 8192), UNKNOWN_RULE: (1, 512)}
