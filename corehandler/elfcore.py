@@ -258,44 +258,89 @@ def iter_notes(data: bytes, end: str):
 def file_notes(path: Path | str) -> list[tuple[bytes, int, bytes]]:
     """(owner, type, desc) of every note in an ELF file's PT_NOTE segments (an executable or library, not a
     core), at most MAX_FILE_NOTES_BYTES of them; [] for a file that is not ELF. Raises OSError when the
-    file cannot be opened or read."""
-    # Non-blocking and regular files only: the path comes from a crashed process, which may have left a FIFO
-    # or a device under it since.
+    file cannot be opened or read. For trusted paths only (a test's, a debug file's): a path a core names is
+    opened by the analyser's jail alone, which reads the file through notes_of() and section_names()."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return []
-        ident = _read_at(fd, 0, 16)
-        layout = _LAYOUTS.get(ident[4]) if len(ident) == 16 and ident[:4] == ELFMAG else None
-        if layout is None:
-            return []
-        end = "<" if ident[5] == ELFDATA2LSB else ">"
-        ehsize = struct.calcsize(end + layout.ehdr)
-        raw = _read_at(fd, 0, ehsize)
-        if len(raw) < ehsize:
-            return []
-        fields = struct.unpack(end + layout.ehdr, raw)
-        e_phoff, e_phentsize, e_phnum = fields[5], fields[9], fields[10]
-        phsize = struct.calcsize(end + layout.phdr)
-        if e_phentsize < phsize or e_phnum > 4096:
-            return []
-        table = _read_at(fd, e_phoff, e_phnum * e_phentsize)
-        notes, budget = [], MAX_FILE_NOTES_BYTES
-        for i in range(len(table) // e_phentsize):
-            p = dict(zip(layout.phdr_fields, struct.unpack_from(end + layout.phdr, table, i * e_phentsize)))
-            if p["type"] != PT_NOTE or budget <= 0:
-                continue
-            data = _read_at(fd, p["offset"], min(p["filesz"], budget))
-            budget -= len(data)
-            notes += iter_notes(data, end)
-        return notes
+        return notes_of(fd)
     finally:
         os.close(fd)
 
 
+def _file_header(fd: int) -> tuple[str, _Layout, tuple] | None:
+    """(byte order, layout, ELF header fields) of the regular file at fd; None for anything else."""
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        return None
+    ident = _read_at(fd, 0, 16)
+    layout = _LAYOUTS.get(ident[4]) if len(ident) == 16 and ident[:4] == ELFMAG else None
+    if layout is None:
+        return None
+    end = "<" if ident[5] == ELFDATA2LSB else ">"
+    ehsize = struct.calcsize(end + layout.ehdr)
+    raw = _read_at(fd, 0, ehsize)
+    if len(raw) < ehsize:
+        return None
+    return end, layout, struct.unpack(end + layout.ehdr, raw)
+
+
+def is_elf(fd: int) -> bool:
+    """Whether fd is a regular file with a whole ELF header."""
+    return _file_header(fd) is not None
+
+
+def notes_of(fd: int) -> list[tuple[bytes, int, bytes]]:
+    """file_notes() of an open file."""
+    header = _file_header(fd)
+    if header is None:
+        return []
+    end, layout, fields = header
+    e_phoff, e_phentsize, e_phnum = fields[5], fields[9], fields[10]
+    phsize = struct.calcsize(end + layout.phdr)
+    if e_phentsize < phsize or e_phnum > 4096:
+        return []
+    table = _read_at(fd, e_phoff, e_phnum * e_phentsize)
+    notes, budget = [], MAX_FILE_NOTES_BYTES
+    for i in range(len(table) // e_phentsize):
+        p = dict(zip(layout.phdr_fields, struct.unpack_from(end + layout.phdr, table, i * e_phentsize)))
+        if p["type"] != PT_NOTE or budget <= 0:
+            continue
+        data = _read_at(fd, p["offset"], min(p["filesz"], budget))
+        budget -= len(data)
+        notes += iter_notes(data, end)
+    return notes
+
+
+def build_id_of(notes: list[tuple[bytes, int, bytes]]) -> str | None:
+    """The GNU build-id among an ELF file's notes, as hex; None when it has none."""
+    return next((desc.hex() for owner, ntype, desc in notes if owner == b"GNU" and ntype == NT_GNU_BUILD_ID
+                 and desc), None)
+
+
 def file_build_id(path: Path | str) -> str | None:
     """The GNU build-id of an ELF file as hex, None when it has none. Raises OSError like file_notes."""
-    for owner, ntype, desc in file_notes(path):
-        if owner == b"GNU" and ntype == NT_GNU_BUILD_ID and desc:
-            return desc.hex()
-    return None
+    return build_id_of(file_notes(path))
+
+
+_SHDR = {ELFCLASS64: ("IIQQQQIIQQ", 64), ELFCLASS32: ("IIIIIIIIII", 40)}
+_MAX_SECTIONS = 4096
+# What makes a file's own symbols enough for the unwinder to name its frames.
+SYMBOL_SECTIONS = frozenset({b".symtab", b".debug_info"})
+
+
+def section_names(fd: int) -> set[bytes]:
+    """The section names of the ELF file at fd (a few preads); empty for anything else. Raises OSError."""
+    header = _file_header(fd)
+    if header is None:
+        return set()
+    end, layout, fields = header
+    shoff, shentsize, shnum, shstrndx = fields[6], fields[11], fields[12], fields[13]
+    fmt, need = _SHDR[ELFCLASS64 if layout is _LAYOUTS[ELFCLASS64] else ELFCLASS32]
+    if not shoff or shentsize < need or not 0 < shnum <= _MAX_SECTIONS or shstrndx >= shnum:
+        return set()
+    table = _read_at(fd, shoff, shnum * shentsize)
+    headers = [struct.unpack_from(end + fmt, table, i * shentsize) for i in range(len(table) // shentsize)]
+    if shstrndx >= len(headers):
+        return set()
+    strtab = headers[shstrndx]
+    names = _read_at(fd, strtab[4], min(strtab[5], 1 << 20))
+    return {names[h[0]:names.find(b"\0", h[0])] for h in headers if h[0] < len(names)}

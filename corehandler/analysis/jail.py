@@ -8,7 +8,9 @@ In order, each step with why:
    canonical (the kernel writes them so), every component reached without a symlink (O_NOFOLLOW), the last a
    regular file (checked on an O_PATH fd, so a device's driver is never opened and a FIFO never blocks), and
    readable by that user (reopened through /proc/self/fd as them). A path failing any of these is not shown
-   to the unwinder, and the report says why: a user's core cannot make us read what the user could not.
+   to the unwinder, and the report says why: a user's core cannot make us read what the user could not, and
+   a file absent and one they may not reach read alike. From each vetted fd it reads the ELF facts the
+   daemon reports (build-id, own symbols: the report's `files`): no other process opens a path a core names.
 2. A mount, network and IPC namespace of its own. A tmpfs becomes its root, holding: the system's program
    trees read-only (/usr and the merged-/usr links: the unwinder's own libraries and /usr/lib/debug),
    /etc/ld.so.cache, a /proc showing its own process only (the core is its inherited fd, opened as
@@ -50,6 +52,11 @@ SYSTEM_TREES = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 MOUNT_POINT = "/tmp"  # the tmpfs root is mounted over it, in the jail's own namespace only
 MAX_FILES = 4096
 MAX_REFUSED = 32
+UNSEEN = "not found or not readable by the crashing user"
+
+if __name__ == "__main__":  # run as a script (-I -S): our own package, from beside this file, and nothing else
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from corehandler import elfcore  # noqa: E402  (the standard library only)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -96,9 +103,8 @@ def vet(path: str) -> tuple[int | None, str | None]:
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENOTDIR):
             return None, "a symlink on the way"
-        if e.errno == errno.EACCES:
-            return None, "not readable by the crashing user"
-        return None, e.strerror or str(e)
+        # Absent and not allowed read alike: a user learns nothing of a directory they may not search.
+        return None, UNSEEN
     finally:
         for fd in fds:
             os.close(fd)
@@ -127,21 +133,40 @@ def vet_all(spec: dict, report: dict) -> dict[str, int]:
             fd, why = vet(path)
             if fd is not None:
                 vetted[path] = fd
+                _read_facts(report, path, fd)
             else:
                 _refuse(report, path, why)
             if path == exe:
-                report["exe"] = {"refused": why}
+                report["exe"] = {"refused": why, "build_id": _build_id(report, path)}
         if exe and "exe" not in report:
             fd, why = vet(exe)
-            report["exe"] = {"refused": why}
             if fd is not None:
+                _read_facts(report, exe, fd)
                 os.close(fd)
+            report["exe"] = {"refused": why, "build_id": _build_id(report, exe)}
     finally:
         if as_user:
             os.seteuid(0)
             os.setegid(0)
             os.setgroups([])
     return vetted
+
+
+def _read_facts(report: dict, path: str, fd: int) -> None:
+    """What the daemon says of a mapped ELF file (symbols.py: its build-id, whether it has its own symbols),
+    read here from the fd the crashing user's vetting opened: the daemon opens no path a core names."""
+    try:
+        if not elfcore.is_elf(fd):
+            return
+        notes, names = elfcore.notes_of(fd), elfcore.section_names(fd)
+    except OSError:  # an I/O error of the file: nothing is said of it
+        return
+    report["files"][path] = {"build_id": elfcore.build_id_of(notes),
+                             "symbols": bool(names & elfcore.SYMBOL_SECTIONS)}
+
+
+def _build_id(report: dict, path: str) -> str | None:
+    return (report["files"].get(path) or {}).get("build_id")
 
 
 def _refuse(report: dict, path: str, why: str) -> None:
@@ -324,7 +349,8 @@ def main(argv: list[str]) -> int:
         spec = json.loads(f.read())
     if spec.get("report_fd") is not None:  # the unwinder must not write our report
         os.set_inheritable(spec["report_fd"], False)
-    report = {"applied": [], "refused": [], "refused_count": 0, "copied": 0, "notes": [], "error": None}
+    report = {"applied": [], "refused": [], "refused_count": 0, "copied": 0, "notes": [], "error": None,
+              "files": {}}
     # What the view's tmpfs gets must be crossable by the analyser's uid: the daemon runs with UMask=0077
     # (corehandler.service), which would make every directory leading to a vetted file root's alone.
     os.umask(0o022)

@@ -286,7 +286,19 @@ def finish(run: Running) -> dict:
     result = build_result(run.record, stack, modules, modules_cut, problems, timed_out, available=run.available,
                           seconds=seconds, exe_vetting=report.get("exe"))
     result["sandbox"] = report.get("applied") or []
+    _disk_facts(result["modules"], report)
     return result
+
+
+def _disk_facts(modules: list[dict], report: dict) -> None:
+    """Each module's `disk`: what the jail read of the file at its path as the crashing user (its build-id,
+    whether it has its own symbols), for symbols.annotate, which drops it; absent when that user could open
+    no file there."""
+    files = report.get("files") if isinstance(report.get("files"), dict) else {}
+    for m in modules:
+        disk = files.get(m.get("file"))
+        if isinstance(disk, dict):
+            m["disk"] = disk
 
 
 def analyse(core: Path, record: dict, limits: Limits = Limits()) -> dict:

@@ -4,21 +4,26 @@ only vetted as the crashing user (issue 20, item 3)."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
+import stat
+import struct
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from corehandler.analysis import account, debuginfod, findings, unwind
+from corehandler.analysis import account, debuginfod, findings, symbols, unwind
 from support import debuginfod_server, realcore
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.root
 
 USER = 4242  # a crashing user: vetting takes its ids, no passwd entry needed
+OTHER = 4343  # another user, owning a private directory
+IN_OPEN = 0x20
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -157,3 +162,90 @@ def test_the_analyser_runs_as_its_own_user_without_privileges_or_our_files(open_
         unwind.cancel(run)
     after = os.stat(c.core)
     assert (after.st_mode, after.st_gid) == (before.st_mode, before.st_gid)
+
+
+# -- no path a core names is opened outside the jail, nor by anything but O_PATH before it is checked ----------
+
+class _Opens:
+    """inotify's IN_OPEN on a few inodes: every real open(2) of them (O_PATH opens are not reported)."""
+
+    def __init__(self, *paths: Path):
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        assert self.fd >= 0
+        for p in paths:
+            assert libc.inotify_add_watch(self.fd, os.fsencode(p), IN_OPEN) >= 0, p
+
+    def count(self) -> int:
+        try:
+            raw = os.read(self.fd, 1 << 16)
+        except BlockingIOError:
+            return 0
+        n, at = 0, 0
+        while at < len(raw):
+            _, mask, _, length = struct.unpack_from("iIII", raw, at)
+            n += bool(mask & IN_OPEN)
+            at += 16 + length
+        return n
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _analyse_as_the_daemon_does(core: Path, record: dict, state: Path) -> dict:
+    result = unwind.analyse(core, record, findings.Limits(timeout=20))
+    symbols.annotate(result, state)
+    return result
+
+
+@pytest.mark.parametrize("planted", ["fifo", "device", "symlink to a device"])
+def test_what_is_at_a_mapped_path_now_is_never_opened_unless_a_regular_file(open_dir, planted):
+    """A symlink swap after the crash (or a tmpfs of a user's own mount namespace) puts a FIFO or a device
+    node where the core says a file was mapped: neither the jail nor the daemon ever opens it, for a user's
+    crash or root's (a watchdog's node would reboot the host)."""
+    c = _crash(open_dir)
+    c.binary.unlink()
+    node = open_dir / "node"
+    if planted == "fifo":
+        os.mkfifo(c.binary, 0o666)
+        node = c.binary
+    else:
+        os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null's: harmless to open, yet seen
+        if planted == "device":
+            os.rename(node, c.binary)
+            node = c.binary
+        else:
+            os.symlink(node, c.binary)
+    opens = _Opens(node)
+    try:
+        for record in (_as_user(c), realcore.record_for(c, "id")):
+            r = _analyse_as_the_daemon_does(c.core, record, open_dir / "state")
+            assert opens.count() == 0, f"{planted} opened for uid {record['uid']}"
+            assert r["state"] != findings.TIMEOUT and r["exe"]["disk_build_id"] is None, r["exe"]
+            exe = next(m for m in r["modules"] if m["name"] == str(c.binary))
+            assert exe["symbols"] == symbols.GONE and "disk" not in exe
+    finally:
+        opens.close()
+
+
+def test_a_file_in_another_users_private_directory_reads_as_a_missing_one(open_dir):
+    """What the daemon says of a user's crash tells them nothing of a directory they may not search: the
+    result with the file there is the result with it gone."""
+    private = open_dir / "private"
+    binary = realcore.build(private, name="analysed")
+    c = realcore.crash(binary, open_dir / "core", "segv")
+    os.chown(private, OTHER, OTHER)
+    os.chmod(private, 0o700)
+
+    def said():
+        r = _analyse_as_the_daemon_does(c.core, _as_user(c), open_dir / "state")
+        exe = next(m for m in r["modules"] if m["name"] == str(binary))
+        return r["exe"], exe["symbols"], [p for p in r["problems"] if str(private) in p]
+    # root's crash of it is read where it is: the file is there
+    r = _analyse_as_the_daemon_does(c.core, realcore.record_for(c, "id"), open_dir / "state")
+    assert r["exe"]["state"] == "same" and "crash_segv" in _functions(r)
+    there = said()
+    binary.unlink()
+    gone = said()
+    assert there == gone, (there, gone)
+    assert there[0]["state"] == "unreadable" and there[1] == symbols.GONE
