@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from corehandler.analysis import account, debuginfod, findings, symbols, unwind
+from corehandler.analysis import debuginfod, findings, jail, symbols, unwind
 from support import debuginfod_server, realcore
 from support.waiting import wait_for
 
@@ -127,36 +127,68 @@ def test_under_the_units_umask_a_program_outside_the_system_trees_keeps_its_symb
     assert "crash_segv" in _functions(r), (r["threads"][0]["frames"][:2], r["problems"])
 
 
-def test_the_analyser_runs_as_its_own_user_without_privileges_or_our_files(open_dir, tmp_path, monkeypatch):
-    c = _crash(open_dir)
-    fake = tmp_path / "fake-eu-stack"
-    fake.write_text("#!/bin/sh\necho 'TID 1:'\nexec sleep 600\n")
+def _stand_in(monkeypatch, directory: Path, script: str) -> Path:
+    """A shell script the jail runs in the unwinder's place (a compromised unwinder, as far as the jail can
+    tell), at a path outside the system trees: the jail binds it into the view."""
+    fake = directory / "fake-eu-stack"
+    fake.write_text("#!/bin/sh\n" + script)
     fake.chmod(0o755)
     real = unwind._tool
     monkeypatch.setattr(unwind, "_tool", lambda name: str(fake) if name == "eu-stack" else real(name))
+    return fake
+
+
+def _status(pid: int) -> dict[str, str]:
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:  # gone meanwhile
+        return {}
+    return {k: v.strip() for k, v in (line.split(":", 1) for line in text.splitlines())}
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below pid, by their parents (a setsid one stays below its parent until that exits)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            ppid = _status(int(entry)).get("PPid")
+            if ppid:
+                parents[int(entry)] = int(ppid)
+    found, frontier = [], {pid}
+    while frontier:
+        frontier = {p for p, pp in parents.items() if pp in frontier}
+        found += sorted(frontier)
+    return found
+
+
+def _unwinder(run, name: str = "sleep") -> int:
+    """The host PID of the process the stand-in exec'd, below the jail."""
+    return wait_for(lambda: next((p for p in _descendants(run.stack.proc.pid) if _status(p).get("Name") == name),
+                                 None), timeout=30, what=f"the analyser exec'd {name}")
+
+
+def test_the_analyser_runs_as_its_own_user_without_privileges_or_our_files(open_dir, tmp_path, monkeypatch):
+    c = _crash(open_dir)
+    _stand_in(monkeypatch, tmp_path, "echo 'TID 1:'\nexec sleep 600\n")
     before = os.stat(c.core)
     run = unwind.start(c.core, _as_user(c), findings.Limits(timeout=60))
     try:
-        pid = run.stack.proc.pid
-        status_path = Path(f"/proc/{pid}/status")
-
-        def execed():
-            status = dict(line.split(":", 1) for line in status_path.read_text().splitlines())
-            return status if status["Name"].strip() == "sleep" else None
-        status = wait_for(execed, timeout=30, what="the analyser exec'd")
-        user = account.lookup()
-        assert status["Uid"].split() == [str(user["uid"])] * 4 and status["Gid"].split() == [str(user["gid"])] * 4
-        assert user["uid"] != 0 and status["Groups"].split() == []
+        pid = _unwinder(run)
+        status = _status(pid)
+        own = jail.ANALYSIS_ID_BASE + run.stack.proc.pid  # this analysis's own uid and gid, nobody else's
+        assert status["Uid"].split() == [str(own)] * 4 and status["Gid"].split() == [str(own)] * 4
+        assert status["Groups"].split() == []
         assert int(status["CapEff"], 16) == int(status["CapPrm"], 16) == int(status["CapBnd"], 16) == 0
-        assert status["NoNewPrivs"].strip() == "1"
-        for ns in ("mnt", "net"):
+        assert status["NoNewPrivs"] == "1" and status["Seccomp"] == "2"
+        for ns in ("mnt", "net", "ipc", "pid"):
             assert os.readlink(f"/proc/{pid}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}")
+        assert status["NSpid"].split()[-1] == "2"  # under the namespace's init, which waits for it
         # Its root holds the system's program trees, its /proc and the stand-in, nothing of our state.
         root = Path(f"/proc/{pid}/root")
         assert not (root / "var").exists() and not (root / "home").exists() and not (root / "dev").exists()
         assert (root / "usr" / "bin" / "eu-stack").exists()
         # The core is read through the fd it inherited, for the analysis only; nothing else of ours is open.
-        assert os.stat(c.core).st_gid == user["gid"]
+        assert os.stat(c.core).st_gid == own
         assert set(os.listdir(f"/proc/{pid}/fd")) == {"0", "1", "2", str(run.core_fd)}
     finally:
         unwind.cancel(run)
