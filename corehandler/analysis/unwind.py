@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from corehandler import elfcore, fields, steps
-from corehandler.analysis import account, coremodules, jail
+from corehandler.analysis import account, coremodules, identity, jail
 from corehandler.analysis.findings import Limits, apply_errors, build_result, parse_stack
 
 log = logging.getLogger(__name__)
@@ -76,8 +76,28 @@ def _memfd(name: str) -> BinaryIO:
     return os.fdopen(os.memfd_create(name, os.MFD_CLOEXEC), "w+b")
 
 
+def foreign(record: dict) -> bool:
+    """Whether the crash is of a container or another user or mount namespace than the host's. Its paths
+    name files of its own view, and its uid is not the host's: a root container's root is not host root, so
+    its files are vetted as the analyser's (what anyone may read), never as its uid on the host's tree.
+    Where PID 1's mount namespace is hidden (the unit's ProtectProc), a container is known by its cgroup."""
+    ns = identity.namespaces(fields.proc(record).get("ns"))
+    for name, reference in (("user", "self"), ("mnt", "1")):
+        try:
+            host = os.stat(f"/proc/{reference}/ns/{name}").st_ino
+        except OSError:
+            continue
+        if name in ns and ns[name] != host:
+            return True
+    who = identity.identify(record)
+    return bool(who["container_id"] or who["machine"] or who["pod_uid"])
+
+
 def _crashing_user(record: dict) -> dict:
-    """The crashing process's uid, gid and supplementary groups (its /proc status, read by csplice)."""
+    """The crashing process's uid, gid and supplementary groups (its /proc status, read by csplice); no user
+    for a crash of another namespace (foreign())."""
+    if foreign(record):
+        return {"uid": None, "gid": None, "groups": []}
     status = fields.proc(record).get("status")
     groups = []
     for line in (status if isinstance(status, str) else "").splitlines():
@@ -195,6 +215,30 @@ def _wait(child: _Child | None, deadline: float) -> bool:
     except ProcessLookupError:
         pass
     child.waiter.join()
+    _until_gone(child.proc.pid)
+    return False
+
+
+def _until_gone(group: int, timeout: float = 2.0) -> None:
+    """Waits (briefly) until no process of the jail's group runs. The jail's PID namespace init is one: it
+    dies of the same SIGKILL, but its exit first ends every process of the namespace, so once it has exited
+    the analysis has left nothing behind (a zombie has exited: whoever adopted it reaps it)."""
+    deadline = time.monotonic() + timeout
+    while _running_in(group) and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def _running_in(group: int) -> bool:
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read().rsplit(b")", 1)[-1].split()
+        except OSError:
+            continue
+        if len(stat) > 2 and stat[2] == str(group).encode() and stat[0] not in (b"Z", b"X"):
+            return True
     return False
 
 

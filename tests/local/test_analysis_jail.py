@@ -146,6 +146,13 @@ def _status(pid: int) -> dict[str, str]:
     return {k: v.strip() for k, v in (line.split(":", 1) for line in text.splitlines())}
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _descendants(pid: int) -> list[int]:
     """The processes below pid, by their parents (a setsid one stays below its parent until that exits)."""
     parents = {}
@@ -163,7 +170,8 @@ def _descendants(pid: int) -> list[int]:
 
 def _unwinder(run, name: str = "sleep") -> int:
     """The host PID of the process the stand-in exec'd, below the jail."""
-    return wait_for(lambda: next((p for p in _descendants(run.stack.proc.pid) if _status(p).get("Name") == name),
+    jailed = run.stack.proc.pid
+    return wait_for(lambda: next((p for p in [jailed, *_descendants(jailed)] if _status(p).get("Name") == name),
                                  None), timeout=30, what=f"the analyser exec'd {name}")
 
 
@@ -281,3 +289,100 @@ def test_a_file_in_another_users_private_directory_reads_as_a_missing_one(open_d
     gone = said()
     assert there == gone, (there, gone)
     assert there[0]["state"] == "unreadable" and there[1] == symbols.GONE
+
+
+# -- one analysis cannot reach another, nor outlive its own ----------------------------------------------------
+
+# The stand-in's findings, as the function of its one frame (the marker is split in the script, whose own open
+# fd would match it otherwise).
+_FRAME = 'echo "TID 1:"; echo "#0  0x0000000000000001 $found - x"\n'
+_MARKER = "corehandler-sec" "ret-7d1f"
+
+
+def _function(r) -> str:
+    return r["threads"][0]["frames"][0]["function"]
+
+
+def test_an_analysis_cannot_read_another_running_analysiss_core(open_dir, tmp_path, monkeypatch):
+    """A compromised unwinder looks through /proc for the fds of the other analyses: a user's core held by
+    another analysis running meanwhile is not there for it (seen on one shared uid: it was read)."""
+    c = _crash(open_dir)
+    secret = open_dir / "secret.core"
+    shutil.copyfile(c.core, secret)
+    with open(secret, "ab") as f:
+        f.write(_MARKER.encode())
+    _stand_in(monkeypatch, tmp_path,
+              'core=${1#--core=}; m="corehandler-sec""ret-7d1f"\n'
+              'if grep -q "$m" "$core"; then echo "TID 1:"; exec sleep 600; fi\n'
+              # (the .core files only: grep reading its own output's memory file would never end)
+              'n=0; for f in /proc/[0-9]*/fd/*; do case "$(readlink "$f")" in\n'
+              '*.core) grep -q "$m" "$f" 2>&- && n=$((n+1));; esac; done\n'
+              'found="stolen=$n"\n' + _FRAME)
+    victim = unwind.start(secret, _as_user(c), findings.Limits(timeout=60))
+    try:
+        _unwinder(victim)  # holding the secret core open
+        r = unwind.analyse(c.core, _as_user(c), findings.Limits(timeout=30))
+    finally:
+        unwind.cancel(victim)
+    assert r["threads"] and _function(r) == "stolen=0", r["problems"]
+
+
+def test_a_setsid_child_of_the_unwinder_does_not_outlive_the_analysis(open_dir, tmp_path, monkeypatch):
+    c = _crash(open_dir)
+    # (setsid forks itself: the view has no /dev/null for the shell's `&`)
+    _stand_in(monkeypatch, tmp_path, "setsid -f sleep 6061\nsetsid -f sh -c 'sleep 6062'\nfound=left\n" + _FRAME)
+
+    def left():
+        return [p for p in map(int, filter(str.isdigit, os.listdir("/proc")))
+                if _cmdline(p).startswith(b"sleep\x00606") or b"\x00sleep 606" in _cmdline(p)]
+    for runs in ("ended", "killed"):
+        limits = findings.Limits(timeout=30 if runs == "ended" else 2)
+        if runs == "killed":
+            _stand_in(monkeypatch, tmp_path, "setsid -f sleep 6063\nexec sleep 600\n")
+        r = unwind.analyse(c.core, _as_user(c), limits)
+        assert (r["state"] == findings.TIMEOUT) == (runs == "killed"), r["problems"]
+        stayed = left()
+        for p in stayed:  # not to leave them to the next test
+            os.kill(p, 9)
+        assert stayed == [], f"the unwinder's children outlived the analysis it {runs}"
+
+
+def test_the_unwinder_may_not_trace_read_another_process_or_make_a_user_namespace(open_dir, tmp_path, monkeypatch):
+    c = _crash(open_dir)
+    _stand_in(monkeypatch, tmp_path, """found=$(python3 -I -S - <<'PY'
+import ctypes, os, subprocess
+libc = ctypes.CDLL(None, use_errno=True)
+def errno_of(ret):
+    return "ok" if ret >= 0 else os.strerror(ctypes.get_errno()).replace(" ", "_")
+child = subprocess.Popen(["sleep", "100"])
+out = {"ptrace": errno_of(libc.ptrace(16, child.pid, None, None))}  # PTRACE_ATTACH to its own child
+buf = ctypes.create_string_buffer(8)
+iov = (ctypes.c_void_p * 2)(ctypes.cast(buf, ctypes.c_void_p), 8)
+out["process_vm_readv"] = errno_of(libc.process_vm_readv(os.getpid(), iov, 1, iov, 1, 0))
+out["unshare"] = errno_of(libc.unshare(0x10000000))  # CLONE_NEWUSER
+child.kill()
+print(",".join(f"{k}={v}" for k, v in out.items()))
+PY
+)
+""" + _FRAME)
+    r = unwind.analyse(c.core, _as_user(c), findings.Limits(timeout=30))
+    facts = dict(kv.split("=") for kv in _function(r).split(","))
+    assert facts == {"ptrace": "Operation_not_permitted", "process_vm_readv": "Operation_not_permitted",
+                     "unshare": "Operation_not_permitted"}, facts
+    assert {"seccomp", "pid-namespace", "own-uid"} <= set(r["sandbox"])
+
+
+@pytest.mark.parametrize("where", ["user namespace", "container"])
+def test_a_root_containers_crash_is_not_vetted_as_host_root(open_dir, where):
+    """uid 0 of a container (or of a user namespace) is not the host's root: a root-only file of the host at
+    a path its core names lends it nothing."""
+    c = _crash(open_dir)
+    os.chmod(c.binary, 0o700)
+    assert "crash_segv" in _functions(unwind.analyse(c.core, realcore.record_for(c, "id")))  # host root's own
+    if where == "user namespace":
+        proc = {"ns": {"user": "user:[4026531111]", "mnt": "mnt:[4026531112]"}}
+    else:
+        proc = {"cgroup": "0::/system.slice/docker-" + "ab" * 32 + ".scope\n"}
+    r = unwind.analyse(c.core, realcore.record_for(c, "id", **proc))
+    assert "crash_segv" not in json.dumps(r), r["threads"][0]["frames"][:2]
+    assert r["exe"]["state"] == "unreadable"
