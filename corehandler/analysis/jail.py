@@ -4,24 +4,31 @@ the unwinder. Standard library only: it runs without the venv's site-packages, a
 than a preexec hook of the daemon's threaded process.
 
 In order, each step with why:
-1. Vet the core's NT_FILE paths as the crashing user (its uid, gid and groups as effective ids): absolute and
-   canonical (the kernel writes them so), every component reached without a symlink (O_NOFOLLOW), the last a
-   regular file (checked on an O_PATH fd, so a device's driver is never opened and a FIFO never blocks), and
-   readable by that user (reopened through /proc/self/fd as them). A path failing any of these is not shown
-   to the unwinder, and the report says why: a user's core cannot make us read what the user could not, and
-   a file absent and one they may not reach read alike. From each vetted fd it reads the ELF facts the
-   daemon reports (build-id, own symbols: the report's `files`): no other process opens a path a core names.
-2. A mount, network and IPC namespace of its own. A tmpfs becomes its root, holding: the system's program
-   trees read-only (/usr and the merged-/usr links: the unwinder's own libraries and /usr/lib/debug),
-   /etc/ld.so.cache, a /proc showing its own process only (the core is its inherited fd, opened as
-   /proc/self/fd/N), the debug files the daemon fetched (<state>/debuginfo, read-only), and each vetted file
-   at its own path (bound read-only, or copied when the analyser's uid could not read it: a user's private
-   binary, up to a cap). Nothing else of the state dir, /home, /tmp or /dev is there, so an unvetted path
-   names nothing. The tmpfs is mounted over /tmp first, so each source is an fd taken before (a state dir or
-   a program under the host's /tmp is reachable by nothing else), and it is built with umask 022 whatever the
-   daemon's, so the analyser's uid can cross every directory of it.
-3. Every capability out of the bounding set, no groups, the analyser's own uid and gid (a system user that
-   owns nothing: `corehandler install` makes it), PR_SET_NO_NEW_PRIVS, the rlimits, low priority, exec.
+1. Vet the core's NT_FILE paths as the crashing user (its uid, gid and groups as effective ids; a crash of a
+   container or another namespace as this analysis's own uid: unwind.foreign), in the host's mount namespace
+   (the crashing process's is usually gone by now, and entering one its owner shapes would let them steer
+   root's lookups): absolute and canonical (the kernel writes them so), every component reached without a
+   symlink (O_NOFOLLOW), the last a regular file (checked on an O_PATH fd, so a device's driver is never
+   opened and a FIFO never blocks), and readable by that user (reopened through /proc/self/fd as them). A
+   path failing any of these is not shown to the unwinder, and the report says why: a user's core cannot
+   make us read what the user could not, and a file absent and one they may not reach read alike. From each
+   vetted fd it reads the ELF facts the daemon reports (build-id, own symbols: the report's `files`): no
+   other process opens a path a core names.
+2. A mount, network, IPC and PID namespace of its own. A tmpfs becomes its root, holding: the system's
+   program trees read-only (/usr and the merged-/usr links: the unwinder's own libraries and /usr/lib/debug),
+   /etc/ld.so.cache, a /proc of its PID namespace showing its own processes only (the core is its inherited
+   fd, opened as /proc/self/fd/N), the debug files the daemon fetched (<state>/debuginfo, read-only), and
+   each vetted file at its own path (bound read-only, or copied when the analysis's uid could not read it: a
+   user's private binary, up to a cap). Nothing else of the state dir, /home, /tmp or /dev is there, so an
+   unvetted path names nothing. The tmpfs is mounted over /tmp first, so each source is an fd taken before (a
+   state dir or a program under the host's /tmp is reachable by nothing else), and it is built with umask
+   022 whatever the daemon's, so the analysis's uid can cross every directory of it. The PID namespace's
+   init (forked here) waits for the unwinder and exits, which ends every process the unwinder left; this
+   process waits outside it and ends as the unwinder did (enter_pid_namespace).
+3. Every capability out of the bounding set, no groups, the analysis's own uid and gid (ANALYSIS_ID_BASE +
+   this process's PID: no other analysis and no file shares it), PR_SET_NO_NEW_PRIVS, the rlimits, low
+   priority, a seccomp filter (no ptrace, process_vm_readv/writev, pidfd_getfd, unshare, setns, nor a clone
+   into a new user namespace), exec.
 Where the host refuses namespaces (a unit's RestrictNamespaces), step 2 is skipped and said so; the unwinder
 then runs unprivileged on the host's view. Where the uid cannot be dropped (no analyser user, no CAP_SETUID),
 nothing runs: the unwinder never runs as root.
@@ -64,9 +71,13 @@ MAX_FILES = 4096
 MAX_REFUSED = 32
 UNSEEN = "not found or not readable by the crashing user"
 
-if __name__ == "__main__":  # run as a script (-I -S): our own package, from beside this file, and nothing else
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from corehandler import elfcore  # noqa: E402  (the standard library only)
+if __name__ == "__main__":
+    # Run as a script (-I -S): elfcore alone (standard library only), from our package's directory, appended so
+    # that the standard library keeps every name; not the package, whose metadata lookup costs ~0.2 s a run.
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import elfcore
+else:
+    from corehandler import elfcore
 
 _libc = ctypes.CDLL(None, use_errno=True)
 

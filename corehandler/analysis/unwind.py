@@ -3,11 +3,12 @@ against the file on disk, its package note, and the grouping keys (docs/analysis
 
 The unwinder is elfutils' `eu-stack`. It runs as a child of the daemon, never in its process, and never as
 root: jail.py, started as a fresh interpreter, vets the files the core names (as the crashing user: regular
-files reached without symlinks, readable by that user), builds a private read-only view of the system holding
-only those and the unwinder's own programs, gives it no network, and execs eu-stack as the analyser's own user
-(account.py) with no capabilities, PR_SET_NO_NEW_PRIVS, rlimits (address space, CPU time, output file size,
-no core dumps of its own) and low priority, with an environment holding no DEBUGINFOD_URLS and no proxies.
-The core is its inherited fd, readable by the analyser's group for the analysis only. Its output goes to
+files reached without symlinks, readable by that user) and reads what this module reports of them, builds a
+private read-only view of the system holding only those and the unwinder's own programs, gives it no network
+and a PID namespace of its own, and execs eu-stack as the analysis's own uid with no capabilities,
+PR_SET_NO_NEW_PRIVS, a seccomp filter, rlimits (address space, CPU time, output file size, no core dumps of
+its own) and low priority, with an environment holding no DEBUGINFOD_URLS and no proxies. This process opens
+no path the core names. The core is its inherited fd, readable by the analysis's group while it runs. Its output goes to
 memory files capped by RLIMIT_FSIZE and is parsed line by line with every line cut at `Limits.line_chars`,
 so neither a core with thousands of threads nor a megabyte C++ symbol makes the daemon hold more than the caps.
 
