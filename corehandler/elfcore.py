@@ -7,16 +7,27 @@ reads. Problems are returned, not raised: a bad core is still kept, flagged with
 from __future__ import annotations
 
 import os
-import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ELFMAG = b"\x7fELF"
-ELFCLASS32, ELFCLASS64 = 1, 2
-ELFDATA2LSB, ELFDATA2MSB = 1, 2
+# The primitives shared with elffile.py, under the names the core readers (coremodules, minicore) use.
+from corehandler.elffile import (  # noqa: F401
+    ELFCLASS32,
+    ELFCLASS64,
+    ELFDATA2LSB,
+    ELFDATA2MSB,
+    ELFMAG,
+    HEADERS,
+    PT_NOTE,
+    build_id_of,
+    iter_notes,
+    notes_of,
+)
+from corehandler.elffile import read_at as _read_at
+
 ET_CORE = 4
-PT_LOAD, PT_NOTE = 1, 4
+PT_LOAD = 1
 PN_XNUM = 0xFFFF
 NT_PRSTATUS, NT_PRPSINFO, NT_AUXV, NT_FILE = 1, 3, 6, 0x46494C45
 AT_SECURE = 23
@@ -61,36 +72,16 @@ class _Layout:
 
 
 _LAYOUTS = {
-    ELFCLASS64: _Layout("16sHHIQQQIHHHHHH", "IIQQQQQQ",
-                        ("type", "flags", "offset", "vaddr", "paddr", "filesz", "memsz", "align"),
-                        ("I", 44), 32, 40, "Q"),
-    ELFCLASS32: _Layout("16sHHIIIIIHHHHHH", "IIIIIIII",
-                        ("type", "offset", "vaddr", "paddr", "filesz", "memsz", "flags", "align"),
-                        ("I", 28), 24, 28, "I"),
+    ELFCLASS64: _Layout(*HEADERS[ELFCLASS64], ("I", 44), 32, 40, "Q"),
+    ELFCLASS32: _Layout(*HEADERS[ELFCLASS32], ("I", 28), 24, 28, "I"),
 }
 # pr_cursig is a short at offset 12 in both classes (after the embedded elf_siginfo's three ints).
 _PRSTATUS_CURSIG = 12
 _FNAME_LEN, _PSARGS_LEN = 16, 80
-_MAX_OFFSET = 2**63 - 1  # off_t
 
 
 def _text(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-
-
-def _read_at(fd: int, offset: int, length: int) -> bytes:
-    # Header offsets are unsigned 64-bit; past 2^63 pread cannot even be asked (OverflowError), and no file
-    # reaches there, so such a read finds what a read past the end finds: nothing.
-    if offset + length > _MAX_OFFSET:
-        return b""
-    chunks, done = [], 0
-    while done < length:
-        b = os.pread(fd, length - done, offset + done)
-        if not b:
-            break
-        chunks.append(b)
-        done += len(b)
-    return b"".join(chunks)
 
 
 def _parse_notes(info: CoreInfo, data: bytes, end: str, layout: _Layout) -> None:
@@ -238,23 +229,6 @@ def _inspect(fd: int, info: CoreInfo) -> None:
             info.problems.append("no NT_PRSTATUS note")
 
 
-NT_GNU_BUILD_ID = 3
-MAX_FILE_NOTES_BYTES = 1 << 20
-
-
-def iter_notes(data: bytes, end: str):
-    """(owner, type, desc) of each note in a note segment's bytes, up to the first one that does not fit."""
-    pos = 0
-    while pos + 12 <= len(data):
-        namesz, descsz, ntype = struct.unpack_from(end + "III", data, pos)
-        name_at = pos + 12
-        desc_at = name_at + ((namesz + 3) & ~3)
-        if desc_at + descsz > len(data):
-            return
-        yield data[name_at:name_at + namesz].rstrip(b"\0"), ntype, data[desc_at:desc_at + descsz]
-        pos = desc_at + ((descsz + 3) & ~3)
-
-
 def file_notes(path: Path | str) -> list[tuple[bytes, int, bytes]]:
     """(owner, type, desc) of every note in an ELF file's PT_NOTE segments (an executable or library, not a
     core), at most MAX_FILE_NOTES_BYTES of them; [] for a file that is not ELF. Raises OSError when the
@@ -267,80 +241,6 @@ def file_notes(path: Path | str) -> list[tuple[bytes, int, bytes]]:
         os.close(fd)
 
 
-def _file_header(fd: int) -> tuple[str, _Layout, tuple] | None:
-    """(byte order, layout, ELF header fields) of the regular file at fd; None for anything else."""
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        return None
-    ident = _read_at(fd, 0, 16)
-    layout = _LAYOUTS.get(ident[4]) if len(ident) == 16 and ident[:4] == ELFMAG else None
-    if layout is None:
-        return None
-    end = "<" if ident[5] == ELFDATA2LSB else ">"
-    ehsize = struct.calcsize(end + layout.ehdr)
-    raw = _read_at(fd, 0, ehsize)
-    if len(raw) < ehsize:
-        return None
-    return end, layout, struct.unpack(end + layout.ehdr, raw)
-
-
-def is_elf(fd: int) -> bool:
-    """Whether fd is a regular file with a whole ELF header."""
-    return _file_header(fd) is not None
-
-
-def notes_of(fd: int) -> list[tuple[bytes, int, bytes]]:
-    """file_notes() of an open file."""
-    header = _file_header(fd)
-    if header is None:
-        return []
-    end, layout, fields = header
-    e_phoff, e_phentsize, e_phnum = fields[5], fields[9], fields[10]
-    phsize = struct.calcsize(end + layout.phdr)
-    if e_phentsize < phsize or e_phnum > 4096:
-        return []
-    table = _read_at(fd, e_phoff, e_phnum * e_phentsize)
-    notes, budget = [], MAX_FILE_NOTES_BYTES
-    for i in range(len(table) // e_phentsize):
-        p = dict(zip(layout.phdr_fields, struct.unpack_from(end + layout.phdr, table, i * e_phentsize)))
-        if p["type"] != PT_NOTE or budget <= 0:
-            continue
-        data = _read_at(fd, p["offset"], min(p["filesz"], budget))
-        budget -= len(data)
-        notes += iter_notes(data, end)
-    return notes
-
-
-def build_id_of(notes: list[tuple[bytes, int, bytes]]) -> str | None:
-    """The GNU build-id among an ELF file's notes, as hex; None when it has none."""
-    return next((desc.hex() for owner, ntype, desc in notes if owner == b"GNU" and ntype == NT_GNU_BUILD_ID
-                 and desc), None)
-
-
 def file_build_id(path: Path | str) -> str | None:
     """The GNU build-id of an ELF file as hex, None when it has none. Raises OSError like file_notes."""
     return build_id_of(file_notes(path))
-
-
-_SHDR = {ELFCLASS64: ("IIQQQQIIQQ", 64), ELFCLASS32: ("IIIIIIIIII", 40)}
-_MAX_SECTIONS = 4096
-# What makes a file's own symbols enough for the unwinder to name its frames.
-SYMBOL_SECTIONS = frozenset({b".symtab", b".debug_info"})
-
-
-def section_names(fd: int) -> set[bytes]:
-    """The section names of the ELF file at fd (a few preads); empty for anything else. Raises OSError."""
-    header = _file_header(fd)
-    if header is None:
-        return set()
-    end, layout, fields = header
-    shoff, shentsize, shnum, shstrndx = fields[6], fields[11], fields[12], fields[13]
-    fmt, need = _SHDR[ELFCLASS64 if layout is _LAYOUTS[ELFCLASS64] else ELFCLASS32]
-    if not shoff or shentsize < need or not 0 < shnum <= _MAX_SECTIONS or shstrndx >= shnum:
-        return set()
-    table = _read_at(fd, shoff, shnum * shentsize)
-    headers = [struct.unpack_from(end + fmt, table, i * shentsize) for i in range(len(table) // shentsize)]
-    if shstrndx >= len(headers):
-        return set()
-    strtab = headers[shstrndx]
-    names = _read_at(fd, strtab[4], min(strtab[5], 1 << 20))
-    return {names[h[0]:names.find(b"\0", h[0])] for h in headers if h[0] < len(names)}
