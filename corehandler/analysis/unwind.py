@@ -78,18 +78,17 @@ def _memfd(name: str) -> BinaryIO:
 
 
 def foreign(record: dict) -> bool:
-    """Whether the crash is of a container or another user or mount namespace than the host's. Its paths
-    name files of its own view, and its uid is not the host's: a root container's root is not host root, so
-    its files are vetted as the analyser's (what anyone may read), never as its uid on the host's tree.
-    Where PID 1's mount namespace is hidden (the unit's ProtectProc), a container is known by its cgroup."""
+    """Whether the crash is of a container (its cgroup names a container, machine or pod) or of another user
+    namespace than ours. Its uid is not the host's to vet with: a root container's root is not host root, so
+    its paths are vetted as the analysis's own uid (what anyone may read), never as its uid on the host's
+    tree. Another mount namespace alone does not count: in the host's user namespace only root makes one
+    (a service's sandbox, `unshare -m`), and host root may read those files anyway."""
     ns = identity.namespaces(fields.proc(record).get("ns"))
-    for name, reference in (("user", "self"), ("mnt", "1")):
-        try:
-            host = os.stat(f"/proc/{reference}/ns/{name}").st_ino
-        except OSError:
-            continue
-        if name in ns and ns[name] != host:
+    try:
+        if "user" in ns and ns["user"] != os.stat("/proc/self/ns/user").st_ino:
             return True
+    except OSError:
+        return True
     who = identity.identify(record)
     return bool(who["container_id"] or who["machine"] or who["pod_uid"])
 
