@@ -7,16 +7,27 @@ reads. Problems are returned, not raised: a bad core is still kept, flagged with
 from __future__ import annotations
 
 import os
-import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ELFMAG = b"\x7fELF"
-ELFCLASS32, ELFCLASS64 = 1, 2
-ELFDATA2LSB, ELFDATA2MSB = 1, 2
+# The primitives shared with elffile.py, under the names the core readers (coremodules, minicore) use.
+from corehandler.elffile import (  # noqa: F401
+    ELFCLASS32,
+    ELFCLASS64,
+    ELFDATA2LSB,
+    ELFDATA2MSB,
+    ELFMAG,
+    HEADERS,
+    PT_NOTE,
+    build_id_of,
+    iter_notes,
+    notes_of,
+)
+from corehandler.elffile import read_at as _read_at
+
 ET_CORE = 4
-PT_LOAD, PT_NOTE = 1, 4
+PT_LOAD = 1
 PN_XNUM = 0xFFFF
 NT_PRSTATUS, NT_PRPSINFO, NT_AUXV, NT_SIGINFO, NT_FILE = 1, 3, 6, 0x53494749, 0x46494C45
 AT_SECURE = 23
@@ -65,12 +76,8 @@ class _Layout:
 
 
 _LAYOUTS = {
-    ELFCLASS64: _Layout("16sHHIQQQIHHHHHH", "IIQQQQQQ",
-                        ("type", "flags", "offset", "vaddr", "paddr", "filesz", "memsz", "align"),
-                        ("I", 44), 32, 40, "Q"),
-    ELFCLASS32: _Layout("16sHHIIIIIHHHHHH", "IIIIIIII",
-                        ("type", "offset", "vaddr", "paddr", "filesz", "memsz", "flags", "align"),
-                        ("I", 28), 24, 28, "I"),
+    ELFCLASS64: _Layout(*HEADERS[ELFCLASS64], ("I", 44), 32, 40, "Q"),
+    ELFCLASS32: _Layout(*HEADERS[ELFCLASS32], ("I", 28), 24, 28, "I"),
 }
 # pr_cursig is a short at offset 12 in both classes (after the embedded elf_siginfo's three ints).
 _PRSTATUS_CURSIG = 12
@@ -98,26 +105,10 @@ REGS = {
 _FAULT_SIGNALS = frozenset({4, 5, 7, 8, 11})  # SIGILL, SIGTRAP, SIGBUS, SIGFPE, SIGSEGV
 _MIPS = 8
 _FNAME_LEN, _PSARGS_LEN = 16, 80
-_MAX_OFFSET = 2**63 - 1  # off_t
 
 
 def _text(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-
-
-def _read_at(fd: int, offset: int, length: int) -> bytes:
-    # Header offsets are unsigned 64-bit; past 2^63 pread cannot even be asked (OverflowError), and no file
-    # reaches there, so such a read finds what a read past the end finds: nothing.
-    if offset + length > _MAX_OFFSET:
-        return b""
-    chunks, done = [], 0
-    while done < length:
-        b = os.pread(fd, length - done, offset + done)
-        if not b:
-            break
-        chunks.append(b)
-        done += len(b)
-    return b"".join(chunks)
 
 
 def _parse_notes(info: CoreInfo, data: bytes, end: str, layout: _Layout) -> None:
@@ -285,64 +276,18 @@ def _inspect(fd: int, info: CoreInfo) -> None:
             info.problems.append("no NT_PRSTATUS note")
 
 
-NT_GNU_BUILD_ID = 3
-MAX_FILE_NOTES_BYTES = 1 << 20
-
-
-def iter_notes(data: bytes, end: str):
-    """(owner, type, desc) of each note in a note segment's bytes, up to the first one that does not fit."""
-    pos = 0
-    while pos + 12 <= len(data):
-        namesz, descsz, ntype = struct.unpack_from(end + "III", data, pos)
-        name_at = pos + 12
-        desc_at = name_at + ((namesz + 3) & ~3)
-        if desc_at + descsz > len(data):
-            return
-        yield data[name_at:name_at + namesz].rstrip(b"\0"), ntype, data[desc_at:desc_at + descsz]
-        pos = desc_at + ((descsz + 3) & ~3)
-
-
 def file_notes(path: Path | str) -> list[tuple[bytes, int, bytes]]:
     """(owner, type, desc) of every note in an ELF file's PT_NOTE segments (an executable or library, not a
     core), at most MAX_FILE_NOTES_BYTES of them; [] for a file that is not ELF. Raises OSError when the
-    file cannot be opened or read."""
-    # Non-blocking and regular files only: the path comes from a crashed process, which may have left a FIFO
-    # or a device under it since.
+    file cannot be opened or read. For trusted paths only (a test's, a debug file's): a path a core names is
+    opened by the analyser's jail alone, which reads the file through notes_of() and section_names()."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return []
-        ident = _read_at(fd, 0, 16)
-        layout = _LAYOUTS.get(ident[4]) if len(ident) == 16 and ident[:4] == ELFMAG else None
-        if layout is None:
-            return []
-        end = "<" if ident[5] == ELFDATA2LSB else ">"
-        ehsize = struct.calcsize(end + layout.ehdr)
-        raw = _read_at(fd, 0, ehsize)
-        if len(raw) < ehsize:
-            return []
-        fields = struct.unpack(end + layout.ehdr, raw)
-        e_phoff, e_phentsize, e_phnum = fields[5], fields[9], fields[10]
-        phsize = struct.calcsize(end + layout.phdr)
-        if e_phentsize < phsize or e_phnum > 4096:
-            return []
-        table = _read_at(fd, e_phoff, e_phnum * e_phentsize)
-        notes, budget = [], MAX_FILE_NOTES_BYTES
-        for i in range(len(table) // e_phentsize):
-            p = dict(zip(layout.phdr_fields, struct.unpack_from(end + layout.phdr, table, i * e_phentsize)))
-            if p["type"] != PT_NOTE or budget <= 0:
-                continue
-            data = _read_at(fd, p["offset"], min(p["filesz"], budget))
-            budget -= len(data)
-            notes += iter_notes(data, end)
-        return notes
+        return notes_of(fd)
     finally:
         os.close(fd)
 
 
 def file_build_id(path: Path | str) -> str | None:
     """The GNU build-id of an ELF file as hex, None when it has none. Raises OSError like file_notes."""
-    for owner, ntype, desc in file_notes(path):
-        if owner == b"GNU" and ntype == NT_GNU_BUILD_ID and desc:
-            return desc.hex()
-    return None
+    return build_id_of(file_notes(path))

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import errno
-import os
 import re
-import stat
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from corehandler import elfcore, fields
+from corehandler import fields
 from corehandler.analysis import identity, signature
 from corehandler.printable import display
 
@@ -178,41 +175,26 @@ def apply_errors(stack: dict, stderr: BinaryIO, limits: Limits) -> list[str]:
 
 def check_exe(exe_path: str | None, core_build_id: str | None, vetting: dict | None = None) -> dict:
     """The exe then (its build-id in the core) against the file at its path now: "same", "replaced" (other
-    build-id), "deleted" (gone, or /proc already said so), "unreadable", "unknown" (no build-id to compare, or
-    the path was not vetted). The path is the crashing process's to choose: the file is read only when the
-    analyser's jail found it, as the crashing user, a regular file reached without symlinks (`vetting`, its
-    report's `exe`), and then opened O_PATH|O_NOFOLLOW and checked again before a byte is read, so a device
-    or FIFO planted since is never opened and the states say nothing the user could not see themselves."""
+    build-id), "deleted" (/proc said so at the crash), "unreadable" (no file there the crashing user could
+    open: gone, or not theirs to read, which read alike), "unknown" (no build-id to compare, or the analyser's
+    jail did not run). The path is the crashing process's to choose: the daemon never opens it; the jail
+    vetted and read it as the crashing user (`vetting`, its report's `exe`: why it was refused, else the
+    build-id it read)."""
     out: dict[str, Any] = {"path": exe_path, "build_id": core_build_id, "disk_build_id": None, "state": "unknown"}
     if not exe_path:
         return out
     if exe_path.endswith(" (deleted)"):
         out["state"] = "deleted"
         return out
-    if vetting is None:
+    if not isinstance(vetting, dict):
         return out
-    refused = vetting.get("refused")
-    if refused == os.strerror(errno.ENOENT):
-        out["state"] = "deleted"
+    refused, disk_id = vetting.get("refused"), vetting.get("build_id")
+    if refused:
+        out["state"], out["problem"] = "unreadable", str(refused)
         return out
-    try:
-        if refused:
-            raise OSError(errno.EACCES, refused)
-        fd = os.open(exe_path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise OSError(errno.EACCES, "not a regular file")
-            disk_id = out["disk_build_id"] = elfcore.file_build_id(f"/proc/self/fd/{fd}")
-        finally:
-            os.close(fd)
-    except OSError as e:
-        if e.errno == errno.ENOENT:
-            out["state"] = "deleted"
-            return out
-        out["state"], out["problem"] = "unreadable", e.strerror
-        return out
-    if core_build_id and disk_id:
-        out["state"] = "same" if disk_id == core_build_id else "replaced"
+    out["disk_build_id"] = disk_id if isinstance(disk_id, str) else None
+    if core_build_id and out["disk_build_id"]:
+        out["state"] = "same" if out["disk_build_id"] == core_build_id else "replaced"
     return out
 
 

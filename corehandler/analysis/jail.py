@@ -4,22 +4,31 @@ the unwinder. Standard library only: it runs without the venv's site-packages, a
 than a preexec hook of the daemon's threaded process.
 
 In order, each step with why:
-1. Vet the core's NT_FILE paths as the crashing user (its uid, gid and groups as effective ids): absolute and
-   canonical (the kernel writes them so), every component reached without a symlink (O_NOFOLLOW), the last a
-   regular file (checked on an O_PATH fd, so a device's driver is never opened and a FIFO never blocks), and
-   readable by that user (reopened through /proc/self/fd as them). A path failing any of these is not shown
-   to the unwinder, and the report says why: a user's core cannot make us read what the user could not.
-2. A mount, network and IPC namespace of its own. A tmpfs becomes its root, holding: the system's program
-   trees read-only (/usr and the merged-/usr links: the unwinder's own libraries and /usr/lib/debug),
-   /etc/ld.so.cache, a /proc showing its own process only (the core is its inherited fd, opened as
-   /proc/self/fd/N), the debug files the daemon fetched (<state>/debuginfo, read-only), and each vetted file
-   at its own path (bound read-only, or copied when the analyser's uid could not read it: a user's private
-   binary, up to a cap). Nothing else of the state dir, /home, /tmp or /dev is there, so an unvetted path
-   names nothing. The tmpfs is mounted over /tmp first, so each source is an fd taken before (a state dir or
-   a program under the host's /tmp is reachable by nothing else), and it is built with umask 022 whatever the
-   daemon's, so the analyser's uid can cross every directory of it.
-3. Every capability out of the bounding set, no groups, the analyser's own uid and gid (a system user that
-   owns nothing: `corehandler install` makes it), PR_SET_NO_NEW_PRIVS, the rlimits, low priority, exec.
+1. Vet the core's NT_FILE paths as the crashing user (its uid, gid and groups as effective ids; a crash of a
+   container or another namespace as this analysis's own uid: unwind.foreign), in the host's mount namespace
+   (the crashing process's is usually gone by now, and entering one its owner shapes would let them steer
+   root's lookups): absolute and canonical (the kernel writes them so), every component reached without a
+   symlink (O_NOFOLLOW), the last a regular file (checked on an O_PATH fd, so a device's driver is never
+   opened and a FIFO never blocks), and readable by that user (reopened through /proc/self/fd as them). A
+   path failing any of these is not shown to the unwinder, and the report says why: a user's core cannot
+   make us read what the user could not, and a file absent and one they may not reach read alike. From each
+   vetted fd it reads the ELF facts the daemon reports (build-id, own symbols: the report's `files`): no
+   other process opens a path a core names.
+2. A mount, network, IPC and PID namespace of its own. A tmpfs becomes its root, holding: the system's
+   program trees read-only (/usr and the merged-/usr links: the unwinder's own libraries and /usr/lib/debug),
+   /etc/ld.so.cache, a /proc of its PID namespace showing its own processes only (the core is its inherited
+   fd, opened as /proc/self/fd/N), the debug files the daemon fetched (<state>/debuginfo, read-only), and
+   each vetted file at its own path (bound read-only, or copied when the analysis's uid could not read it: a
+   user's private binary, up to a cap). Nothing else of the state dir, /home, /tmp or /dev is there, so an
+   unvetted path names nothing. The tmpfs is mounted over /tmp first, so each source is an fd taken before (a
+   state dir or a program under the host's /tmp is reachable by nothing else), and it is built with umask
+   022 whatever the daemon's, so the analysis's uid can cross every directory of it. The PID namespace's
+   init (forked here) waits for the unwinder and exits, which ends every process the unwinder left; this
+   process waits outside it and ends as the unwinder did (enter_pid_namespace).
+3. Every capability out of the bounding set, no groups, the analysis's own uid and gid (ANALYSIS_ID_BASE +
+   this process's PID: no other analysis and no file shares it), PR_SET_NO_NEW_PRIVS, the rlimits, low
+   priority, a seccomp filter (no ptrace, process_vm_readv/writev, pidfd_getfd, unshare, setns, nor a clone
+   into a new user namespace), exec.
 Where the host refuses namespaces (a unit's RestrictNamespaces), step 2 is skipped and said so; the unwinder
 then runs unprivileged on the host's view. Where the uid cannot be dropped (no analyser user, no CAP_SETUID),
 nothing runs: the unwinder never runs as root.
@@ -31,25 +40,45 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import grp
 import json
 import os
 import platform
+import pwd
 import resource
 import shutil
 import signal
 import stat
+import struct
 import sys
 
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWNET = 0x00020000, 0x08000000, 0x40000000
+CLONE_NEWUSER, CLONE_NEWPID = 0x10000000, 0x20000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
-PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
+PR_SET_PDEATHSIG, PR_SET_SECCOMP, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 22, 24, 38
+# Each analysis's own uid and gid: this base plus the jail's PID, unique among live processes (a PID is at
+# most 2^22) and reused only once that analysis's PID namespace is gone. The range is one systemd's
+# UIDS-GIDS.md leaves unused (1879048192-2147352575): above the container ranges (systemd-nspawn's
+# 524288-1879048191, the kubelet's from 65536 by 65536 per pod, subuid's from 100000), below the foreign range
+# and 2^31, named by no passwd entry and owning no file (checked before use).
+ANALYSIS_ID_BASE = 0x70000000
 IOPRIO_SET = {"x86_64": 251, "aarch64": 30}
 # The system's program trees, as they are on this host (a directory bound read-only, or a merged-/usr link).
 SYSTEM_TREES = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 MOUNT_POINT = "/tmp"  # the tmpfs root is mounted over it, in the jail's own namespace only
 MAX_FILES = 4096
 MAX_REFUSED = 32
+UNSEEN = "not found or not readable by the crashing user"
+
+if __name__ == "__main__":
+    # Run as a script (-I -S): elffile alone (standard library only, light), from our package's directory,
+    # appended so that the standard library keeps every name; not the package, whose metadata lookup cost
+    # ~0.2 s a run, nor elfcore, whose imports cost 16 ms of CPU.
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import elffile
+else:
+    from corehandler import elffile
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -96,9 +125,8 @@ def vet(path: str) -> tuple[int | None, str | None]:
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENOTDIR):
             return None, "a symlink on the way"
-        if e.errno == errno.EACCES:
-            return None, "not readable by the crashing user"
-        return None, e.strerror or str(e)
+        # Absent and not allowed read alike: a user learns nothing of a directory they may not search.
+        return None, UNSEEN
     finally:
         for fd in fds:
             os.close(fd)
@@ -127,21 +155,40 @@ def vet_all(spec: dict, report: dict) -> dict[str, int]:
             fd, why = vet(path)
             if fd is not None:
                 vetted[path] = fd
+                _read_facts(report, path, fd)
             else:
                 _refuse(report, path, why)
             if path == exe:
-                report["exe"] = {"refused": why}
+                report["exe"] = {"refused": why, "build_id": _build_id(report, path)}
         if exe and "exe" not in report:
             fd, why = vet(exe)
-            report["exe"] = {"refused": why}
             if fd is not None:
+                _read_facts(report, exe, fd)
                 os.close(fd)
+            report["exe"] = {"refused": why, "build_id": _build_id(report, exe)}
     finally:
         if as_user:
             os.seteuid(0)
             os.setegid(0)
             os.setgroups([])
     return vetted
+
+
+def _read_facts(report: dict, path: str, fd: int) -> None:
+    """What the daemon says of a mapped ELF file (symbols.py: its build-id, whether it has its own symbols),
+    read here from the fd the crashing user's vetting opened: the daemon opens no path a core names."""
+    try:
+        if not elffile.is_elf(fd):
+            return
+        notes, names = elffile.notes_of(fd), elffile.section_names(fd)
+    except OSError:  # an I/O error of the file: nothing is said of it
+        return
+    report["files"][path] = {"build_id": elffile.build_id_of(notes),
+                             "symbols": bool(names & elffile.SYMBOL_SECTIONS)}
+
+
+def _build_id(report: dict, path: str) -> str | None:
+    return (report["files"].get(path) or {}).get("build_id")
 
 
 def _refuse(report: dict, path: str, why: str) -> None:
@@ -222,7 +269,7 @@ def build_view(spec: dict, vetted: dict[str, int], report: dict) -> str:
         open(_place(root, tool), "w").close()
         _bind_ro(f"/proc/self/fd/{tool_fd}", root + tool)
         os.close(tool_fd)
-    analyser_uid = (spec.get("user") or {}).get("uid")
+    analyser_uid = (spec.get("user") or {}).get("uid")  # this analysis's own
     for path, fd in vetted.items():
         if _under_system_tree(path):
             continue  # the read-only system tree holds it already, at the path just vetted
@@ -246,6 +293,74 @@ def build_view(spec: dict, vetted: dict[str, int], report: dict) -> str:
 
 
 # -- 3. privileges -------------------------------------------------------------------------------------------
+
+def analysis_user(spec: dict, report: dict) -> dict | None:
+    """The uid and gid this analysis runs as: its own (ANALYSIS_ID_BASE + our PID), else the analyser's system
+    user when a passwd or group entry claims that number."""
+    own = ANALYSIS_ID_BASE + os.getpid()
+    try:
+        pwd.getpwuid(own)
+    except KeyError:
+        try:
+            grp.getgrgid(own)
+        except KeyError:
+            report["applied"].append("own-uid")
+            return {"uid": own, "gid": own}
+    report["notes"].append(f"uid {own} is taken on this host: the unwinder runs as the analyser's shared user")
+    return spec.get("user")
+
+
+# seccomp: the unwinder may not trace or read another process, nor make a user namespace (where it would hold
+# every capability again). clone3's flags are behind a pointer a filter cannot read: ENOSYS makes the C
+# library fall back to clone, whose flags it can.
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+_DENIED = {"x86_64": {"ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "pidfd_getfd": 438,
+                      "unshare": 272, "setns": 308},
+           "aarch64": {"ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_getfd": 438,
+                       "unshare": 97, "setns": 268}}
+_CLONE = {"x86_64": 56, "aarch64": 220}
+_CLONE3 = 435
+_X32_BIT = 0x40000000
+SECCOMP_MODE_FILTER = 2
+RET_KILL_PROCESS, RET_ERRNO, RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
+LD_ABS_W, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def seccomp_program(machine: str) -> list[tuple[int, int, int, int]] | None:
+    """The filter's BPF (code, jt, jf, k), None on an architecture it does not know."""
+    if machine not in _DENIED:
+        return None
+    prog = [(LD_ABS_W, 0, 0, 4), (JEQ, 1, 0, _AUDIT_ARCH[machine]), (RET, 0, 0, RET_KILL_PROCESS), (LD_ABS_W, 0, 0, 0)]
+    if machine == "x86_64":  # x32's numbers share the arch token: none is the unwinder's
+        prog += [(JGE, 0, 1, _X32_BIT), (RET, 0, 0, RET_KILL_PROCESS)]
+    for nr in _DENIED[machine].values():
+        prog += [(JEQ, 0, 1, nr), (RET, 0, 0, RET_ERRNO | errno.EPERM)]
+    prog += [(JEQ, 0, 1, _CLONE3), (RET, 0, 0, RET_ERRNO | errno.ENOSYS)]
+    # clone's flags are its first argument, whose low 32 bits the (little-endian) seccomp_data holds at 16
+    prog += [(JEQ, 0, 3, _CLONE[machine]), (LD_ABS_W, 0, 0, 16), (JSET, 0, 1, CLONE_NEWUSER),
+             (RET, 0, 0, RET_ERRNO | errno.EPERM), (RET, 0, 0, RET_ALLOW)]
+    return prog
+
+
+def filter_syscalls(report: dict) -> None:
+    prog = seccomp_program(platform.machine())
+    if prog is None or sys.byteorder != "little":
+        report["notes"].append(f"no system call filter for {platform.machine()}")
+        return
+    insns = (_SockFilter * len(prog))(*[_SockFilter(*i) for i in prog])
+    fprog = _SockFprog(len(prog), insns)
+    _check(_libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(fprog), 0, 0),
+           "installing the system call filter")
+    report["applied"].append("seccomp")
+
 
 def drop(user: dict, last: int) -> None:
     for cap in range(last + 1):
@@ -275,11 +390,56 @@ def limit(spec: dict, report: dict) -> None:
         report["applied"].append("ionice")
 
 
+def _exit_as(status: int) -> None:
+    """Ends this process as the wait status says the unwinder ended: the daemon reads its signal or code."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        resource.setrlimit(resource.RLIMIT_CORE, (1, 1))  # our own death by SIGSEGV must not reach the spool
+        if sig != signal.SIGKILL:
+            signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+        os.kill(os.getpid(), sig)
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 70)
+
+
+def enter_pid_namespace() -> int:
+    """Forks the first process (init) of the PID namespace unshare() made, and returns in it the fd its
+    unwinder's wait status goes to. This process, outside the namespace, waits for the init and ends as the
+    unwinder did; killing it (the daemon's timeout kills our whole process group) kills the init, and with
+    it every process of the namespace, a `setsid` one included."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        _check(_libc.prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), 0, 0, 0), "PR_SET_PDEATHSIG")
+        return w
+    os.close(w)
+    _, status = os.waitpid(pid, 0)
+    raw = os.read(r, 4)
+    _exit_as(struct.unpack("i", raw)[0] if len(raw) == 4 else status)
+    raise AssertionError("not reached")
+
+
+def init_and_wait(status_fd: int) -> None:
+    """In the namespace's init: forks the process that becomes the unwinder (it returns here) and waits for it;
+    the init's exit then ends whatever the unwinder left in the namespace."""
+    pid = os.fork()
+    if pid == 0:
+        os.close(status_fd)
+        return
+    _, status = os.waitpid(pid, 0)
+    os.write(status_fd, struct.pack("i", status))
+    os._exit(0)
+
+
 def run(spec: dict, report: dict) -> None:
     with open("/proc/sys/kernel/cap_last_cap") as f:  # read before the view hides /proc/sys
         last_cap = int(f.read())
-    view = False
-    if os.geteuid() == 0:
+    view = pid_ns = False
+    root = os.geteuid() == 0
+    if root:
+        if not spec.get("user"):
+            raise PermissionError(errno.EPERM, "no analyser user to run as (corehandler install makes it)")
         try:
             _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC), "unshare")
             _mount(None, "/", None, MS_REC | MS_PRIVATE)
@@ -287,6 +447,17 @@ def run(spec: dict, report: dict) -> None:
             view = True
         except OSError as e:
             report["notes"].append(f"no namespaces of its own ({e.strerror}): the unwinder sees the host's files")
+        if view:
+            try:
+                _check(_libc.unshare(CLONE_NEWPID), "unshare")
+                pid_ns = True
+            except OSError as e:
+                report["notes"].append(f"no PID namespace of its own ({e.strerror}): what the unwinder starts "
+                                       "may outlive it")
+        spec = dict(spec, user=analysis_user(spec, report))
+    status_fd = enter_pid_namespace() if pid_ns else None
+    if status_fd is not None:
+        report["applied"].append("pid-namespace")
     # Vetted in the namespace the view is built in: a bind mount takes its source from this namespace only.
     vetted = vet_all(spec, report)
     if view:
@@ -295,17 +466,21 @@ def run(spec: dict, report: dict) -> None:
         report["applied"].append("private-view")
     for fd in vetted.values():
         os.close(fd)
-    os.set_inheritable(spec["core_fd"], True)
-    user = spec.get("user")
-    if os.geteuid() == 0:
-        if not user:
-            raise PermissionError(errno.EPERM, "no analyser user to run as (corehandler install makes it)")
+    core_fd, user = spec["core_fd"], spec.get("user")
+    if root:  # readable by this analysis's group while it runs; unwind.cancel() gives the core its own back
+        os.fchown(core_fd, -1, user["gid"])
+        os.fchmod(core_fd, 0o640)
+    os.set_inheritable(core_fd, True)
+    if status_fd is not None:
+        init_and_wait(status_fd)
+    if root:
         drop(user, last_cap)
         report["applied"] += ["uid", "no-capabilities"]
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
     report["applied"].append("no-new-privs")
     limit(spec, report)
-    argv = [spec["argv"][0], f"--core=/proc/self/fd/{spec['core_fd']}", *spec["argv"][1:]]
+    filter_syscalls(report)
+    argv = [spec["argv"][0], f"--core=/proc/self/fd/{core_fd}", *spec["argv"][1:]]
     _write_report(spec, report)
     try:
         os.execve(argv[0], argv, spec.get("env") or {})
@@ -324,7 +499,8 @@ def main(argv: list[str]) -> int:
         spec = json.loads(f.read())
     if spec.get("report_fd") is not None:  # the unwinder must not write our report
         os.set_inheritable(spec["report_fd"], False)
-    report = {"applied": [], "refused": [], "refused_count": 0, "copied": 0, "notes": [], "error": None}
+    report = {"applied": [], "refused": [], "refused_count": 0, "copied": 0, "notes": [], "error": None,
+              "files": {}}
     # What the view's tmpfs gets must be crossable by the analyser's uid: the daemon runs with UMask=0077
     # (corehandler.service), which would make every directory leading to a vetted file root's alone.
     os.umask(0o022)

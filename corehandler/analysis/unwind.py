@@ -3,11 +3,12 @@ against the file on disk, its package note, and the grouping keys (docs/analysis
 
 The unwinder is elfutils' `eu-stack`. It runs as a child of the daemon, never in its process, and never as
 root: jail.py, started as a fresh interpreter, vets the files the core names (as the crashing user: regular
-files reached without symlinks, readable by that user), builds a private read-only view of the system holding
-only those and the unwinder's own programs, gives it no network, and execs eu-stack as the analyser's own user
-(account.py) with no capabilities, PR_SET_NO_NEW_PRIVS, rlimits (address space, CPU time, output file size,
-no core dumps of its own) and low priority, with an environment holding no DEBUGINFOD_URLS and no proxies.
-The core is its inherited fd, readable by the analyser's group for the analysis only. Its output goes to
+files reached without symlinks, readable by that user) and reads what this module reports of them, builds a
+private read-only view of the system holding only those and the unwinder's own programs, gives it no network
+and a PID namespace of its own, and execs eu-stack as the analysis's own uid with no capabilities,
+PR_SET_NO_NEW_PRIVS, a seccomp filter, rlimits (address space, CPU time, output file size, no core dumps of
+its own) and low priority, with an environment holding no DEBUGINFOD_URLS and no proxies. This process opens
+no path the core names. The core is its inherited fd, readable by the analysis's group while it runs. Its output goes to
 memory files capped by RLIMIT_FSIZE and is parsed line by line with every line cut at `Limits.line_chars`,
 so neither a core with thousands of threads nor a megabyte C++ symbol makes the daemon hold more than the caps.
 
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from corehandler import elfcore, fields, steps
-from corehandler.analysis import account, coremodules, jail, reason
+from corehandler.analysis import account, coremodules, identity, jail, reason
 from corehandler.analysis.findings import Limits, apply_errors, build_result, parse_stack
 
 log = logging.getLogger(__name__)
@@ -76,8 +77,27 @@ def _memfd(name: str) -> BinaryIO:
     return os.fdopen(os.memfd_create(name, os.MFD_CLOEXEC), "w+b")
 
 
+def foreign(record: dict) -> bool:
+    """Whether the crash is of a container (its cgroup names a container, machine or pod) or of another user
+    namespace than ours. Its uid is not the host's to vet with: a root container's root is not host root, so
+    its paths are vetted as the analysis's own uid (what anyone may read), never as its uid on the host's
+    tree. Another mount namespace alone does not count: in the host's user namespace only root makes one
+    (a service's sandbox, `unshare -m`), and host root may read those files anyway."""
+    ns = identity.namespaces(fields.proc(record).get("ns"))
+    try:
+        if "user" in ns and ns["user"] != os.stat("/proc/self/ns/user").st_ino:
+            return True
+    except OSError:
+        return True
+    who = identity.identify(record)
+    return bool(who["container_id"] or who["machine"] or who["pod_uid"])
+
+
 def _crashing_user(record: dict) -> dict:
-    """The crashing process's uid, gid and supplementary groups (its /proc status, read by csplice)."""
+    """The crashing process's uid, gid and supplementary groups (its /proc status, read by csplice); no user
+    for a crash of another namespace (foreign())."""
+    if foreign(record):
+        return {"uid": None, "gid": None, "groups": []}
     status = fields.proc(record).get("status")
     groups = []
     for line in (status if isinstance(status, str) else "").splitlines():
@@ -195,6 +215,30 @@ def _wait(child: _Child | None, deadline: float) -> bool:
     except ProcessLookupError:
         pass
     child.waiter.join()
+    _until_gone(child.proc.pid)
+    return False
+
+
+def _until_gone(group: int, timeout: float = 2.0) -> None:
+    """Waits (briefly) until no process of the jail's group runs. The jail's PID namespace init is one: it
+    dies of the same SIGKILL, but its exit first ends every process of the namespace, so once it has exited
+    the analysis has left nothing behind (a zombie has exited: whoever adopted it reaps it)."""
+    deadline = time.monotonic() + timeout
+    while _running_in(group) and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def _running_in(group: int) -> bool:
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read().rsplit(b")", 1)[-1].split()
+        except OSError:
+            continue
+        if len(stat) > 2 and stat[2] == str(group).encode() and stat[0] not in (b"Z", b"X"):
+            return True
     return False
 
 
@@ -294,7 +338,19 @@ def finish(run: Running) -> dict:
                           seconds=seconds, exe_vetting=report.get("exe"))
     result["sandbox"] = report.get("applied") or []
     result["reason"] = why
+    _disk_facts(result["modules"], report)
     return result
+
+
+def _disk_facts(modules: list[dict], report: dict) -> None:
+    """Each module's `disk`: what the jail read of the file at its path as the crashing user (its build-id,
+    whether it has its own symbols), for symbols.annotate, which drops it; absent when that user could open
+    no file there."""
+    files = report.get("files") if isinstance(report.get("files"), dict) else {}
+    for m in modules:
+        disk = files.get(m.get("file"))
+        if isinstance(disk, dict):
+            m["disk"] = disk
 
 
 def analyse(core: Path, record: dict, limits: Limits = Limits()) -> dict:

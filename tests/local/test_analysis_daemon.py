@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -33,8 +35,12 @@ def crashes(tmp_path_factory):
         if not shutil.which(tool):
             pytest.fail(f"{tool} is missing: scripts/install-deps installs it")
     tmp = tmp_path_factory.mktemp("crashes")
-    binary = realcore.build(tmp, name="analysed")
-    return {kind: realcore.crash(binary, tmp / f"core.{kind}", kind) for kind in ("segv", "other", "thread")}
+    # Where anyone may read it: a pod's crash has its mapped files vetted as the analysis's own uid, not root.
+    programs = Path(tempfile.mkdtemp(prefix="corehandler-analysed-"))
+    os.chmod(programs, 0o755)
+    binary = realcore.build(programs, name="analysed")
+    yield {kind: realcore.crash(binary, tmp / f"core.{kind}", kind) for kind in ("segv", "other", "thread")}
+    shutil.rmtree(programs)
 
 
 def ingest_all(state, observers=(), **settings):

@@ -169,7 +169,7 @@ def test_replaced_and_deleted_exe(tmp_path, cache):
     assert top(r)["function"] is None  # not symbolised from the wrong file
     b.unlink()
     r = unwind.analyse(c.core, realcore.record_for(c, "id"))
-    assert r["exe"]["state"] == "deleted"
+    assert r["exe"]["state"] == "unreadable"  # gone since, as a file the user may not read would be
     r = unwind.analyse(c.core, dict(realcore.record_for(c, "id"), proc={"exe": f"{b} (deleted)"}))
     assert r["exe"]["state"] == "deleted" and top(r)["offset"] is not None
 

@@ -15,7 +15,8 @@ DISTRIBUTIONS = {"prometheus_client": "prometheus-client", "yaml": "pyyaml", "sy
                  "helm_python": "helm-python-sdk", "kubernetes_validate": "kubernetes-validate"}
 # Names first available in a version of a dependency: (import name, attribute) -> minimum version.
 INTRODUCED = {("prometheus_client", "disable_created_metrics"): (0, 18)}
-LOCAL = {"corehandler", "support", "fakehost", "kernel_matrix", "kernel_profile", "common", "conftest"}
+# (elffile: corehandler/elffile.py, imported by that name where analysis/jail.py runs as a script)
+LOCAL = {"corehandler", "support", "fakehost", "kernel_matrix", "kernel_profile", "common", "conftest", "elffile"}
 
 
 def project() -> dict:
