@@ -12,8 +12,9 @@ remembered for `negative_ttl` and at most NEGATIVE_MAX of them, a server that is
 next dump asks again). What is fetched is an ELF file or nothing: a server's answer is written to a temp file,
 checked, and renamed into place; a temp file left by a process that died is swept by the next fetch.
 
-The cache says which build-ids crashed here: its directories are the daemon's, crossable by the analyser's group
-only (0750 root:corehandler-analysis; 0700 where there is no such group to give). Plain http is refused unless
+The cache says which build-ids crashed here: its directories are root's, crossable but not listable (0711), so
+each analysis, which runs under a uid of its own (jail.py), opens a debug file by the build-id it already knows
+and cannot list which others crashed; the negative results are root's alone (0700). Plain http is refused unless
 the server is on loopback or `[analysis] debuginfod_allow_http` says so: a debug file steers the unwinder.
 """
 
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corehandler import elfcore
-from corehandler.analysis import account, findings
+from corehandler.analysis import findings
 from corehandler.config import loopback_url
 
 log = logging.getLogger(__name__)
@@ -121,12 +122,10 @@ def _negative(cache: Path, build_id: str) -> Path:
 
 
 def _own_dir(path: Path, private: bool = False) -> None:
-    """Makes path (or fixes its mode): the daemon's, crossable by the analyser's group unless private."""
+    """Makes path (or fixes its mode): root's, crossable by every analysis's own uid but listable by none, or
+    root's alone when private."""
     path.mkdir(mode=0o700, exist_ok=True)
-    analyser = None if private or os.geteuid() != 0 else account.lookup()
-    if analyser is not None:
-        os.chown(path, 0, analyser["gid"])
-    os.chmod(path, 0o750 if analyser is not None else 0o700)
+    os.chmod(path, 0o700 if private else 0o711)
 
 
 def _alive(pid: int) -> bool:
