@@ -158,10 +158,12 @@ def run_compact(args: argparse.Namespace) -> int:
     done = []
     for day in _days(args):
         try:
-            key, count = dataset.compact(client, target, day, sse)
+            key, count, skipped = dataset.compact(client, target, day, sse)
         except Exception as e:
             raise bucket.classify(e) from e
-        done.append({"day": str(day), "key": key, "rows": count})
+        for why in skipped:
+            print(f"corehandler: skipped {display(why)}", file=sys.stderr)
+        done.append({"day": str(day), "key": key, "rows": count, "skipped": len(skipped)})
     emit(args, done, "\n".join(f"{d['day']}: " + (f"{d['rows']} rows in s3://{target.bucket}/{d['key']}"
                                                     if d["key"] else "no index files") for d in done))
     return 0

@@ -124,9 +124,55 @@ class Target:
         return self.key(BUDGET, signature_key, day, str(slot), layout=V1)
 
 
+HOST_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def safe_host(name: str) -> str | None:
+    """name when it is one host_name() could have made (a key's segment another host chose), else None."""
+    return name if HOST_NAME.fullmatch(name) and name not in (".", "..") else None
+
+
 def host_of(key: str) -> str | None:
-    """The HOST of a v2 key (its `host=HOST` segment), or None."""
-    return next((p[len("host="):] for p in key.split("/") if p.startswith("host=")), None)
+    """The HOST of a v2 key (its first `host=HOST` segment, by the layout's pattern), or None."""
+    name = next((p[len("host="):] for p in key.split("/") if p.startswith("host=")), None)
+    return safe_host(name) if name is not None else None
+
+
+class ObjectTooLarge(CorehandlerError):
+    """An object bigger than what its reader accepts: left unread."""
+
+
+def _sized(client, bucket: str, key: str, limit: int):
+    """get_object's answer, refused before its body is read when the object is past limit bytes."""
+    resp = client.get_object(Bucket=bucket, Key=key)
+    size = resp.get("ContentLength")
+    if not isinstance(size, int) or size > limit:
+        resp["Body"].close()
+        raise ObjectTooLarge(f"s3://{bucket}/{key} is {size} bytes, more than the {limit} it may have")
+    return resp
+
+
+def read_bounded(client, bucket: str, key: str, limit: int) -> bytes:
+    """The body of a small object (a sidecar, a budget slot, a mini core), never more than limit bytes read:
+    another host chose its size."""
+    body = _sized(client, bucket, key, limit)["Body"]
+    with body:
+        data = body.read(limit + 1)
+    if len(data) > limit:
+        raise ObjectTooLarge(f"s3://{bucket}/{key} is more than the {limit} bytes it may have")
+    return data
+
+
+def download(client, bucket: str, key: str, path, limit: int, chunk: int = 8 << 20) -> None:
+    """An object into a local file, never more than limit bytes (checked before and while reading)."""
+    body = _sized(client, bucket, key, limit)["Body"]
+    total = 0
+    with body, open(path, "wb") as f:
+        for part in body.iter_chunks(chunk):
+            total += len(part)
+            if total > limit:
+                raise ObjectTooLarge(f"s3://{bucket}/{key} is more than the {limit} bytes it may have")
+            f.write(part)
 
 
 def crash_day(crashed_at: float) -> datetime.date:

@@ -5,15 +5,18 @@ A sidecar exists only once its core is verified, so everything listed here can b
 prefix listing per host and day plus one GET per sidecar not yet in the local cache, the GETs in a bounded
 pool of threads: O(dumps) the first time, O(new dumps) after. The cache (SQLite, 0600: sidecars hold
 command lines) keys each sidecar by its key and ETag, so a rewritten one is read again; beside it, the
-Parquet index files the fleet view reads (fleetview.py). A sidecar that is not JSON or of a newer schema is
-skipped, its key named.
+Parquet index files the fleet view reads (fleetview.py).
+
+A sidecar is another host's word: read only up to MAX_SIDECAR_BYTES, one that is not UTF-8, not JSON (bounded
+in nesting, boundedjson.py) or of a newer schema is skipped, its key named; its host is the one its key names,
+whatever it says; the core and mini core it names are fetched only at its own key's folder and id, and a
+core is decompressed only up to the raw_bytes it claims.
 """
 
 from __future__ import annotations
 
 import datetime
 import hashlib
-import json
 import os
 import sqlite3
 import tempfile
@@ -21,7 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable
 
-from corehandler import paths
+from corehandler import boundedjson, paths
+from corehandler.analysis import minicore
 from corehandler.errors import CorehandlerError, NoMatchError
 from corehandler.fleet import bucket, seal
 from corehandler.fleet.bucket import BucketError, Target
@@ -30,6 +34,10 @@ from corehandler.store import compress
 
 WORKERS = 32
 CHUNK = 8 << 20
+MAX_SIDECAR_BYTES = 16 << 20   # a sidecar with every thread's frames is a few hundred KiB
+MAX_MINI_BYTES = 256 << 20
+CORE_SUFFIXES = (".zst", ".core", ".zst" + seal.SUFFIX, ".core" + seal.SUFFIX)
+MINI_SUFFIXES = (minicore.SUFFIX, minicore.SUFFIX + seal.SUFFIX)
 
 
 class FleetCorruptError(CorehandlerError):
@@ -76,19 +84,40 @@ def sidecar_keys(client, target: Target, host: str, day: datetime.date) -> list[
         list_keys(client, target, target.v1_day_prefix(host, day))
 
 
-def read_sidecar(client, target: Target, key: str) -> dict:
-    return _parse(target, key, _call(client.get_object, Bucket=target.bucket, Key=key)["Body"].read())
-
-
 class SkippedSidecar(FleetCorruptError):
-    """A sidecar this corehandler cannot read (not JSON, a newer schema): named and skipped by listings."""
+    """A sidecar this corehandler cannot read (too big, not UTF-8, not JSON, a newer schema): named and
+    skipped by listings."""
+
+
+def _get_sidecar(client, target: Target, key: str) -> bytes:
+    try:
+        return _call(bucket.read_bounded, client, target.bucket, key, MAX_SIDECAR_BYTES)
+    except bucket.ObjectTooLarge as e:
+        raise SkippedSidecar(e.message) from None
+
+
+def read_sidecar(client, target: Target, key: str) -> dict:
+    return _parse(target, key, _get_sidecar(client, target, key))
+
+
+def key_host(target: Target, key: str) -> str | None:
+    """The host a sidecar's key names (v2: its host= segment; v1: the segment after v1/), by pattern."""
+    v1 = target.root(bucket.V1)
+    if key.startswith(v1):
+        return bucket.safe_host(key[len(v1):].split("/", 1)[0])
+    return bucket.host_of(key)
 
 
 def _parse(target: Target, key: str, body: bytes | str) -> dict:
     where = f"s3://{target.bucket}/{key}"
+    if isinstance(body, bytes):
+        try:
+            body = body.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise SkippedSidecar(f"{where} is not a JSON sidecar: not UTF-8 ({e.reason} at byte {e.start})") from None
     try:
-        data = json.loads(body)
-    except ValueError as e:
+        data = boundedjson.loads(body, max_bytes=MAX_SIDECAR_BYTES)
+    except boundedjson.BoundedJSONError as e:
         raise SkippedSidecar(f"{where} is not a JSON sidecar: {e}") from None
     if not isinstance(data, dict):
         raise SkippedSidecar(f"{where} is not a JSON sidecar: not an object")
@@ -96,6 +125,10 @@ def _parse(target: Target, key: str, body: bytes | str) -> dict:
     if not isinstance(schema, int) or schema > SIDECAR_SCHEMA:
         raise SkippedSidecar(f"{where} has sidecar schema {schema!r}, newer than this corehandler's "
                              f"({SIDECAR_SCHEMA})")
+    host = key_host(target, key)
+    if host is None:
+        raise SkippedSidecar(f"{where} is not under a host's prefix")
+    data["host"] = host
     data["_key"] = key
     return data
 
@@ -178,21 +211,33 @@ def read_sidecars(client, target: Target, listed: list[tuple[str, str]], workers
 
     def fetch(key_etag):
         key, etag = key_etag
-        body = _call(client.get_object, Bucket=target.bucket, Key=key)["Body"].read()
-        return key, etag, body.decode("utf-8", "replace")
+        try:
+            body = _get_sidecar(client, target, key)
+            return key, etag, body.decode("utf-8"), None
+        except SkippedSidecar as e:
+            return key, etag, None, e.message
+        except UnicodeDecodeError:
+            return key, etag, body, None  # _parse names it; not cached (the cache holds text)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         got = list(pool.map(fetch, fresh))
     if cache and got:
-        cache.put(got)
+        cache.put([(k, e, b) for k, e, b, _ in got if isinstance(b, str)])
     bodies = {k: b for k, (_, b) in cached.items()}
-    bodies.update((k, b) for k, _, b in got)
+    bodies.update((k, b) for k, _, b, _ in got)
+    problems = {k: p for k, _, _, p in got if p}
     sidecars, skipped = [], []
     for k, _ in listed:
         try:
+            if k in problems:
+                raise SkippedSidecar(problems[k])
             sidecars.append(_parse(target, k, bodies[k]))
         except SkippedSidecar as e:
             skipped.append(e.message)
-    return sorted(sidecars, key=lambda s: (s.get("crashed_at") or 0, s.get("id") or "")), skipped
+    return sorted(sidecars, key=lambda s: (_number(s.get("crashed_at")), str(s.get("id")))), skipped
+
+
+def _number(value) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
 def list_sidecars(client, target: Target, days: Iterable[datetime.date], only_hosts: Iterable[str] = (),
@@ -259,7 +304,11 @@ def fetch_core(client, target: Target, sc: dict, *, output: BinaryIO, progress: 
     if not core:
         raise NoMatchError(f"{sc.get('id')} has no core in the bucket (budget: {sc.get('budget')}, "
                            f"upload.send: metadata?); its sidecar is all there is")
-    where = f"s3://{target.bucket}/{core['key']}"
+    where = f"s3://{target.bucket}/{core.get('key')}"
+    _check_own(sc, core.get("key"), CORE_SUFFIXES, "core")
+    raw_bytes = core.get("raw_bytes")
+    if not isinstance(raw_bytes, int) or isinstance(raw_bytes, bool) or raw_bytes < 0:
+        raise FleetCorruptError(f"{sc['_key']} gives its core no size (raw_bytes {raw_bytes!r}): not fetched")
     encrypted = core.get("encryption") == "age"
     if encrypted and not identities:
         raise seal.IdentityError(f"{where} is encrypted (age, to {', '.join(core.get('recipients') or ['?'])}): "
@@ -287,7 +336,7 @@ def fetch_core(client, target: Target, sc: dict, *, output: BinaryIO, progress: 
             with open(temps[-1], "wb") as f:
                 seal.decrypt_file(temps[0], f, identities, what=where)
         try:
-            size, raw = compress.decompress_to(temps[-1], output, progress)
+            size, raw = compress.decompress_to(temps[-1], output, progress, limit=raw_bytes)
         except compress.VerifyError as e:
             raise FleetCorruptError(f"{where}: {e}") from None
         if size != core.get("raw_bytes") or (core.get("raw_sha256") and raw != core["raw_sha256"]):
@@ -297,6 +346,15 @@ def fetch_core(client, target: Target, sc: dict, *, output: BinaryIO, progress: 
     finally:
         for tmp in temps:
             os.unlink(tmp)
+
+
+def _check_own(sc: dict, key, suffixes: tuple[str, ...], what: str) -> None:
+    """A sidecar may name only its own dump's objects: beside it, named by the id its own key carries."""
+    folder, _, name = sc["_key"].rpartition("/")
+    dump_id = name[:-len(bucket.SIDECAR_SUFFIX)]
+    if key not in {f"{folder}/{dump_id}{suffix}" for suffix in suffixes}:
+        raise FleetCorruptError(f"{sc['_key']} names {what} {key!r}, not its own dump's "
+                                f"({folder}/{dump_id}{suffixes[0]}...): not fetched")
 
 
 def _temp(workdir: Path | None, suffix: str) -> Path:
@@ -312,10 +370,14 @@ def fetch_mini(client, target: Target, sc: dict, *, output: BinaryIO, identities
     if not mini:
         raise NoMatchError(f"{sc.get('id')} has no mini core in the bucket (uploaded before mini cores existed, "
                            "or upload.send: metadata)")
-    where = f"s3://{target.bucket}/{mini['key']}"
+    where = f"s3://{target.bucket}/{mini.get('key')}"
+    _check_own(sc, mini.get("key"), MINI_SUFFIXES, "mini core")
     if mini.get("encryption") == "age" and not identities:
         raise seal.IdentityError(f"{where} is encrypted (age): pass --identity FILE")
-    data = _call(client.get_object, Bucket=target.bucket, Key=mini["key"])["Body"].read()
+    try:
+        data = _call(bucket.read_bounded, client, target.bucket, mini["key"], MAX_MINI_BYTES)
+    except bucket.ObjectTooLarge as e:
+        raise FleetCorruptError(e.message) from None
     if hashlib.sha256(data).hexdigest() != mini.get("sha256"):
         raise FleetCorruptError(f"{where} does not have the sha256 its sidecar says: the object is corrupt")
     if mini.get("encryption") == "age":

@@ -11,7 +11,10 @@ it is indexed; the uploader, a thread of the daemon with its own connection, sen
      attempt a kill interrupted already sent it (the row's note of the verified core, or, on a retry, a HEAD
      matching the store's file); then HEAD: size and checksum must match what was sent, or the attempt fails;
   3. the sidecar: whoever sees it can trust the core it names;
-  4. its row in this host's Parquet index file of the crash's day (dataset.py), before the row is done.
+  4. its row in this host's Parquet index file of the crash's day (dataset.py), before the row is done; the
+     file's rows are kept in the state dir, never read back from the bucket.
+The uploader reads nothing another host could have written but a budget slot's first bytes (to know a slot
+of its own): what is in the bucket never decides what this host uploads or stops it.
 Every step is safe to redo, so a kill anywhere leaves the row pending (uploading rows go back to pending at
 start) and the next attempt finishes with exactly one core and one sidecar; multipart uploads a kill left
 behind under this host's prefix are aborted at start.
@@ -302,7 +305,7 @@ class Uploader(Quiet):
         pause(UPLOAD_ENV, "sidecar_sent")
         # Before the row is done: a dump this host finished is always in its day's index file.
         dataset.add(self._client, self.target, bucket.crash_day(dump.crashed_at), dataset.row(doc, sidecar_key),
-                    self._sse())
+                    dataset.local_dir(self.state_dir, self.target), self._sse())
         return sent + len(body), core["key"] if core else None, budget
 
     def _send_mini(self, store: Store, dump) -> dict | None:
