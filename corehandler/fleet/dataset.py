@@ -56,10 +56,10 @@ LOCAL_KEEP_DAYS = 8      # a day's part this host holds locally is dropped once 
 # sidecar fields; a compacted day's rows in row groups of DAILY_ROW_GROUP), far below what hurts a host.
 MAX_PART_BYTES = 64 << 20
 MAX_DAILY_BYTES = 2 << 30
-MAX_CHUNK_BYTES = 128 << 20   # one column chunk, decoded
+MAX_CHUNK_BYTES = 32 << 20    # one column chunk, decoded (16384 rows of 2 KiB)
 MAX_ROWS = 1 << 24
 MAX_TEXT = 16384              # characters of a string value the view shows
-DAILY_ROW_GROUP = 65536
+DAILY_ROW_GROUP = 16384
 # part-NNNNN.parquet, the number as part_key writes it (wider once past 99999).
 PART_NAME = re.compile(r"part-([0-9]{5,9})\.parquet")
 DAILY_NAME = re.compile(r"index-([0-9a-f]{32})\.parquet")

@@ -59,3 +59,117 @@ def test_a_planted_part_neither_stops_nor_feeds_this_hosts_uploads(tmp_path, s3,
 
     body = client.get_object(Bucket=bucket, Key=ours)["Body"].read()
     assert sorted(r["id"] for r in pq.read_table(io.BytesIO(body)).to_pylist()) == sorted(r["id"] for r in records)
+
+
+def _list(host: Host, capsys, *args: str) -> tuple[int, list[dict] | None, str]:
+    code, out, err = host.cli(capsys, "fleet", *args, "--date", str(DAY), "--json")
+    return code, json.loads(out) if code == 0 else None, err
+
+
+def test_one_host_cannot_rewrite_the_days_view_and_bad_objects_are_named(tmp_path, s3, capsys):
+    """Issue 34 MEDIUM 5 and issue 38's bad objects: a compacted file that does not cover the day's parts is
+    never read, a part of the wrong types or naming another host, damaged or past the size bounds is
+    skipped and named, a sidecar's host is its key's, and a sidecar that is not UTF-8, not JSON or of an
+    unknown schema is skipped and named, through the escaper, by list, --group and query alike; a damaged
+    compacted file falls back to the day's parts, saying so."""
+    bucket = s3.new_bucket()
+    alpha = Host(tmp_path, s3, bucket, "alpha")
+    client = s3.client()
+    fleet = layout.Target(bucket, "fleet", "any")
+    honest = sorted(put_sidecar(client, fleet, sidecar(h, n)) for h in ("alpha", "beta") for n in (1, 2))
+
+    # Mallory's objects: a compacted file of forged alpha rows named to win, and parts under hosts of its own.
+    client.put_object(Bucket=bucket, Key=dataset.daily_prefix(fleet, DAY) + "index-" + "f" * 32 + ".parquet",
+                      Body=fleetbombs.forged_daily("alpha"))
+    bad_parts = {"mallory": fleetbombs.string_times(), "mallory2": fleetbombs.claims_host("alpha"),
+                 "mallory3": fleetbombs.wide_bomb(), "mallory4": b"PAR1 damaged"}
+    for host, body in bad_parts.items():
+        client.put_object(Bucket=bucket, Key=dataset.part_key(fleet, host, DAY, 0), Body=body)
+    # Eve's sidecars (no index file: read as uncovered): one claiming to be alpha's, and bad ones.
+    eve = fleet.day_prefix("eve", DAY)
+    claimer = sidecar("alpha", 50)
+    client.put_object(Bucket=bucket, Key=eve + claimer["id"] + ".json", Body=json.dumps(claimer).encode())
+    bad_sidecars = {}
+    for n, (why, body) in enumerate(fleetbombs.bad_sidecars("x").items()):
+        key = eve + f"\u202e{n}-{why.replace(' ', '-')}.json"
+        client.put_object(Bucket=bucket, Key=key, Body=body)
+        bad_sidecars[key] = why
+
+    def check(code, rows, err, compacted=False):
+        assert code == 0, err
+        assert "Traceback" not in err and "BinderException" not in err
+        for host in bad_parts if not compacted else ():
+            assert f"s3://{bucket}/{dataset.part_key(fleet, host, DAY, 0)}" in err, (host, err)
+        for key in bad_sidecars:
+            assert "skipped s3://" + bucket + "/" + key.replace("\u202e", "\\u202e") in err
+        assert "\u202e" not in err  # through the escaper
+        return rows
+
+    code, rows, err = _list(alpha, capsys, "list")
+    check(code, rows, err)
+    assert sorted(r["key"] for r in rows if r["host"] != "eve") == honest  # the forged compacted file unread
+    assert [r["host"] for r in rows if r["id"] == claimer["id"]] == ["eve"]  # the key's host, not the claim
+    assert "decodes to" in err and "column crashed_at is string" in err and "unknown: host" in err
+    code, groups, err = _list(alpha, capsys, "list", "--group")
+    assert [(g["count"], sorted(g["hosts"])) for g in check(code, groups, err)] == [(5, ["alpha", "beta", "eve"])]
+    code, counted, err = _list(alpha, capsys, "query", "SELECT host, count(*) AS n FROM dumps GROUP BY 1 ORDER BY 1")
+    assert [(r["host"], r["n"]) for r in check(code, counted, err)] == [("alpha", 2), ("beta", 2), ("eve", 1)]
+
+    # Compacted: the day's file under the digest of its parts stands for them (the bad ones left out, named).
+    code, done, err = _list(alpha, capsys, "compact")
+    assert code == 0 and [(d["rows"], d["skipped"]) for d in done] == [(4, 4)], err
+    daily = done[0]["key"]
+    code, rows, err = _list(alpha, capsys, "list")
+    assert sorted(r["key"] for r in check(code, rows, err, compacted=True) if r["host"] != "eve") == honest
+    # Damaged by hand: the day's parts instead, and the view says so.
+    client.put_object(Bucket=bucket, Key=daily, Body=b"PAR1 not any more")
+    code, rows, err = _list(alpha, capsys, "list", "--no-cache")
+    assert sorted(r["key"] for r in check(code, rows, err) if r["host"] != "eve") == honest
+    assert f"s3://{bucket}/{daily} is not a Parquet index file" in err and "reading the day's parts instead" in err
+
+
+def _core(data: bytes) -> dict:
+    import hashlib
+
+    body = zstandard.ZstdCompressor().compress(data)
+    return {"body": body, "bytes": len(body), "object_sha256": hashlib.sha256(body).hexdigest(),
+            "raw_bytes": len(data), "raw_sha256": hashlib.sha256(data).hexdigest(), "compression": "zstd",
+            "encryption": None}
+
+
+def test_fleet_get_fetches_only_the_sidecars_own_core_and_stops_at_its_size(tmp_path, s3, capsys):
+    """Issue 34 LOW: a forged sidecar's core.key may not name another dump's object, and a core that
+    decompresses past the raw_bytes its sidecar gives stops there: an error, no file left."""
+    bucket = s3.new_bucket()
+    alpha = Host(tmp_path, s3, bucket, "alpha")
+    client = s3.client()
+    fleet = layout.Target(bucket, "fleet", "any")
+
+    secret = sidecar("beta", 1)
+    theirs = dict(_core(b"beta's secret memory" * 1000), key=fleet.day_prefix("beta", DAY) + secret["id"] + ".zst")
+    client.put_object(Bucket=bucket, Key=theirs["key"], Body=theirs.pop("body"))
+    forged = sidecar("alpha", 2)
+    forged["core"] = theirs
+    put_sidecar(client, fleet, forged)
+    out = tmp_path / "out.core"
+    code, _, err = alpha.cli(capsys, "fleet", "get", forged["id"], "-o", str(out))
+    assert code != 0 and "not its own dump's" in err and not out.exists()
+
+    # A core of its own key that decompresses to 64 MiB where the sidecar says 4 KiB.
+    bomb = sidecar("alpha", 3)
+    stream = zstandard.ZstdCompressor().compressobj()
+    body = b"".join(stream.compress(b"A" * (1 << 20)) for _ in range(64)) + stream.flush()
+    import hashlib
+
+    bomb["core"] = {"key": fleet.day_prefix("alpha", DAY) + bomb["id"] + ".zst", "bytes": len(body),
+                    "object_sha256": hashlib.sha256(body).hexdigest(), "raw_bytes": 4096, "compression": "zstd"}
+    client.put_object(Bucket=bucket, Key=bomb["core"]["key"], Body=body)
+    put_sidecar(client, fleet, bomb)
+    seen = []
+    with open(tmp_path / "direct", "wb") as f, pytest.raises(reader.FleetCorruptError, match="more than the 4096"):
+        reader.fetch_core(client, fleet, reader.find(client, fleet, bomb["id"]), output=f, progress=seen.append,
+                          workdir=tmp_path)
+    assert sum(seen) <= len(body) + 4096 + (2 << 20)  # stopped within a chunk of raw_bytes, not at 64 MiB
+    code, _, err = alpha.cli(capsys, "fleet", "get", bomb["id"], "-o", str(out))
+    assert code != 0 and "more than the 4096" in err and not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no partial file
