@@ -8,6 +8,8 @@ Layout (docs/design.md, "Fleet"), under the URL's PREFIX:
   v2/daily/dt=YYYY-MM-DD/index-DIGEST.parquet           a day's index files compacted into one (dataset.py)
   v1/budget/SIG/DAY/0..N-1                  the fleet budget's slots, each claimed by one conditional create
                                             (where v1 hosts claim theirs too: one budget across an upgrade)
+  v1/budget/SIG/DAY/root/0..N-1             root's crashes' own slots, which no user's crash takes
+  v1/budget/SIG/DAY/user/HOST-UID/0..M-1    one user's share, claimed before a slot of the fleet's
   v1/HOST/YYYY/MM/DD/ID.{zst,core,json}     what hosts of corehandler 0.2 uploaded: still read
 The date is the crash's (UTC), so a dump retried across midnight keeps its key and its budget day; `dt=` and
 `host=` are Hive-style partitions, which engines prune by.
@@ -120,8 +122,9 @@ class Target:
     def dump_key(self, crashed_at: float, dump_id: str, suffix: str, host: str | None = None) -> str:
         return self.day_prefix(host or self.host, crash_day(crashed_at)) + dump_id + suffix
 
-    def budget_slot(self, signature_key: str, day: str, slot: int) -> str:
-        return self.key(BUDGET, signature_key, day, str(slot), layout=V1)
+    def budget_slot(self, signature_key: str, day: str, slot: int, pool: str = "") -> str:
+        """A slot of the fleet's pool, or of `pool` (root, or user/HOST-UID)."""
+        return self.key(BUDGET, signature_key, day, pool, str(slot), layout=V1)
 
 
 HOST_NAME = re.compile(r"[A-Za-z0-9._-]+")

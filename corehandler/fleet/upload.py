@@ -5,7 +5,8 @@ uploading | done | failed, attempts, next attempt, last error and its reason). T
 it is indexed; the uploader, a thread of the daemon with its own connection, sends the oldest due one:
 
   1. the fleet budget (if configured): claim one of N slots for the dump's signature and crash day with a
-     conditional create; none left means the dump's core stays home and only its sidecar goes up;
+     conditional create, per uid before global (_claim); none left means the dump's core stays home and
+     only its sidecar goes up;
   2. the core, by transfer.py (multipart past one part, each part hashed once and checked by the server
      against that SHA-256; encrypted to [upload] recipients as it is read when there are some), unless an
      attempt a kill interrupted already sent it (the row's note of the verified core, or, on a retry, a HEAD
@@ -395,9 +396,10 @@ class Uploader(Quiet):
             raise
 
     def _claim(self, dump, signature: str) -> str:
-        """One of fleet_budget slots for this signature and crash day, or KEPT_BACK when all are taken."""
-        from botocore.exceptions import ClientError
-
+        """A slot of the fleet budget for this signature and crash day, or KEPT_BACK. Per uid before global:
+        root's crashes (uid 0) claim from a pool of fleet_budget of their own, so no user's crashes refuse
+        them; any other crash first claims one of its user's share on this host (fleet_budget_per_uid), then
+        one of the fleet's fleet_budget, so one user mimicking a signature spends at most that share of it."""
         if self._conditional_ok is None:
             self._conditional_ok = self._probe_conditional()
         if not self._conditional_ok:
@@ -405,8 +407,21 @@ class Uploader(Quiet):
         day = f"{bucket.crash_day(dump.crashed_at):%Y-%m-%d}"
         sig = signature_key(signature)
         mine = json.dumps({"host": self.target.host, "id": dump.id}, sort_keys=True).encode()
-        for slot in range(self.config.fleet_budget):
-            key = self.target.budget_slot(sig, day, slot)
+        budget = self.config.fleet_budget
+        if dump.uid == 0:
+            return self._claim_in(sig, day, "root", budget, mine)
+        share = self.config.fleet_budget_per_uid or max(1, budget // 2)
+        uid = dump.uid if isinstance(dump.uid, int) else "unknown"
+        if self._claim_in(sig, day, f"user/{self.target.host}-{uid}", share, mine) == KEPT_BACK:
+            return KEPT_BACK
+        return self._claim_in(sig, day, "", budget, mine)
+
+    def _claim_in(self, sig: str, day: str, pool: str, slots: int, mine: bytes) -> str:
+        """One of the slots of a pool (a conditional create each), or KEPT_BACK when all are taken."""
+        from botocore.exceptions import ClientError
+
+        for slot in range(slots):
+            key = self.target.budget_slot(sig, day, slot, pool)
             try:
                 self._client.put_object(Bucket=self.target.bucket, Key=key, Body=mine, IfNoneMatch="*")
                 return f"slot {slot}"
@@ -414,10 +429,13 @@ class Uploader(Quiet):
                 if e.response.get("Error", {}).get("Code") not in ("PreconditionFailed", "412",
                                                                     "ConditionalRequestConflict"):
                     raise
-            # Taken: by us, when a kill came between the claim and noting it?
-            body = self._client.get_object(Bucket=self.target.bucket, Key=key)["Body"].read()
-            if body == mine:
-                return f"slot {slot}"
+            # Taken: by us, when a kill came between the claim and noting it? (A slot is any host's object:
+            # no more than our own claim's length of it is read.)
+            try:
+                if bucket.read_bounded(self._client, self.target.bucket, key, len(mine)) == mine:
+                    return f"slot {slot}"
+            except bucket.ObjectTooLarge:
+                pass
         return KEPT_BACK
 
     def _probe_conditional(self) -> bool:

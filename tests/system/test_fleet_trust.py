@@ -173,3 +173,36 @@ def test_fleet_get_fetches_only_the_sidecars_own_core_and_stops_at_its_size(tmp_
     code, _, err = alpha.cli(capsys, "fleet", "get", bomb["id"], "-o", str(out))
     assert code != 0 and "more than the 4096" in err and not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no partial file
+
+
+def test_one_user_cannot_spend_a_signatures_fleet_budget(tmp_path, s3):
+    """Issue 34 LOW: per uid before global. A user crashing a process that mimics a signature takes at most
+    their share of its fleet budget (half of it by default); another user still gets a core; root's crashes
+    have a pool of their own that no user's crash takes."""
+    import time
+
+    from corehandler.config import UploadConfig
+    from corehandler.fleet import upload
+    from corehandler.store.index import Store
+    from support.fleethost import store_with_dump
+
+    bucket = s3.new_bucket()
+    creds = s3.credentials_file(tmp_path / "credentials")
+    client = s3.client()
+    now_us = int(time.time() * 1e6)
+
+    def crash(host: str, uid: int, n: int) -> str:
+        state = tmp_path / f"{host}-{n}"
+        dump_id = f"{now_us + n}-0123456789abcdef-{n}"
+        store_with_dump(state, dump_id, b"the same crash " * 100, uid=uid)
+        config = UploadConfig.model_validate({"url": f"s3://{bucket}/fleet", "endpoint": s3.endpoint, "host": host,
+                                              "credentials_file": str(creds), "fleet_budget": 2})
+        with Store(state) as store:
+            upload.Uploader(config, state, client_factory=lambda: client).step(store)
+            return store.db.execute("SELECT budget FROM uploads").fetchone()[0]
+
+    assert [crash("alpha", 1000, n) for n in range(3)] == ["slot 0", "kept_back", "kept_back"]  # the mimic
+    assert crash("alpha", 1001, 3) == "slot 1"   # another user of that host: the fleet's second slot
+    assert crash("beta", 1002, 4) == "kept_back"  # the fleet's budget is still one budget
+    assert crash("beta", 0, 5) == "slot 0"        # root's own pool
+    assert crash("alpha", 0, 6) == "slot 1"
