@@ -187,27 +187,28 @@ def run_info(args: argparse.Namespace) -> int:
         emit(args, sc, "")
         return 0
     r = reader.row(sc)
-    core = sc.get("core")
-    # A sidecar is any host's word, and its names a crashed process's: every value escaped (printable.py).
+    # A sidecar is any host's word, and its names a crashed process's: every value escaped (printable.py),
+    # every size and shape taken only as the index row types it (dataset.row).
     lines = [f"ID:        {display(r['id'])}", f"Host:      {display(r['host'])}",
              f"Crashed:   {_when(r['crashed_at'])} UTC", f"Exe:       {display(r['exe']) or '-'}",
              f"Signal:    {display(r['signal'])}", f"Status:    {display(r['status'])}",
              f"Signature: {display(r['signature'])} ({display(sc.get('signature_source'))})",
-             "Core:      " + (f"s3://{target.bucket}/{display(core.get('key'))} ({human_size(core['bytes'])}, "
-                               f"{human_size(core['raw_bytes'] or 0)} decompressed)" if core else
+             "Core:      " + (f"s3://{target.bucket}/{display(sc['core'].get('key'))} "
+                               f"({human_size(r['core_bytes'] or 0)}, {human_size(r['raw_bytes'] or 0)} decompressed)"
+                               if r["core"] and isinstance(sc["core"], dict) else
                                f"none (budget: {display(sc.get('budget'))})"),
              f"Sidecar:   s3://{target.bucket}/{display(sc['_key'])}"]
-    if sc.get("sealed"):
-        sealed = sc["sealed"]
-        lines.append(f"Encrypted: age, to {len(sealed.get('recipients') or [])} recipient(s); sealed: "
-                     f"{', '.join(sealed.get('fields') or []) or 'nothing'} (--identity FILE shows them)")
-    threads = (sc.get("analysis") or {}).get("threads") or []
-    crashing = next((t for t in threads if t.get("crashing")), threads[0] if threads else None)
+    sealed = sc.get("sealed")
+    if isinstance(sealed, dict):
+        count = len(sealed["recipients"]) if isinstance(sealed.get("recipients"), list) else 0
+        fields = sealed["fields"] if isinstance(sealed.get("fields"), list) else []
+        lines.append(f"Encrypted: age, to {count} recipient(s); sealed: "
+                     f"{display(', '.join(map(str, fields))) or 'nothing'} (--identity FILE shows them)")
+    crashing, frames = dataset.crashing_frames(sc)
     if crashing:
         lines.append(f"Stack of thread {display(crashing.get('tid'))} (docs/analysis.md):")
         lines += [f"  #{display(f.get('index'))} {display(f.get('function')) or '??'} "
-                  f"({display(f.get('module')) or '?'}+{display(f.get('offset'))})"
-                  for f in crashing.get("frames") or []]
+                  f"({display(f.get('module')) or '?'}+{display(f.get('offset'))})" for f in frames]
     print("\n".join(lines))
     return 0
 
@@ -217,21 +218,21 @@ def run_get(args: argparse.Namespace) -> int:
     identities = seal.load_identities(args.identity) if args.identity else None
     client, target, _ = _open(args)
     sc = reader.find(client, target, args.id, args.host)
-    core = sc.get("core") or {}
+    r = reader.row(sc)  # sizes as the index types them: the sidecar is another host's word
     workdir = args.output.absolute().parent if args.output else None
     if args.mini:
         write_output(args.output, lambda out: reader.fetch_mini(client, target, sc, output=out, identities=identities))
-        print(f"wrote the mini core of {display(sc['id'])} from {display(sc['host'])} to {args.output or 'stdout'}",
+        print(f"wrote the mini core of {display(r['id'])} from {display(r['host'])} to {args.output or 'stdout'}",
               file=sys.stderr)
         return 0
 
     def write(out) -> None:
         # One bar over both steps: the download, then the decompression.
-        with Progress((core.get("bytes") or 0) + (core.get("raw_bytes") or 0), sc["id"]) as progress:
+        with Progress((r["core_bytes"] or 0) + (r["raw_bytes"] or 0), display(r["id"])) as progress:
             reader.fetch_core(client, target, sc, output=out, progress=progress, workdir=workdir,
                               identities=identities)
 
     write_output(args.output, write)
-    print(f"wrote {display(sc['id'])} from {display(sc['host'])} ({human_size(core.get('raw_bytes') or 0)}) to "
+    print(f"wrote {display(r['id'])} from {display(r['host'])} ({human_size(r['raw_bytes'] or 0)}) to "
           f"{args.output or 'stdout'}", file=sys.stderr)
     return 0

@@ -59,6 +59,7 @@ MAX_DAILY_BYTES = 2 << 30
 MAX_CHUNK_BYTES = 32 << 20    # one column chunk, decoded (16384 rows of 2 KiB)
 MAX_ROWS = 1 << 24
 MAX_TEXT = 16384              # characters of a string value the view shows
+MEMORY_LIMIT = "1GB"          # DuckDB's own, wherever it reads index files: past it a query fails cleanly
 DAILY_ROW_GROUP = 16384
 # part-NNNNN.parquet, the number as part_key writes it (wider once past 99999).
 PART_NAME = re.compile(r"part-([0-9]{5,9})\.parquet")
@@ -119,33 +120,58 @@ def _text(value) -> str | None:
 def _time(ts) -> datetime.datetime | None:
     if not isinstance(ts, (int, float)) or isinstance(ts, bool):
         return None
-    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc)
+    try:
+        return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc)
+    except (ValueError, OverflowError, OSError):  # past year 9999, NaN: no time
+        return None
 
 
 def _int(value) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """An int64 column's value, or None."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < 1 << 63
+    return value if ok else None
+
+
+def _int32(value) -> int | None:
+    return value if _int(value) is not None and -(1 << 31) <= value < 1 << 31 else None
+
+
+def _dict(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _list_of(value) -> list:
+    return value if isinstance(value, list) else []
+
+
+def crashing_frames(sc: dict) -> tuple[dict | None, list[dict]]:
+    """The crashing thread of a sidecar's analysis (else its first) and that thread's frames, whatever
+    shapes the sidecar gives them (another host wrote it): only dicts are kept."""
+    threads = [t for t in _list_of(_dict(sc.get("analysis")).get("threads")) if isinstance(t, dict)]
+    thread = next((t for t in threads if t.get("crashing")), threads[0] if threads else None)
+    return thread, [f for f in _list_of((thread or {}).get("frames")) if isinstance(f, dict)]
 
 
 def row(sc: dict, key: str) -> dict:
-    """A sidecar's index row (its plain fields only: what an encrypted sidecar shows too)."""
-    index = sc.get("index") or {}
-    core = sc.get("core") or None
-    analysis = sc.get("analysis") or {}
-    threads = analysis.get("threads") or []
-    crashing = next((t for t in threads if isinstance(t, dict) and t.get("crashing")), None)
-    frames = (crashing or {}).get("frames") or []
+    """A sidecar's index row (its plain fields only: what an encrypted sidecar shows too), each of the type
+    its column says or null, whatever the sidecar holds."""
+    index = _dict(sc.get("index"))
+    core = _dict(sc.get("core")) if sc.get("core") is not None else None
+    analysis = _dict(sc.get("analysis"))
+    thread, frames = crashing_frames(sc)
+    top = frames[0].get("function") if frames and thread and thread.get("crashing") else None
     return {
         "index_schema": INDEX_SCHEMA, "id": _text(sc.get("id")), "crashed_at": _time(sc.get("crashed_at")),
         "uploaded_at": _time(sc.get("uploaded_at")), "exe": _text(index.get("exe")),
-        "comm": _text(index.get("comm")), "signal": _int(index.get("signal")), "uid": _int(index.get("uid")),
+        "comm": _text(index.get("comm")), "signal": _int32(index.get("signal")), "uid": _int(index.get("uid")),
         "status": _text(index.get("status")), "signature": _text(sc.get("signature")),
         "signature_id": _text(analysis.get("signature_id")), "signature_source": _text(sc.get("signature_source")),
         "exact_key": _text(analysis.get("exact_key")), "analysis_state": _text(analysis.get("state")),
-        "top_function": _text(frames[0].get("function")) if frames and isinstance(frames[0], dict) else None,
+        "top_function": _text(top),
         "has_core": core is not None, "core_key": _text(core.get("key")) if core else None,
         "core_bytes": _int(core.get("bytes")) if core else None, "raw_bytes": _int(index.get("raw_bytes")),
         "encrypted": bool(sc.get("sealed")) or bool(core and core.get("encryption")),
-        "budget": _text(sc.get("budget")), "sidecar_key": _text(key), "sidecar_schema": _int(sc.get("schema")),
+        "budget": _text(sc.get("budget")), "sidecar_key": _text(key), "sidecar_schema": _int32(sc.get("schema")),
     }
 
 
@@ -211,6 +237,21 @@ def check_file(path, host: bool = False) -> None:
             if size > MAX_CHUNK_BYTES:
                 raise BadIndexFile(f"a column chunk ({group.column(c).path_in_schema}) decodes to {size} bytes, "
                                    f"more than {MAX_CHUNK_BYTES}")
+
+
+def scan(path, host: bool = False) -> None:
+    """Decodes every value of a file check_file passed, as the view will (strings cut, under DuckDB's memory
+    limit), so a damaged page is met here, named, and not in the middle of a user's query. duckdb.Error
+    for a file that does not read."""
+    import duckdb
+
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute(f"SET memory_limit = {quote(MEMORY_LIMIT)}")
+        con.execute(f"SELECT max(hash(COLUMNS(*))) FROM (SELECT {bounded_columns(host)} "
+                    f"FROM read_parquet({quote(str(path))}))").fetchall()
+    finally:
+        con.close()
 
 
 def bounded_columns(host: bool = True, exclude: str = "") -> str:
@@ -311,6 +352,7 @@ def merge(files: list[Path], out: Path) -> None:
     names = ", ".join(quote(str(p)) for p in files)
     con = duckdb.connect(":memory:")
     try:
+        con.execute(f"SET memory_limit = {quote(MEMORY_LIMIT)}")
         con.execute(
             f"COPY (SELECT {bounded_columns(exclude='dt')} FROM read_parquet([{names}], hive_partitioning = true, "
             "union_by_name = true, hive_types = {'dt': VARCHAR, 'host': VARCHAR}) ORDER BY host, id) "
@@ -349,6 +391,7 @@ def compact(client, target: Target, day: datetime.date, sse: dict | None = None,
                 try:
                     bucket.download(client, target.bucket, part, path, MAX_PART_BYTES)
                     check_file(path)
+                    scan(path)
                 except (bucket.ObjectTooLarge, NewerSchemaError, BadIndexFile) as e:
                     skipped.append(f"s3://{target.bucket}/{part}: {e}")
                     continue

@@ -37,7 +37,6 @@ from corehandler.fleet import bucket, dataset, reader
 from corehandler.fleet.bucket import Target
 
 MERGED = "merged"
-MEMORY_LIMIT = "1GB"  # DuckDB's own: a query past it fails cleanly
 MERGED_GRACE = 600  # s: a merged file no run has used for this long, and of parts since changed, is dropped
 
 LIST_SQL = """
@@ -69,7 +68,7 @@ class View:
         import duckdb
 
         con = duckdb.connect(":memory:")
-        con.execute(f"SET memory_limit = {dataset.quote(MEMORY_LIMIT)}")
+        con.execute(f"SET memory_limit = {dataset.quote(dataset.MEMORY_LIMIT)}")
         con.register("unindexed", dataset.table(self.rows, partitions=True))
         sources = ["SELECT * FROM unindexed"]
         if self.files:
@@ -187,6 +186,7 @@ def _problem(path: Path, daily: bool) -> str:
     """Why a local index file is left out of the view ("" if it is not), as it follows its key."""
     try:
         dataset.check_file(path, host=daily)
+        dataset.scan(path, host=daily)
     except (dataset.NewerSchemaError, dataset.BadIndexFile) as e:
         return f": {e}"
     except Exception as e:  # noqa: BLE001 (a damaged file is named and left out, not fatal)

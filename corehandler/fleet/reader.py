@@ -27,7 +27,7 @@ from typing import BinaryIO, Callable, Iterable
 from corehandler import boundedjson, paths
 from corehandler.analysis import minicore
 from corehandler.errors import CorehandlerError, NoMatchError
-from corehandler.fleet import bucket, seal
+from corehandler.fleet import bucket, dataset, seal
 from corehandler.fleet.bucket import BucketError, Target
 from corehandler.fleet.payload import SIDECAR_SCHEMA, Digester
 from corehandler.store import compress
@@ -253,14 +253,12 @@ def list_sidecars(client, target: Target, days: Iterable[datetime.date], only_ho
 
 
 def row(sc: dict) -> dict:
-    """A sidecar's list row."""
-    index = sc.get("index") or {}
-    core = sc.get("core")
-    return {"id": sc.get("id"), "host": sc.get("host"), "crashed_at": sc.get("crashed_at"),
-            "exe": index.get("exe"), "comm": index.get("comm"), "signal": index.get("signal"),
-            "status": index.get("status"), "signature": sc.get("signature"),
-            "core": core is not None, "core_bytes": core["bytes"] if core else None,
-            "raw_bytes": index.get("raw_bytes"), "budget": sc.get("budget"), "key": sc.get("_key")}
+    """A sidecar's list row, each value of its index column's type or None (dataset.row)."""
+    r = dataset.row(sc, sc.get("_key"))
+    return {"id": r["id"], "host": sc.get("host"), "crashed_at": r["crashed_at"].timestamp() if r["crashed_at"]
+            else None, "exe": r["exe"], "comm": r["comm"], "signal": r["signal"], "status": r["status"],
+            "signature": r["signature"], "core": r["has_core"], "core_bytes": r["core_bytes"],
+            "raw_bytes": r["raw_bytes"], "budget": r["budget"], "key": sc.get("_key")}
 
 
 def find(client, target: Target, dump_id: str, host: str | None = None) -> dict:
@@ -301,6 +299,8 @@ def fetch_core(client, target: Target, sc: dict, *, output: BinaryIO, progress: 
     output, checking the original bytes' size and SHA-256. Returns the size. progress(n) hears of the bytes
     downloaded, then of those decompressed."""
     core = sc.get("core")
+    if core and not isinstance(core, dict):
+        raise FleetCorruptError(f"{sc['_key']} gives its core as {type(core).__name__}, not an object")
     if not core:
         raise NoMatchError(f"{sc.get('id')} has no core in the bucket (budget: {sc.get('budget')}, "
                            f"upload.send: metadata?); its sidecar is all there is")
@@ -311,13 +311,16 @@ def fetch_core(client, target: Target, sc: dict, *, output: BinaryIO, progress: 
         raise FleetCorruptError(f"{sc['_key']} gives its core no size (raw_bytes {raw_bytes!r}): not fetched")
     encrypted = core.get("encryption") == "age"
     if encrypted and not identities:
-        raise seal.IdentityError(f"{where} is encrypted (age, to {', '.join(core.get('recipients') or ['?'])}): "
+        recipients = core.get("recipients")
+        raise seal.IdentityError(f"{where} is encrypted (age, to "
+                                 f"{', '.join(map(str, recipients)) if isinstance(recipients, list) else '?'}): "
                                  "pass --identity FILE")
     suffix = ".zst" if core.get("compression") == "zstd" else ".core"
     temps = []
     try:
         temps.append(_temp(workdir, suffix))
-        digester = Digester(core.get("part_size") or 1 << 62)
+        part_size = core.get("part_size")
+        digester = Digester(part_size if isinstance(part_size, int) and part_size > 0 else 1 << 62)
         with open(temps[-1], "wb") as f:
             resp = _call(client.get_object, Bucket=target.bucket, Key=core["key"])
             for chunk in resp["Body"].iter_chunks(CHUNK):
@@ -328,6 +331,8 @@ def fetch_core(client, target: Target, sc: dict, *, output: BinaryIO, progress: 
         got = digester.result()
         # Sidecars of 0.2 carry the full SHA-256 only; later ones the S3 checksum and its part size.
         want = core.get("checksum") or core.get("object_sha256")
+        if not isinstance(want, str):
+            raise FleetCorruptError(f"{sc['_key']} gives its core no checksum: not trusted")
         have = got.sha256 if "checksum" not in core else got.composite_b64 if "-" in want else got.full_b64
         if have != want:
             raise FleetCorruptError(f"{where} has checksum {have}, its sidecar says {want}: the object is corrupt")
@@ -367,6 +372,8 @@ def fetch_mini(client, target: Target, sc: dict, *, output: BinaryIO, identities
     """Downloads the dump's mini core (uploaded for every dump), checked against the sidecar's SHA-256 of the
     object, then decrypted with `identities` when it went up encrypted."""
     mini = sc.get("mini")
+    if mini and not isinstance(mini, dict):
+        raise FleetCorruptError(f"{sc['_key']} gives its mini core as {type(mini).__name__}, not an object")
     if not mini:
         raise NoMatchError(f"{sc.get('id')} has no mini core in the bucket (uploaded before mini cores existed, "
                            "or upload.send: metadata)")
