@@ -272,6 +272,20 @@ def part_number(key: str) -> int | None:
     return int(m[1]) if m else None
 
 
+def is_part(target: Target, day: datetime.date, key: str) -> bool:
+    """Whether key has the exact shape of a part of that day: INDEX/dt=DAY/host=HOST/part-N.parquet, nothing
+    between (a key another host made may hold `host=` twice, or more folders, to pass as someone else's)."""
+    host = bucket.host_of(key)
+    folder, _, name = key.rpartition("/")
+    return host is not None and folder + "/" == target.index_prefix(host, day) and part_number(name) is not None
+
+
+def day_parts(client, target: Target, day: datetime.date, host: str | None = None) -> list[tuple[str, str]]:
+    """(key, ETag) of the day's parts (of one host, if given), only those of the exact shape (is_part)."""
+    prefix = target.index_prefix(host, day) if host else target.index_day_prefix(day)
+    return [(k, e) for k, e in _list(client, target, prefix) if is_part(target, day, k)]
+
+
 def local_dir(state_dir: Path, target: Target) -> Path:
     """Where this host keeps the last part of each day it wrote to that bucket, prefix and host name."""
     name = hashlib.sha256(f"{target.bucket}\0{target.prefix}\0{target.host}".encode()).hexdigest()[:16]
@@ -296,8 +310,7 @@ def add(client, target: Target, day: datetime.date, new: dict, local: Path, sse:
         if len(rows) >= PART_ROWS:
             rows, n = [], n + 1
     else:
-        listed = (part_number(k) for k, _ in _list(client, target, target.index_prefix(target.host, day)))
-        n = max((x for x in listed if x is not None), default=-1) + 1
+        n = max((part_number(k) for k, _ in day_parts(client, target, day, target.host)), default=-1) + 1
     key = part_key(target, target.host, day, n)
     body = to_parquet(rows + [new])
     client.put_object(Bucket=target.bucket, Key=key, Body=body, ContentType="application/vnd.apache.parquet",
@@ -378,7 +391,7 @@ def compact(client, target: Target, day: datetime.date, sse: dict | None = None,
 
     skipped: list[str] = []
     for _ in range(attempts):
-        parts = [(k, e) for k, e in _list(client, target, target.index_day_prefix(day)) if bucket.host_of(k)]
+        parts = day_parts(client, target, day)
         if not parts:
             return None, 0, skipped
         key = daily_key(target, day, parts)
@@ -408,7 +421,7 @@ def compact(client, target: Target, day: datetime.date, sse: dict | None = None,
             with open(out, "rb") as body:
                 client.put_object(Bucket=target.bucket, Key=key, Body=body,
                                   ContentType="application/vnd.apache.parquet", **(sse or {}))
-        now = [(k, e) for k, e in _list(client, target, target.index_day_prefix(day)) if bucket.host_of(k)]
+        now = day_parts(client, target, day)
         if sorted(now) != sorted(parts):
             client.delete_object(Bucket=target.bucket, Key=key)  # a host wrote meanwhile: stale already
             continue

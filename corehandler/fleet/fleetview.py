@@ -90,8 +90,7 @@ def collect(client, target: Target, days: list[datetime.date], only_hosts=(), ca
     parts_dir = cache.parts_dir if cache else Path(view._tmp)
 
     def listing(day: datetime.date):
-        parts = reader.list_keys(client, target, target.index_day_prefix(day), ".parquet")
-        parts = [(k, e) for k, e in parts if bucket.host_of(k) and dataset.part_number(k) is not None]
+        parts = dataset.day_parts(client, target, day)
         # A compacted file stands for the day only under the digest of exactly the parts listed now.
         covering = dataset.daily_key(target, day, parts) if parts else None
         daily = [(k, e) for k, e in reader.list_keys(client, target, dataset.daily_prefix(target, day), ".parquet")
@@ -116,7 +115,8 @@ def collect(client, target: Target, days: list[datetime.date], only_hosts=(), ca
                           if h not in indexed and (not wanted or h in wanted)]
         v1 = [h for h in reader.hosts(client, target) if not wanted or h in wanted]
         uncovered += [target.v1_day_prefix(h, d) for h in v1 for d in days]
-        listed = [k for ks in pool.map(lambda p: reader.list_keys(client, target, p), uncovered) for k in ks]
+        listed = [k for ks in pool.map(lambda p: reader.list_keys(client, target, p, direct=True), uncovered)
+                  for k in ks]
 
         known = cache.parts([f[0] for f in files]) if cache else {}
 

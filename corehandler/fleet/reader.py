@@ -71,17 +71,19 @@ def day_hosts(client, target: Target, day: datetime.date) -> list[str]:
                   if n.startswith("host="))
 
 
-def list_keys(client, target: Target, prefix: str, suffix: str = bucket.SIDECAR_SUFFIX) -> list[tuple[str, str]]:
-    """(key, ETag) of every object under prefix whose name ends with suffix."""
+def list_keys(client, target: Target, prefix: str, suffix: str = bucket.SIDECAR_SUFFIX,
+              direct: bool = False) -> list[tuple[str, str]]:
+    """(key, ETag) of every object under prefix whose name ends with suffix; with direct, only those right in
+    prefix, not in a folder under it (where a key of another host's making may pass for a host's)."""
     pages = client.get_paginator("list_objects_v2").paginate(Bucket=target.bucket, Prefix=prefix)
     return [(o["Key"], o.get("ETag", "")) for page in _call(lambda: list(pages)) for o in page.get("Contents") or []
-            if o["Key"].endswith(suffix)]
+            if o["Key"].endswith(suffix) and not (direct and "/" in o["Key"][len(prefix):])]
 
 
 def sidecar_keys(client, target: Target, host: str, day: datetime.date) -> list[tuple[str, str]]:
     """(key, ETag) of every sidecar of a host's day, in either layout."""
-    return list_keys(client, target, target.day_prefix(host, day)) + \
-        list_keys(client, target, target.v1_day_prefix(host, day))
+    return list_keys(client, target, target.day_prefix(host, day), direct=True) + \
+        list_keys(client, target, target.v1_day_prefix(host, day), direct=True)
 
 
 class SkippedSidecar(FleetCorruptError):

@@ -85,6 +85,13 @@ def test_one_host_cannot_rewrite_the_days_view_and_bad_objects_are_named(tmp_pat
                  "mallory3": fleetbombs.wide_bomb(), "mallory4": b"PAR1 damaged"}
     for host, body in bad_parts.items():
         client.put_object(Bucket=bucket, Key=dataset.part_key(fleet, host, DAY, 0), Body=body)
+    # Keys that a policy confining mallory to `*/host=mallory/*` lets it write, under alpha's partitions.
+    nested = fleetbombs.rows("alpha", 3)
+    client.put_object(Bucket=bucket, Key=fleet.index_prefix("alpha", DAY) + "x/host=mallory/part-00001.parquet",
+                      Body=dataset.to_parquet(nested))
+    forged = sidecar("alpha", 60)
+    client.put_object(Bucket=bucket, Key=fleet.day_prefix("alpha", DAY) + f"x/host=mallory/{forged['id']}.json",
+                      Body=json.dumps(forged).encode())
     # Eve's sidecars (no index file: read as uncovered): one claiming to be alpha's, and bad ones.
     eve = fleet.day_prefix("eve", DAY)
     claimer = sidecar("alpha", 50)
@@ -107,7 +114,8 @@ def test_one_host_cannot_rewrite_the_days_view_and_bad_objects_are_named(tmp_pat
 
     code, rows, err = _list(alpha, capsys, "list")
     check(code, rows, err)
-    assert sorted(r["key"] for r in rows if r["host"] != "eve") == honest  # the forged compacted file unread
+    assert sorted(r["key"] for r in rows if r["host"] != "eve") == honest  # the forged compacted file unread,
+    # and the keys nested under alpha's partitions too
     assert [r["host"] for r in rows if r["id"] == claimer["id"]] == ["eve"]  # the key's host, not the claim
     assert "decodes to" in err and "column crashed_at is string" in err and "unknown: host" in err
     code, groups, err = _list(alpha, capsys, "list", "--group")
