@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import sqlite3
 import sys
 from pathlib import Path
 
 from corehandler.cli.common import emit, load, table, write_output
 from corehandler.cli.progress import Progress
-from corehandler.errors import NoMatchError, UsageError
+from corehandler.errors import CorehandlerError, NoMatchError, UsageError
 from corehandler.fleet import bucket, dataset, fleetview, reader, seal
 from corehandler.printable import display
 from corehandler.units import human_size
@@ -65,6 +66,19 @@ def register(commands) -> None:
                      "opens an encrypted core: one of [upload] recipients when it went up")
 
 
+def _escaped(handler):
+    """A verb whose errors name keys and values another host chose (a sidecar's core key, a skipped object):
+    its error line goes through the escaper too."""
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except CorehandlerError as e:
+            e.message = display(e.message)
+            raise
+    return run
+
+
 def _usage(args: argparse.Namespace) -> int:
     raise UsageError("fleet needs a verb: list, query, compact, info or get")
 
@@ -112,6 +126,7 @@ def _text(value) -> str:
     return "-" if value is None else display(str(value))
 
 
+@_escaped
 def run_list(args: argparse.Namespace) -> int:
     view, target, days = _view(args)
     try:
@@ -136,6 +151,7 @@ def run_list(args: argparse.Namespace) -> int:
     return 0
 
 
+@_escaped
 def run_query(args: argparse.Namespace) -> int:
     import duckdb
 
@@ -152,6 +168,7 @@ def run_query(args: argparse.Namespace) -> int:
     return 0
 
 
+@_escaped
 def run_compact(args: argparse.Namespace) -> int:
     client, target, upload = _open(args)
     sse = bucket.sse_args(upload)
@@ -177,6 +194,7 @@ def _cache(target, endpoint: str, state_dir: Path) -> "reader.SidecarCache | Non
         return None
 
 
+@_escaped
 def run_info(args: argparse.Namespace) -> int:
     identities = seal.load_identities(args.identity) if args.identity else None
     client, target, _ = _open(args)
@@ -213,6 +231,7 @@ def run_info(args: argparse.Namespace) -> int:
     return 0
 
 
+@_escaped
 def run_get(args: argparse.Namespace) -> int:
     # Before anything is written: a missing or unreadable identity leaves no file behind.
     identities = seal.load_identities(args.identity) if args.identity else None
