@@ -146,15 +146,19 @@ def collect(client, target: Target, days: list[datetime.date], only_hosts=(), ca
         def judge(items: list) -> None:
             """Fetches those files and sorts each into the view, the day's merge, or the skipped."""
             fetched = {r[0]: r for r in pool.map(fetch, items) if r}
-            for key, etag, day, host in items:
-                if key in fetched and not fetched[key][1]:
-                    fallback.append(day)  # a compacted file gone since the listing
-                    continue
+            gone = [i for i in items if i[0] in fetched and not fetched[i[0]][1]]
+            fallback.extend(day for _, _, day, _ in gone)  # a compacted file gone since the listing
+            items = [i for i in items if i not in gone]
+
+            def outcome(item) -> str:
+                key, _, day, host = item
                 _, schema, problem = known.get(key, ("", None, None))
                 if key in fetched and fetched[key][2]:
-                    problem = fetched[key][2]
-                elif key in fetched or schema != dataset.INDEX_SCHEMA or problem is None:
-                    problem = _problem(local(key, day, host), daily=host is None)
+                    return fetched[key][2]
+                if key in fetched or schema != dataset.INDEX_SCHEMA or problem is None:
+                    return _problem(local(key, day, host), daily=host is None)  # in the pool: DuckDB scans
+                return problem
+            for (key, etag, day, host), problem in zip(items, pool.map(outcome, items)):
                 checked.append((key, etag, dataset.INDEX_SCHEMA, problem))
                 if problem:
                     view.skipped.append(f"s3://{target.bucket}/{key}{problem}"
