@@ -168,14 +168,23 @@ def read_bounded(client, bucket: str, key: str, limit: int) -> bytes:
 
 def download(client, bucket: str, key: str, path, limit: int, chunk: int = 8 << 20) -> None:
     """An object into a local file, never more than limit bytes (checked before and while reading)."""
+    with open(path, "wb") as f:
+        download_to(client, bucket, key, f, limit, chunk=chunk)
+
+
+def download_to(client, bucket: str, key: str, out, limit: int, *, chunk: int = 8 << 20, each=None) -> int:
+    """An object written to out, never more than limit bytes; each(chunk) hears of every chunk. Its size."""
     body = _sized(client, bucket, key, limit)["Body"]
     total = 0
-    with body, open(path, "wb") as f:
+    with body:
         for part in body.iter_chunks(chunk):
             total += len(part)
             if total > limit:
                 raise ObjectTooLarge(f"s3://{bucket}/{key} is more than the {limit} bytes it may have")
-            f.write(part)
+            out.write(part)
+            if each:
+                each(part)
+    return total
 
 
 def crash_day(crashed_at: float) -> datetime.date:

@@ -323,13 +323,19 @@ def fetch_core(client, target: Target, sc: dict, *, output: BinaryIO, progress: 
         temps.append(_temp(workdir, suffix))
         part_size = core.get("part_size")
         digester = Digester(part_size if isinstance(part_size, int) and part_size > 0 else 1 << 62)
+        size = core.get("bytes")
+        if not isinstance(size, int) or size < 0:
+            raise FleetCorruptError(f"{sc['_key']} gives its core no size (bytes {size!r}): not fetched")
+
+        def seen(chunk: bytes) -> None:
+            digester.update(chunk)
+            if progress:
+                progress(len(chunk))
         with open(temps[-1], "wb") as f:
-            resp = _call(client.get_object, Bucket=target.bucket, Key=core["key"])
-            for chunk in resp["Body"].iter_chunks(CHUNK):
-                digester.update(chunk)
-                f.write(chunk)
-                if progress:
-                    progress(len(chunk))
+            try:  # the object is the size its sidecar says, or it is not downloaded past that
+                _call(bucket.download_to, client, target.bucket, core["key"], f, size, chunk=CHUNK, each=seen)
+            except bucket.ObjectTooLarge as e:
+                raise FleetCorruptError(f"{e.message}: its sidecar says {size}") from None
         got = digester.result()
         # Sidecars of 0.2 carry the full SHA-256 only; later ones the S3 checksum and its part size.
         want = core.get("checksum") or core.get("object_sha256")

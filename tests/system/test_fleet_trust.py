@@ -181,6 +181,13 @@ def test_fleet_get_fetches_only_the_sidecars_own_core_and_stops_at_its_size(tmp_
     code, _, err = alpha.cli(capsys, "fleet", "get", bomb["id"], "-o", str(out))
     assert code != 0 and "more than the 4096" in err and not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no partial file
+    # An object bigger than its sidecar says is refused before its body is read.
+    short = sidecar("alpha", 4)
+    short["core"] = dict(bomb["core"], key=fleet.day_prefix("alpha", DAY) + short["id"] + ".zst", bytes=10)
+    client.put_object(Bucket=bucket, Key=short["core"]["key"], Body=body)
+    put_sidecar(client, fleet, short)
+    code, _, err = alpha.cli(capsys, "fleet", "get", short["id"], "-o", str(out))
+    assert code != 0 and "bytes, more than the 10 it may have" in err and not out.exists()
 
 
 def test_one_user_cannot_spend_a_signatures_fleet_budget(tmp_path, s3):
