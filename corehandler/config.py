@@ -297,6 +297,9 @@ class UploadConfig(_Section):
                                                 "default key")
     fleet_budget: Count = Field(0, description="full cores per signature per day across the fleet (the rest "
                                                "send the sidecar only); 0 = no budget")
+    fleet_budget_per_uid: Count = Field(0, description="of those, the most one user of one host may take (root's "
+                                                       "crashes have fleet_budget of their own); 0 = half of "
+                                                       "fleet_budget, at least 1")
     retry_initial: Duration(0.01, 3600) = Field(2.0, description="first retry delay after a failed upload "
                                                 "(doubles each attempt, with jitter)")
     retry_max: Duration(1, 86400) = Field(600.0, description="longest retry delay")

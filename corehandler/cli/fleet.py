@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import sqlite3
 import sys
 from pathlib import Path
 
 from corehandler.cli.common import emit, load, table, write_output
 from corehandler.cli.progress import Progress
-from corehandler.errors import NoMatchError, UsageError
+from corehandler.errors import CorehandlerError, NoMatchError, UsageError
 from corehandler.fleet import bucket, dataset, fleetview, reader, report, seal
 from corehandler.printable import display
 from corehandler.units import human_size
@@ -75,6 +76,19 @@ def register(commands) -> None:
                      "opens an encrypted core: one of [upload] recipients when it went up")
 
 
+def _escaped(handler):
+    """A verb whose errors name keys and values another host chose (a sidecar's core key, a skipped object):
+    its error line goes through the escaper too."""
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except CorehandlerError as e:
+            e.message = display(e.message)
+            raise
+    return run
+
+
 def _usage(args: argparse.Namespace) -> int:
     raise UsageError("fleet needs a verb: list, query, report, compact, info or get")
 
@@ -122,6 +136,7 @@ def _text(value) -> str:
     return "-" if value is None else display(str(value))
 
 
+@_escaped
 def run_list(args: argparse.Namespace) -> int:
     view, target, days = _view(args)
     try:
@@ -146,6 +161,7 @@ def run_list(args: argparse.Namespace) -> int:
     return 0
 
 
+@_escaped
 def run_query(args: argparse.Namespace) -> int:
     import duckdb
 
@@ -162,6 +178,7 @@ def run_query(args: argparse.Namespace) -> int:
     return 0
 
 
+@_escaped
 def run_report(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise UsageError("--top must be at least 1")
@@ -179,16 +196,19 @@ def run_report(args: argparse.Namespace) -> int:
     return 0
 
 
+@_escaped
 def run_compact(args: argparse.Namespace) -> int:
     client, target, upload = _open(args)
     sse = bucket.sse_args(upload)
     done = []
     for day in _days(args):
         try:
-            key, count = dataset.compact(client, target, day, sse)
+            key, count, skipped = dataset.compact(client, target, day, sse)
         except Exception as e:
             raise bucket.classify(e) from e
-        done.append({"day": str(day), "key": key, "rows": count})
+        for why in skipped:
+            print(f"corehandler: skipped {display(why)}", file=sys.stderr)
+        done.append({"day": str(day), "key": key, "rows": count, "skipped": len(skipped)})
     emit(args, done, "\n".join(f"{d['day']}: " + (f"{d['rows']} rows in s3://{target.bucket}/{d['key']}"
                                                     if d["key"] else "no index files") for d in done))
     return 0
@@ -202,6 +222,7 @@ def _cache(target, endpoint: str, state_dir: Path) -> "reader.SidecarCache | Non
         return None
 
 
+@_escaped
 def run_info(args: argparse.Namespace) -> int:
     identities = seal.load_identities(args.identity) if args.identity else None
     client, target, _ = _open(args)
@@ -212,51 +233,53 @@ def run_info(args: argparse.Namespace) -> int:
         emit(args, sc, "")
         return 0
     r = reader.row(sc)
-    core = sc.get("core")
-    # A sidecar is any host's word, and its names a crashed process's: every value escaped (printable.py).
+    # A sidecar is any host's word, and its names a crashed process's: every value escaped (printable.py),
+    # every size and shape taken only as the index row types it (dataset.row).
     lines = [f"ID:        {display(r['id'])}", f"Host:      {display(r['host'])}",
              f"Crashed:   {_when(r['crashed_at'])} UTC", f"Exe:       {display(r['exe']) or '-'}",
              f"Signal:    {display(r['signal'])}", f"Status:    {display(r['status'])}",
              f"Signature: {display(r['signature'])} ({display(sc.get('signature_source'))})",
-             "Core:      " + (f"s3://{target.bucket}/{display(core.get('key'))} ({human_size(core['bytes'])}, "
-                               f"{human_size(core['raw_bytes'] or 0)} decompressed)" if core else
+             "Core:      " + (f"s3://{target.bucket}/{display(sc['core'].get('key'))} "
+                               f"({human_size(r['core_bytes'] or 0)}, {human_size(r['raw_bytes'] or 0)} decompressed)"
+                               if r["core"] and isinstance(sc["core"], dict) else
                                f"none (budget: {display(sc.get('budget'))})"),
              f"Sidecar:   s3://{target.bucket}/{display(sc['_key'])}"]
-    if sc.get("sealed"):
-        sealed = sc["sealed"]
-        lines.append(f"Encrypted: age, to {len(sealed.get('recipients') or [])} recipient(s); sealed: "
-                     f"{', '.join(sealed.get('fields') or []) or 'nothing'} (--identity FILE shows them)")
-    threads = (sc.get("analysis") or {}).get("threads") or []
-    crashing = next((t for t in threads if t.get("crashing")), threads[0] if threads else None)
+    sealed = sc.get("sealed")
+    if isinstance(sealed, dict):
+        count = len(sealed["recipients"]) if isinstance(sealed.get("recipients"), list) else 0
+        fields = sealed["fields"] if isinstance(sealed.get("fields"), list) else []
+        lines.append(f"Encrypted: age, to {count} recipient(s); sealed: "
+                     f"{display(', '.join(map(str, fields))) or 'nothing'} (--identity FILE shows them)")
+    crashing, frames = dataset.crashing_frames(sc)
     if crashing:
         lines.append(f"Stack of thread {display(crashing.get('tid'))} (docs/analysis.md):")
         lines += [f"  #{display(f.get('index'))} {display(f.get('function')) or '??'} "
-                  f"({display(f.get('module')) or '?'}+{display(f.get('offset'))})"
-                  for f in crashing.get("frames") or []]
+                  f"({display(f.get('module')) or '?'}+{display(f.get('offset'))})" for f in frames]
     print("\n".join(lines))
     return 0
 
 
+@_escaped
 def run_get(args: argparse.Namespace) -> int:
     # Before anything is written: a missing or unreadable identity leaves no file behind.
     identities = seal.load_identities(args.identity) if args.identity else None
     client, target, _ = _open(args)
     sc = reader.find(client, target, args.id, args.host)
-    core = sc.get("core") or {}
+    r = reader.row(sc)  # sizes as the index types them: the sidecar is another host's word
     workdir = args.output.absolute().parent if args.output else None
     if args.mini:
         write_output(args.output, lambda out: reader.fetch_mini(client, target, sc, output=out, identities=identities))
-        print(f"wrote the mini core of {display(sc['id'])} from {display(sc['host'])} to {args.output or 'stdout'}",
+        print(f"wrote the mini core of {display(r['id'])} from {display(r['host'])} to {args.output or 'stdout'}",
               file=sys.stderr)
         return 0
 
     def write(out) -> None:
         # One bar over both steps: the download, then the decompression.
-        with Progress((core.get("bytes") or 0) + (core.get("raw_bytes") or 0), sc["id"]) as progress:
+        with Progress((r["core_bytes"] or 0) + (r["raw_bytes"] or 0), display(r["id"])) as progress:
             reader.fetch_core(client, target, sc, output=out, progress=progress, workdir=workdir,
                               identities=identities)
 
     write_output(args.output, write)
-    print(f"wrote {display(sc['id'])} from {display(sc['host'])} ({human_size(core.get('raw_bytes') or 0)}) to "
+    print(f"wrote {display(r['id'])} from {display(r['host'])} ({human_size(r['raw_bytes'] or 0)}) to "
           f"{args.output or 'stdout'}", file=sys.stderr)
     return 0

@@ -8,6 +8,8 @@ Layout (docs/design.md, "Fleet"), under the URL's PREFIX:
   v2/daily/dt=YYYY-MM-DD/index-DIGEST.parquet           a day's index files compacted into one (dataset.py)
   v1/budget/SIG/DAY/0..N-1                  the fleet budget's slots, each claimed by one conditional create
                                             (where v1 hosts claim theirs too: one budget across an upgrade)
+  v1/budget/SIG/DAY/root/0..N-1             root's crashes' own slots, which no user's crash takes
+  v1/budget/SIG/DAY/user/HOST-UID/0..M-1    one user's share, claimed before a slot of the fleet's
   v1/HOST/YYYY/MM/DD/ID.{zst,core,json}     what hosts of corehandler 0.2 uploaded: still read
 The date is the crash's (UTC), so a dump retried across midnight keeps its key and its budget day; `dt=` and
 `host=` are Hive-style partitions, which engines prune by.
@@ -120,13 +122,69 @@ class Target:
     def dump_key(self, crashed_at: float, dump_id: str, suffix: str, host: str | None = None) -> str:
         return self.day_prefix(host or self.host, crash_day(crashed_at)) + dump_id + suffix
 
-    def budget_slot(self, signature_key: str, day: str, slot: int) -> str:
-        return self.key(BUDGET, signature_key, day, str(slot), layout=V1)
+    def budget_slot(self, signature_key: str, day: str, slot: int, pool: str = "") -> str:
+        """A slot of the fleet's pool, or of `pool` (root, or user/HOST-UID)."""
+        return self.key(BUDGET, signature_key, day, pool, str(slot), layout=V1)
+
+
+HOST_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def safe_host(name: str) -> str | None:
+    """name when it is one host_name() could have made (a key's segment another host chose), else None."""
+    return name if HOST_NAME.fullmatch(name) and name not in (".", "..") else None
 
 
 def host_of(key: str) -> str | None:
-    """The HOST of a v2 key (its `host=HOST` segment), or None."""
-    return next((p[len("host="):] for p in key.split("/") if p.startswith("host=")), None)
+    """The HOST of a v2 key (its first `host=HOST` segment, by the layout's pattern), or None."""
+    name = next((p[len("host="):] for p in key.split("/") if p.startswith("host=")), None)
+    return safe_host(name) if name is not None else None
+
+
+class ObjectTooLarge(CorehandlerError):
+    """An object bigger than what its reader accepts: left unread."""
+
+
+def _sized(client, bucket: str, key: str, limit: int):
+    """get_object's answer, refused before its body is read when the object is past limit bytes."""
+    resp = client.get_object(Bucket=bucket, Key=key)
+    size = resp.get("ContentLength")
+    if not isinstance(size, int) or size > limit:
+        resp["Body"].close()
+        raise ObjectTooLarge(f"s3://{bucket}/{key} is {size} bytes, more than the {limit} it may have")
+    return resp
+
+
+def read_bounded(client, bucket: str, key: str, limit: int) -> bytes:
+    """The body of a small object (a sidecar, a budget slot, a mini core), never more than limit bytes read:
+    another host chose its size."""
+    body = _sized(client, bucket, key, limit)["Body"]
+    with body:
+        data = body.read(limit + 1)
+    if len(data) > limit:
+        raise ObjectTooLarge(f"s3://{bucket}/{key} is more than the {limit} bytes it may have")
+    return data
+
+
+def download(client, bucket: str, key: str, path, limit: int, chunk: int = 8 << 20) -> None:
+    """An object into a local file, never more than limit bytes (checked before and while reading)."""
+    with open(path, "wb") as f:
+        download_to(client, bucket, key, f, limit, chunk=chunk)
+
+
+def download_to(client, bucket: str, key: str, out, limit: int, *, chunk: int = 8 << 20, each=None) -> int:
+    """An object written to out, never more than limit bytes; each(chunk) hears of every chunk. Its size."""
+    body = _sized(client, bucket, key, limit)["Body"]
+    total = 0
+    with body:
+        for part in body.iter_chunks(chunk):
+            total += len(part)
+            if total > limit:
+                raise ObjectTooLarge(f"s3://{bucket}/{key} is more than the {limit} bytes it may have")
+            out.write(part)
+            if each:
+                each(part)
+    return total
 
 
 def crash_day(crashed_at: float) -> datetime.date:

@@ -1,8 +1,9 @@
 """The fleet view: `fleet list`, `fleet list --group` and `fleet query SQL` on an embedded engine (DuckDB).
 
 One table, `dumps` (the index's columns, dataset.COLUMNS, plus dt and host), made of:
-- the Parquet index files of the days asked for (dataset.py): a day's compacted file when there is one, else
-  the hosts' part files, merged here into one local file of the day (DuckDB opening a file per host costs
+- the Parquet index files of the days asked for (dataset.py): a day's compacted file when one is named by
+  the digest of the day's listed parts (it provably covers them; any other is never read), else the hosts'
+  part files, merged here into one local file of the day (DuckDB opening a file per host costs
   more than the whole day's rows); downloaded once into the local cache by key and ETag (a file rewritten
   since is fetched again) and checked once at that ETag (schema, damage: the outcome is kept with it). The
   merged file is named by the digest of its parts' keys and ETags: while none changed, a later run reads it
@@ -10,10 +11,13 @@ One table, `dumps` (the index's columns, dataset.COLUMNS, plus dt and host), mad
 - rows made from the sidecars the index does not cover: v1 hosts (corehandler 0.2), and a host's day with
   objects but no index file yet (a host whose uploader was killed between sidecar and index, until it
   retries).
-A listing of the days costs one LIST per compacted day and three per other day (the compacted files', the
-index's, the day's host partitions), plus the v1 hosts' listings, a GET per index file not cached and a GET
-per uncovered sidecar not cached. Index files of a newer schema or damaged, and sidecars that are not JSON
-or of a newer schema, are skipped, each named (a cached file's reason is named again from the cache).
+A listing of the days costs two LISTs per compacted day (its compacted files', its parts') and three per
+other day (those and the day's host partitions), plus the v1 hosts' listings, a GET per index file not
+cached and a GET per uncovered sidecar not cached. Every file is size-capped before it is read and its
+footer checked (dataset.check_file) before DuckDB opens it; index files of a newer schema, damaged or past
+the bounds, and sidecars that are not UTF-8 JSON or of a newer schema, are skipped, each named (a cached
+file's reason is named again from the cache). A damaged compacted file falls back to the day's parts,
+saying so. A row's host is the one its key names, never what the object says.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import os
-import re
 import shutil
 import tempfile
 import threading
@@ -33,7 +36,6 @@ from pathlib import Path
 from corehandler.fleet import bucket, dataset, reader
 from corehandler.fleet.bucket import Target
 
-_SAFE = re.compile(r"[A-Za-z0-9._-]+")
 MERGED = "merged"
 MERGED_GRACE = 600  # s: a merged file no run has used for this long, and of parts since changed, is dropped
 
@@ -66,19 +68,16 @@ class View:
         import duckdb
 
         con = duckdb.connect(":memory:")
+        con.execute(f"SET memory_limit = {dataset.quote(dataset.MEMORY_LIMIT)}")
         con.register("unindexed", dataset.table(self.rows, partitions=True))
         sources = ["SELECT * FROM unindexed"]
         if self.files:
-            paths = ", ".join(_quote(str(p)) for p in self.files)
-            sources.insert(0, f"SELECT * FROM read_parquet([{paths}], hive_partitioning = true, "
-                              "union_by_name = true, hive_types = {'dt': VARCHAR})")
-        where = f" WHERE host IN ({', '.join(_quote(h) for h in self.hosts)})" if self.hosts else ""
+            paths = ", ".join(dataset.quote(str(p)) for p in self.files)
+            sources.insert(0, f"SELECT {dataset.bounded_columns()} FROM read_parquet([{paths}], "
+                              "hive_partitioning = true, union_by_name = true, hive_types = {'dt': VARCHAR})")
+        where = f" WHERE host IN ({', '.join(dataset.quote(h) for h in self.hosts)})" if self.hosts else ""
         con.execute(f"CREATE VIEW dumps AS SELECT * FROM ({' UNION ALL BY NAME '.join(sources)}){where}")
         return con
-
-
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
 
 
 def collect(client, target: Target, days: list[datetime.date], only_hosts=(), cache: reader.SidecarCache | None = None,
@@ -91,12 +90,12 @@ def collect(client, target: Target, days: list[datetime.date], only_hosts=(), ca
     parts_dir = cache.parts_dir if cache else Path(view._tmp)
 
     def listing(day: datetime.date):
-        # A compacted day is never stale (dataset.py): its file alone, nothing more to list.
-        daily = reader.list_keys(client, target, dataset.daily_prefix(target, day), ".parquet")
-        if daily:
-            return day, [], sorted(daily)[-1:], []
-        return (day, reader.list_keys(client, target, target.index_day_prefix(day), ".parquet"), [],
-                reader.day_hosts(client, target, day))
+        parts = dataset.day_parts(client, target, day)
+        # A compacted file stands for the day only under the digest of exactly the parts listed now.
+        covering = dataset.daily_key(target, day, parts) if parts else None
+        daily = [(k, e) for k, e in reader.list_keys(client, target, dataset.daily_prefix(target, day), ".parquet")
+                 if k == covering]
+        return day, parts, daily, reader.day_hosts(client, target, day)
 
     def local(key: str, day: datetime.date, host: str | None) -> Path:
         name = hashlib.sha256(key.encode()).hexdigest()[:32] + ".parquet"
@@ -108,56 +107,72 @@ def collect(client, target: Target, days: list[datetime.date], only_hosts=(), ca
         per_day = list(pool.map(listing, days))
         files, uncovered, parts_of = [], [], {}
         for day, keys, daily, day_hosts in per_day:
-            keys = [(k, e, bucket.host_of(k)) for k, e in keys if bucket.host_of(k)]
-            parts_of[day] = [(k, e, day, h) for k, e, h in keys
-                             if _SAFE.fullmatch(h) and h not in (".", "..") and (not wanted or h in wanted)]
+            keys = [(k, e, bucket.host_of(k)) for k, e in keys]
+            parts_of[day] = [(k, e, day, h) for k, e, h in keys if not wanted or h in wanted]
             files += [(k, e, day, None) for k, e in daily] or parts_of[day]
             indexed = {h for _, _, h in keys}
             uncovered += [target.day_prefix(h, day) for h in day_hosts
                           if h not in indexed and (not wanted or h in wanted)]
         v1 = [h for h in reader.hosts(client, target) if not wanted or h in wanted]
         uncovered += [target.v1_day_prefix(h, d) for h in v1 for d in days]
-        listed = [k for ks in pool.map(lambda p: reader.list_keys(client, target, p), uncovered) for k in ks]
+        listed = [k for ks in pool.map(lambda p: reader.list_keys(client, target, p, direct=True), uncovered)
+                  for k in ks]
 
         known = cache.parts([f[0] for f in files]) if cache else {}
 
-        def fetch(item) -> tuple[str, str] | None:
+        def fetch(item) -> tuple[str, str, str] | None:
             key, etag, day, host = item
             path = local(key, day, host)
             if known.get(key, ("",))[0] == etag and etag and path.exists():
                 return None
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
+            limit = dataset.MAX_PART_BYTES if host else dataset.MAX_DAILY_BYTES
             try:
-                body = reader._call(client.get_object, Bucket=target.bucket, Key=key)["Body"].read()
+                reader._call(bucket.download, client, target.bucket, key, tmp, limit)
+            except bucket.ObjectTooLarge as e:
+                tmp.unlink(missing_ok=True)
+                path.unlink(missing_ok=True)
+                return key, etag, f" {e.message.split(' ', 1)[1]}"
             except reader.BucketError:
+                tmp.unlink(missing_ok=True)
                 if host is None:  # a compaction of newer inputs replaced it since the listing: use the parts
-                    return key, ""
+                    return key, "", ""
                 raise
-            tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(body)
             os.replace(tmp, path)
-            return key, etag
-        fetched = list(pool.map(fetch, files))
-        gone = {r[0] for r in fetched if r and not r[1]}
-        if gone:
-            retry = [p for f in files if f[0] in gone for p in parts_of[f[2]]]
-            files = [f for f in files if f[0] not in gone] + retry
-            fetched += list(pool.map(fetch, retry))
-    fresh = {r[0] for r in fetched if r}
-    checked, merge = [], {}
-    for key, etag, day, host in files:
-        path = local(key, day, host)
-        _, schema, problem = known.get(key, ("", None, None))
-        if key in fresh or schema != dataset.INDEX_SCHEMA or problem is None:
-            problem = _problem(path)
-            checked.append((key, etag, dataset.INDEX_SCHEMA, problem))
-        if problem:
-            view.skipped.append(f"s3://{target.bucket}/{key}{problem}")
-        elif host is None:
-            view.files.append(path)
-            _prune(_merged_dir(parts_dir, day), None)  # compacted since: its merged file goes
-        else:
-            merge.setdefault(day, []).append((key, etag, host, path))
+            return key, etag, ""
+        checked, merge, fallback = [], {}, []
+
+        def judge(items: list) -> None:
+            """Fetches those files and sorts each into the view, the day's merge, or the skipped."""
+            fetched = {r[0]: r for r in pool.map(fetch, items) if r}
+            gone = [i for i in items if i[0] in fetched and not fetched[i[0]][1]]
+            fallback.extend(day for _, _, day, _ in gone)  # a compacted file gone since the listing
+            items = [i for i in items if i not in gone]
+
+            def outcome(item) -> str:
+                key, _, day, host = item
+                _, schema, problem = known.get(key, ("", None, None))
+                if key in fetched and fetched[key][2]:
+                    return fetched[key][2]
+                if key in fetched or schema != dataset.INDEX_SCHEMA or problem is None:
+                    return _problem(local(key, day, host), daily=host is None)  # in the pool: DuckDB scans
+                return problem
+            for (key, etag, day, host), problem in zip(items, pool.map(outcome, items)):
+                checked.append((key, etag, dataset.INDEX_SCHEMA, problem))
+                if problem:
+                    view.skipped.append(f"s3://{target.bucket}/{key}{problem}"
+                                        + ("; reading the day's parts instead" if host is None else ""))
+                    if host is None:
+                        fallback.append(day)
+                elif host is None:
+                    view.files.append(local(key, day, host))
+                    _prune(_merged_dir(parts_dir, day), None)  # compacted since: its merged file goes
+                else:
+                    merge.setdefault(day, []).append((key, etag, host, local(key, day, host)))
+        judge(files)
+        # A compacted file that is gone or unreadable: the day's parts instead, and the view says so.
+        judge([p for day in fallback for p in parts_of[day]])
     if cache:
         cache.put_parts([c for c in checked if c[1]])
     view.files += [_merged(parts_dir, day, parts) for day, parts in sorted(merge.items())]
@@ -165,17 +180,18 @@ def collect(client, target: Target, days: list[datetime.date], only_hosts=(), ca
     view.skipped += skipped
     for sc in sidecars:
         r = dataset.row(sc, sc["_key"])
-        day = bucket.crash_day(sc.get("crashed_at") or 0)
-        r.update(dt=f"{day:%Y-%m-%d}", host=dataset._text(sc.get("host")))
+        day = bucket.crash_day(r["crashed_at"].timestamp() if r["crashed_at"] else 0)
+        r.update(dt=f"{day:%Y-%m-%d}", host=sc["host"])
         view.rows.append(r)
     return view
 
 
-def _problem(path: Path) -> str:
+def _problem(path: Path, daily: bool) -> str:
     """Why a local index file is left out of the view ("" if it is not), as it follows its key."""
     try:
-        dataset.check_file(path)
-    except dataset.NewerSchemaError as e:
+        dataset.check_file(path, host=daily)
+        dataset.scan(path, host=daily)
+    except (dataset.NewerSchemaError, dataset.BadIndexFile) as e:
         return f": {e}"
     except Exception as e:  # noqa: BLE001 (a damaged file is named and left out, not fatal)
         return f" is not a Parquet index file: {e}"
@@ -186,8 +202,6 @@ def _merged(parts_dir: Path, day: datetime.date, parts: list[tuple[str, str, str
     """One local file of a day's checked part files (key, ETag, host, path), as a compacted day's file is
     (host a column), so a warm view opens one file for the day and not one per host. It is named by the
     parts' digest: while none changed, the last run's file is read again as it is."""
-    import duckdb
-
     folder = _merged_dir(parts_dir, day)
     path = folder / f"merged-{dataset.INDEX_SCHEMA}-{dataset.digest([(k, e) for k, e, _, _ in parts])}.parquet"
     if all(e for _, e, _, _ in parts) and path.exists():
@@ -195,13 +209,9 @@ def _merged(parts_dir: Path, day: datetime.date, parts: list[tuple[str, str, str
         return path
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = folder / f".{path.name}.{os.getpid()}.{threading.get_ident()}"
-    # DuckDB reads the parts as the view would (union_by_name, host from the path), so the merged file holds
-    # the same rows and types.
-    files = ", ".join(_quote(str(p)) for _, _, _, p in parts)
-    duckdb.connect(":memory:").execute(
-        f"COPY (SELECT * EXCLUDE (dt) FROM read_parquet([{files}], hive_partitioning = true, union_by_name = true, "
-        f"hive_types = {{'dt': VARCHAR, 'host': VARCHAR}})) TO {_quote(str(tmp))} "
-        "(FORMAT parquet, COMPRESSION zstd)")
+    # DuckDB reads the parts as the view would (host from the path), so the merged file holds the same rows
+    # and types, each string cut as the view cuts it.
+    dataset.merge([p for _, _, _, p in parts], tmp)
     os.replace(tmp, path)
     _prune(folder, path)
     return path

@@ -5,15 +5,18 @@ A sidecar exists only once its core is verified, so everything listed here can b
 prefix listing per host and day plus one GET per sidecar not yet in the local cache, the GETs in a bounded
 pool of threads: O(dumps) the first time, O(new dumps) after. The cache (SQLite, 0600: sidecars hold
 command lines) keys each sidecar by its key and ETag, so a rewritten one is read again; beside it, the
-Parquet index files the fleet view reads (fleetview.py). A sidecar that is not JSON or of a newer schema is
-skipped, its key named.
+Parquet index files the fleet view reads (fleetview.py).
+
+A sidecar is another host's word: read only up to MAX_SIDECAR_BYTES, one that is not UTF-8, not JSON (bounded
+in nesting, boundedjson.py) or of a newer schema is skipped, its key named; its host is the one its key names,
+whatever it says; the core and mini core it names are fetched only at its own key's folder and id, and a
+core is decompressed only up to the raw_bytes it claims.
 """
 
 from __future__ import annotations
 
 import datetime
 import hashlib
-import json
 import os
 import sqlite3
 import tempfile
@@ -21,15 +24,20 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable
 
-from corehandler import paths
+from corehandler import boundedjson, paths
+from corehandler.analysis import minicore
 from corehandler.errors import CorehandlerError, NoMatchError
-from corehandler.fleet import bucket, seal
+from corehandler.fleet import bucket, dataset, seal
 from corehandler.fleet.bucket import BucketError, Target
 from corehandler.fleet.payload import SIDECAR_SCHEMA, Digester
 from corehandler.store import compress
 
 WORKERS = 32
 CHUNK = 8 << 20
+MAX_SIDECAR_BYTES = 16 << 20   # a sidecar with every thread's frames is a few hundred KiB
+MAX_MINI_BYTES = 256 << 20
+CORE_SUFFIXES = (".zst", ".core", ".zst" + seal.SUFFIX, ".core" + seal.SUFFIX)
+MINI_SUFFIXES = (minicore.SUFFIX, minicore.SUFFIX + seal.SUFFIX)
 
 
 class FleetCorruptError(CorehandlerError):
@@ -63,32 +71,55 @@ def day_hosts(client, target: Target, day: datetime.date) -> list[str]:
                   if n.startswith("host="))
 
 
-def list_keys(client, target: Target, prefix: str, suffix: str = bucket.SIDECAR_SUFFIX) -> list[tuple[str, str]]:
-    """(key, ETag) of every object under prefix whose name ends with suffix."""
+def list_keys(client, target: Target, prefix: str, suffix: str = bucket.SIDECAR_SUFFIX,
+              direct: bool = False) -> list[tuple[str, str]]:
+    """(key, ETag) of every object under prefix whose name ends with suffix; with direct, only those right in
+    prefix, not in a folder under it (where a key of another host's making may pass for a host's)."""
     pages = client.get_paginator("list_objects_v2").paginate(Bucket=target.bucket, Prefix=prefix)
     return [(o["Key"], o.get("ETag", "")) for page in _call(lambda: list(pages)) for o in page.get("Contents") or []
-            if o["Key"].endswith(suffix)]
+            if o["Key"].endswith(suffix) and not (direct and "/" in o["Key"][len(prefix):])]
 
 
 def sidecar_keys(client, target: Target, host: str, day: datetime.date) -> list[tuple[str, str]]:
     """(key, ETag) of every sidecar of a host's day, in either layout."""
-    return list_keys(client, target, target.day_prefix(host, day)) + \
-        list_keys(client, target, target.v1_day_prefix(host, day))
-
-
-def read_sidecar(client, target: Target, key: str) -> dict:
-    return _parse(target, key, _call(client.get_object, Bucket=target.bucket, Key=key)["Body"].read())
+    return list_keys(client, target, target.day_prefix(host, day), direct=True) + \
+        list_keys(client, target, target.v1_day_prefix(host, day), direct=True)
 
 
 class SkippedSidecar(FleetCorruptError):
-    """A sidecar this corehandler cannot read (not JSON, a newer schema): named and skipped by listings."""
+    """A sidecar this corehandler cannot read (too big, not UTF-8, not JSON, a newer schema): named and
+    skipped by listings."""
+
+
+def _get_sidecar(client, target: Target, key: str) -> bytes:
+    try:
+        return _call(bucket.read_bounded, client, target.bucket, key, MAX_SIDECAR_BYTES)
+    except bucket.ObjectTooLarge as e:
+        raise SkippedSidecar(e.message) from None
+
+
+def read_sidecar(client, target: Target, key: str) -> dict:
+    return _parse(target, key, _get_sidecar(client, target, key))
+
+
+def key_host(target: Target, key: str) -> str | None:
+    """The host a sidecar's key names (v2: its host= segment; v1: the segment after v1/), by pattern."""
+    v1 = target.root(bucket.V1)
+    if key.startswith(v1):
+        return bucket.safe_host(key[len(v1):].split("/", 1)[0])
+    return bucket.host_of(key)
 
 
 def _parse(target: Target, key: str, body: bytes | str) -> dict:
     where = f"s3://{target.bucket}/{key}"
+    if isinstance(body, bytes):
+        try:
+            body = body.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise SkippedSidecar(f"{where} is not a JSON sidecar: not UTF-8 ({e.reason} at byte {e.start})") from None
     try:
-        data = json.loads(body)
-    except ValueError as e:
+        data = boundedjson.loads(body, max_bytes=MAX_SIDECAR_BYTES)
+    except boundedjson.BoundedJSONError as e:
         raise SkippedSidecar(f"{where} is not a JSON sidecar: {e}") from None
     if not isinstance(data, dict):
         raise SkippedSidecar(f"{where} is not a JSON sidecar: not an object")
@@ -96,6 +127,10 @@ def _parse(target: Target, key: str, body: bytes | str) -> dict:
     if not isinstance(schema, int) or schema > SIDECAR_SCHEMA:
         raise SkippedSidecar(f"{where} has sidecar schema {schema!r}, newer than this corehandler's "
                              f"({SIDECAR_SCHEMA})")
+    host = key_host(target, key)
+    if host is None:
+        raise SkippedSidecar(f"{where} is not under a host's prefix")
+    data["host"] = host
     data["_key"] = key
     return data
 
@@ -178,21 +213,33 @@ def read_sidecars(client, target: Target, listed: list[tuple[str, str]], workers
 
     def fetch(key_etag):
         key, etag = key_etag
-        body = _call(client.get_object, Bucket=target.bucket, Key=key)["Body"].read()
-        return key, etag, body.decode("utf-8", "replace")
+        try:
+            body = _get_sidecar(client, target, key)
+            return key, etag, body.decode("utf-8"), None
+        except SkippedSidecar as e:
+            return key, etag, None, e.message
+        except UnicodeDecodeError:
+            return key, etag, body, None  # _parse names it; not cached (the cache holds text)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         got = list(pool.map(fetch, fresh))
     if cache and got:
-        cache.put(got)
+        cache.put([(k, e, b) for k, e, b, _ in got if isinstance(b, str)])
     bodies = {k: b for k, (_, b) in cached.items()}
-    bodies.update((k, b) for k, _, b in got)
+    bodies.update((k, b) for k, _, b, _ in got)
+    problems = {k: p for k, _, _, p in got if p}
     sidecars, skipped = [], []
     for k, _ in listed:
         try:
+            if k in problems:
+                raise SkippedSidecar(problems[k])
             sidecars.append(_parse(target, k, bodies[k]))
         except SkippedSidecar as e:
             skipped.append(e.message)
-    return sorted(sidecars, key=lambda s: (s.get("crashed_at") or 0, s.get("id") or "")), skipped
+    return sorted(sidecars, key=lambda s: (_number(s.get("crashed_at")), str(s.get("id")))), skipped
+
+
+def _number(value) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
 def list_sidecars(client, target: Target, days: Iterable[datetime.date], only_hosts: Iterable[str] = (),
@@ -208,14 +255,12 @@ def list_sidecars(client, target: Target, days: Iterable[datetime.date], only_ho
 
 
 def row(sc: dict) -> dict:
-    """A sidecar's list row."""
-    index = sc.get("index") or {}
-    core = sc.get("core")
-    return {"id": sc.get("id"), "host": sc.get("host"), "crashed_at": sc.get("crashed_at"),
-            "exe": index.get("exe"), "comm": index.get("comm"), "signal": index.get("signal"),
-            "status": index.get("status"), "signature": sc.get("signature"),
-            "core": core is not None, "core_bytes": core["bytes"] if core else None,
-            "raw_bytes": index.get("raw_bytes"), "budget": sc.get("budget"), "key": sc.get("_key")}
+    """A sidecar's list row, each value of its index column's type or None (dataset.row)."""
+    r = dataset.row(sc, sc.get("_key"))
+    return {"id": r["id"], "host": sc.get("host"), "crashed_at": r["crashed_at"].timestamp() if r["crashed_at"]
+            else None, "exe": r["exe"], "comm": r["comm"], "signal": r["signal"], "status": r["status"],
+            "signature": r["signature"], "core": r["has_core"], "core_bytes": r["core_bytes"],
+            "raw_bytes": r["raw_bytes"], "budget": r["budget"], "key": sc.get("_key")}
 
 
 def find(client, target: Target, dump_id: str, host: str | None = None) -> dict:
@@ -256,29 +301,46 @@ def fetch_core(client, target: Target, sc: dict, *, output: BinaryIO, progress: 
     output, checking the original bytes' size and SHA-256. Returns the size. progress(n) hears of the bytes
     downloaded, then of those decompressed."""
     core = sc.get("core")
+    if core and not isinstance(core, dict):
+        raise FleetCorruptError(f"{sc['_key']} gives its core as {type(core).__name__}, not an object")
     if not core:
         raise NoMatchError(f"{sc.get('id')} has no core in the bucket (budget: {sc.get('budget')}, "
                            f"upload.send: metadata?); its sidecar is all there is")
-    where = f"s3://{target.bucket}/{core['key']}"
+    where = f"s3://{target.bucket}/{core.get('key')}"
+    _check_own(sc, core.get("key"), CORE_SUFFIXES, "core")
+    raw_bytes = core.get("raw_bytes")
+    if not isinstance(raw_bytes, int) or isinstance(raw_bytes, bool) or raw_bytes < 0:
+        raise FleetCorruptError(f"{sc['_key']} gives its core no size (raw_bytes {raw_bytes!r}): not fetched")
     encrypted = core.get("encryption") == "age"
     if encrypted and not identities:
-        raise seal.IdentityError(f"{where} is encrypted (age, to {', '.join(core.get('recipients') or ['?'])}): "
+        recipients = core.get("recipients")
+        raise seal.IdentityError(f"{where} is encrypted (age, to "
+                                 f"{', '.join(map(str, recipients)) if isinstance(recipients, list) else '?'}): "
                                  "pass --identity FILE")
     suffix = ".zst" if core.get("compression") == "zstd" else ".core"
     temps = []
     try:
         temps.append(_temp(workdir, suffix))
-        digester = Digester(core.get("part_size") or 1 << 62)
+        part_size = core.get("part_size")
+        digester = Digester(part_size if isinstance(part_size, int) and part_size > 0 else 1 << 62)
+        size = core.get("bytes")
+        if not isinstance(size, int) or size < 0:
+            raise FleetCorruptError(f"{sc['_key']} gives its core no size (bytes {size!r}): not fetched")
+
+        def seen(chunk: bytes) -> None:
+            digester.update(chunk)
+            if progress:
+                progress(len(chunk))
         with open(temps[-1], "wb") as f:
-            resp = _call(client.get_object, Bucket=target.bucket, Key=core["key"])
-            for chunk in resp["Body"].iter_chunks(CHUNK):
-                digester.update(chunk)
-                f.write(chunk)
-                if progress:
-                    progress(len(chunk))
+            try:  # the object is the size its sidecar says, or it is not downloaded past that
+                _call(bucket.download_to, client, target.bucket, core["key"], f, size, chunk=CHUNK, each=seen)
+            except bucket.ObjectTooLarge as e:
+                raise FleetCorruptError(f"{e.message}: its sidecar says {size}") from None
         got = digester.result()
         # Sidecars of 0.2 carry the full SHA-256 only; later ones the S3 checksum and its part size.
         want = core.get("checksum") or core.get("object_sha256")
+        if not isinstance(want, str):
+            raise FleetCorruptError(f"{sc['_key']} gives its core no checksum: not trusted")
         have = got.sha256 if "checksum" not in core else got.composite_b64 if "-" in want else got.full_b64
         if have != want:
             raise FleetCorruptError(f"{where} has checksum {have}, its sidecar says {want}: the object is corrupt")
@@ -287,7 +349,7 @@ def fetch_core(client, target: Target, sc: dict, *, output: BinaryIO, progress: 
             with open(temps[-1], "wb") as f:
                 seal.decrypt_file(temps[0], f, identities, what=where)
         try:
-            size, raw = compress.decompress_to(temps[-1], output, progress)
+            size, raw = compress.decompress_to(temps[-1], output, progress, limit=raw_bytes)
         except compress.VerifyError as e:
             raise FleetCorruptError(f"{where}: {e}") from None
         if size != core.get("raw_bytes") or (core.get("raw_sha256") and raw != core["raw_sha256"]):
@@ -297,6 +359,15 @@ def fetch_core(client, target: Target, sc: dict, *, output: BinaryIO, progress: 
     finally:
         for tmp in temps:
             os.unlink(tmp)
+
+
+def _check_own(sc: dict, key, suffixes: tuple[str, ...], what: str) -> None:
+    """A sidecar may name only its own dump's objects: beside it, named by the id its own key carries."""
+    folder, _, name = sc["_key"].rpartition("/")
+    dump_id = name[:-len(bucket.SIDECAR_SUFFIX)]
+    if key not in {f"{folder}/{dump_id}{suffix}" for suffix in suffixes}:
+        raise FleetCorruptError(f"{sc['_key']} names {what} {key!r}, not its own dump's "
+                                f"({folder}/{dump_id}{suffixes[0]}...): not fetched")
 
 
 def _temp(workdir: Path | None, suffix: str) -> Path:
@@ -309,13 +380,19 @@ def fetch_mini(client, target: Target, sc: dict, *, output: BinaryIO, identities
     """Downloads the dump's mini core (uploaded for every dump), checked against the sidecar's SHA-256 of the
     object, then decrypted with `identities` when it went up encrypted."""
     mini = sc.get("mini")
+    if mini and not isinstance(mini, dict):
+        raise FleetCorruptError(f"{sc['_key']} gives its mini core as {type(mini).__name__}, not an object")
     if not mini:
         raise NoMatchError(f"{sc.get('id')} has no mini core in the bucket (uploaded before mini cores existed, "
                            "or upload.send: metadata)")
-    where = f"s3://{target.bucket}/{mini['key']}"
+    where = f"s3://{target.bucket}/{mini.get('key')}"
+    _check_own(sc, mini.get("key"), MINI_SUFFIXES, "mini core")
     if mini.get("encryption") == "age" and not identities:
         raise seal.IdentityError(f"{where} is encrypted (age): pass --identity FILE")
-    data = _call(client.get_object, Bucket=target.bucket, Key=mini["key"])["Body"].read()
+    try:
+        data = _call(bucket.read_bounded, client, target.bucket, mini["key"], MAX_MINI_BYTES)
+    except bucket.ObjectTooLarge as e:
+        raise FleetCorruptError(e.message) from None
     if hashlib.sha256(data).hexdigest() != mini.get("sha256"):
         raise FleetCorruptError(f"{where} does not have the sha256 its sidecar says: the object is corrupt")
     if mini.get("encryption") == "age":

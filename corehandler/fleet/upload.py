@@ -5,13 +5,17 @@ uploading | done | failed, attempts, next attempt, last error and its reason). T
 it is indexed; the uploader, a thread of the daemon with its own connection, sends the oldest due one:
 
   1. the fleet budget (if configured): claim one of N slots for the dump's signature and crash day with a
-     conditional create; none left means the dump's core stays home and only its sidecar goes up;
+     conditional create, per uid before global (_claim); none left means the dump's core stays home and
+     only its sidecar goes up;
   2. the core, by transfer.py (multipart past one part, each part hashed once and checked by the server
      against that SHA-256; encrypted to [upload] recipients as it is read when there are some), unless an
      attempt a kill interrupted already sent it (the row's note of the verified core, or, on a retry, a HEAD
      matching the store's file); then HEAD: size and checksum must match what was sent, or the attempt fails;
   3. the sidecar: whoever sees it can trust the core it names;
-  4. its row in this host's Parquet index file of the crash's day (dataset.py), before the row is done.
+  4. its row in this host's Parquet index file of the crash's day (dataset.py), before the row is done; the
+     file's rows are kept in the state dir, never read back from the bucket.
+The uploader reads nothing another host could have written but a budget slot's first bytes (to know a slot
+of its own): what is in the bucket never decides what this host uploads or stops it.
 Every step is safe to redo, so a kill anywhere leaves the row pending (uploading rows go back to pending at
 start) and the next attempt finishes with exactly one core and one sidecar; multipart uploads a kill left
 behind under this host's prefix are aborted at start.
@@ -305,7 +309,7 @@ class Uploader(Quiet):
         pause(UPLOAD_ENV, "sidecar_sent")
         # Before the row is done: a dump this host finished is always in its day's index file.
         dataset.add(self._client, self.target, bucket.crash_day(dump.crashed_at), dataset.row(doc, sidecar_key),
-                    self._sse())
+                    dataset.local_dir(self.state_dir, self.target), self._sse())
         return sent + len(body), core["key"] if core else None, budget
 
     def _send_mini(self, store: Store, dump) -> dict | None:
@@ -396,9 +400,10 @@ class Uploader(Quiet):
             raise
 
     def _claim(self, dump, signature: str) -> str:
-        """One of fleet_budget slots for this signature and crash day, or KEPT_BACK when all are taken."""
-        from botocore.exceptions import ClientError
-
+        """A slot of the fleet budget for this signature and crash day, or KEPT_BACK. Per uid before global:
+        root's crashes (uid 0) claim from a pool of fleet_budget of their own, so no user's crashes refuse
+        them; any other crash first claims one of its user's share on this host (fleet_budget_per_uid), then
+        one of the fleet's fleet_budget, so one user mimicking a signature spends at most that share of it."""
         if self._conditional_ok is None:
             self._conditional_ok = self._probe_conditional()
         if not self._conditional_ok:
@@ -406,8 +411,21 @@ class Uploader(Quiet):
         day = f"{bucket.crash_day(dump.crashed_at):%Y-%m-%d}"
         sig = signature_key(signature)
         mine = json.dumps({"host": self.target.host, "id": dump.id}, sort_keys=True).encode()
-        for slot in range(self.config.fleet_budget):
-            key = self.target.budget_slot(sig, day, slot)
+        budget = self.config.fleet_budget
+        if dump.uid == 0:
+            return self._claim_in(sig, day, "root", budget, mine)
+        share = self.config.fleet_budget_per_uid or max(1, budget // 2)
+        uid = dump.uid if isinstance(dump.uid, int) else "unknown"
+        if self._claim_in(sig, day, f"user/{self.target.host}-{uid}", share, mine) == KEPT_BACK:
+            return KEPT_BACK
+        return self._claim_in(sig, day, "", budget, mine)
+
+    def _claim_in(self, sig: str, day: str, pool: str, slots: int, mine: bytes) -> str:
+        """One of the slots of a pool (a conditional create each), or KEPT_BACK when all are taken."""
+        from botocore.exceptions import ClientError
+
+        for slot in range(slots):
+            key = self.target.budget_slot(sig, day, slot, pool)
             try:
                 self._client.put_object(Bucket=self.target.bucket, Key=key, Body=mine, IfNoneMatch="*")
                 return f"slot {slot}"
@@ -415,10 +433,13 @@ class Uploader(Quiet):
                 if e.response.get("Error", {}).get("Code") not in ("PreconditionFailed", "412",
                                                                     "ConditionalRequestConflict"):
                     raise
-            # Taken: by us, when a kill came between the claim and noting it?
-            body = self._client.get_object(Bucket=self.target.bucket, Key=key)["Body"].read()
-            if body == mine:
-                return f"slot {slot}"
+            # Taken: by us, when a kill came between the claim and noting it? (A slot is any host's object:
+            # no more than our own claim's length of it is read.)
+            try:
+                if bucket.read_bounded(self._client, self.target.bucket, key, len(mine)) == mine:
+                    return f"slot {slot}"
+            except bucket.ObjectTooLarge:
+                pass
         return KEPT_BACK
 
     def _probe_conditional(self) -> bool:

@@ -196,7 +196,7 @@ def open_stored(path: Path, pace: Callable[[int], None] | None = None) -> Binary
 
 
 def _copy(path: Path, write: Callable[[bytes], object], progress: Callable[[int], None] | None = None,
-          pace: Callable[[int], None] | None = None) -> tuple[int, str]:
+          pace: Callable[[int], None] | None = None, limit: int | None = None) -> tuple[int, str]:
     digest = hashlib.sha256()
     total = 0
     try:
@@ -204,6 +204,8 @@ def _copy(path: Path, write: Callable[[bytes], object], progress: Callable[[int]
             while chunk := reader.read(CHUNK):
                 digest.update(chunk)
                 total += len(chunk)
+                if limit is not None and total > limit:
+                    raise VerifyError(f"{path.name} decompresses to more than the {limit} bytes expected")
                 write(chunk)
                 if progress:
                     progress(len(chunk))
@@ -240,15 +242,17 @@ def measure(path: Path) -> tuple[int, str]:
     return _copy(path, lambda chunk: None)
 
 
-def decompress_to(path: Path, out: BinaryIO, progress: Callable[[int], None] | None = None) -> tuple[int, str]:
-    """Writes the original bytes to out; a regular file gets holes where the dump has zero pages (cores are
-    often mostly zeros), which reads back identically. Returns size and sha256."""
+def decompress_to(path: Path, out: BinaryIO, progress: Callable[[int], None] | None = None,
+                  limit: int | None = None) -> tuple[int, str]:
+    """Writes the original bytes to out, VerifyError past limit bytes (a size another party gave: nothing
+    more is written); a regular file gets holes where the dump has zero pages (cores are often mostly
+    zeros), which reads back identically. Returns size and sha256."""
     fd = out.fileno()
     # Holes need seeks; with O_APPEND (`>>`) every write lands at the end, so a seek would lose the zeros.
     sparse = stat.S_ISREG(os.fstat(fd).st_mode) and out.seekable() and \
         not fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND
     if not sparse:
-        return _copy(path, out.write, progress)
+        return _copy(path, out.write, progress, limit=limit)
     start = out.tell()
 
     def write(chunk: bytes) -> None:
@@ -260,6 +264,6 @@ def decompress_to(path: Path, out: BinaryIO, progress: Callable[[int], None] | N
             else:
                 out.write(block)
 
-    result = _copy(path, write, progress)
+    result = _copy(path, write, progress, limit=limit)
     out.truncate(start + result[0])
     return result

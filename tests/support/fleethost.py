@@ -96,14 +96,16 @@ def dump_keys(s3, bucket: str, dump_id: str) -> list[str]:
     return [k for k in s3.keys(bucket, "fleet/v2/dt=") if dump_id in k and ".mini.core" not in k]
 
 
-def store_with_dump(state: Path, dump_id: str, payload: bytes) -> Path:
-    """A state dir whose store holds one dump (its core the zstd of payload), queued for upload; its file."""
+def store_with_dump(state: Path, dump_id: str, payload: bytes, **record) -> Path:
+    """A state dir whose store holds one dump (its core the zstd of payload; `record` adds to its spool
+    record, e.g. uid), queued for upload; its file."""
     import zstandard
 
     (state / "store").mkdir(parents=True)
     path = state / "store" / f"{dump_id}.zst"
     path.write_bytes(zstandard.ZstdCompressor().compress(payload))
-    record = {"id": dump_id, "signal": 6, "timestamp": time.time(), "proc": {"exe": "/usr/bin/x"}, "capture": {}}
+    record = {"id": dump_id, "signal": 6, "timestamp": time.time(), "proc": {"exe": "/usr/bin/x"}, "capture": {},
+              **record}
     with Store(state) as store:
         store.insert(row_from_record(record, status="ok", problem=None, path=f"{dump_id}.zst", raw_bytes=len(payload),
                                      stored_bytes=0, sha256=hashlib.sha256(payload).hexdigest()))

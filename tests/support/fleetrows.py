@@ -4,6 +4,8 @@ hosts' uploaders leave them: the sidecar, then the host's index part file of the
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 
 from corehandler.fleet import bucket, dataset
 
@@ -30,5 +32,12 @@ def put_sidecar(client, target: bucket.Target, sc: dict, *, v1: bool = False, in
     client.put_object(Bucket=target.bucket, Key=key, Body=json.dumps(sc).encode())
     if index and not v1:
         host_target = bucket.Target(target.bucket, target.prefix, sc["host"])
-        dataset.add(client, host_target, day, dataset.row(sc, key))
+        dataset.add(client, host_target, day, dataset.row(sc, key), local_state(client, host_target))
     return key
+
+
+def local_state(client, target: bucket.Target) -> Path:
+    """The host's local part state (dataset.local_dir), one per client: a test's bucket is new with its client."""
+    if not hasattr(client, "_fleetrows_state"):
+        client._fleetrows_state = tempfile.mkdtemp(prefix="fleetrows-")
+    return dataset.local_dir(Path(client._fleetrows_state), target)

@@ -160,15 +160,15 @@ def test_the_documented_schema_is_the_written_one():
     assert f"index schema {dataset.INDEX_SCHEMA}" in doc
 
 
-def test_a_compacted_day_stands_for_its_parts_and_a_late_row_makes_it_go(s3mock, tmp_path):
+def test_a_compacted_day_stands_for_its_parts_until_a_late_row(s3mock, tmp_path):
     target = bucket.Target("fleet-test", "p", "any")
     for host in ("alpha", "beta"):
         for n in range(3):
             put_sidecar(s3mock, target, sidecar(host, n))
-    key, count = dataset.compact(s3mock, target, DAY)
+    key, count, _ = dataset.compact(s3mock, target, DAY)
     assert count == 6 and key == dataset.daily_key(target, DAY, reader.list_keys(
         s3mock, target, target.index_day_prefix(DAY), ".parquet"))
-    assert dataset.compact(s3mock, target, DAY) == (key, 6)  # twice: the same file, nothing else
+    assert dataset.compact(s3mock, target, DAY) == (key, 6, [])  # twice: the same file, nothing else
     assert [k for k, _ in reader.list_keys(s3mock, target, dataset.daily_prefix(target, DAY), ".parquet")] == [key]
     view = fleetview.collect(s3mock, target, [DAY])
     assert [p.parents[1].name for p in view.files] == [dataset.DAILY]  # the compacted file, none of the parts
@@ -179,15 +179,16 @@ def test_a_compacted_day_stands_for_its_parts_and_a_late_row_makes_it_go(s3mock,
     rows, _ = view_rows(s3mock, target, hosts=("beta",))
     assert {r["host"] for r in rows} == {"beta"} and len(rows) == 3
 
-    # A late upload into that day: its uploader deletes the compacted file, the parts are read instead...
+    # A late upload into that day: the compacted file no longer covers the day's parts, which are read
+    # instead...
     put_sidecar(s3mock, target, sidecar("alpha", 9))
-    assert reader.list_keys(s3mock, target, dataset.daily_prefix(target, DAY), ".parquet") == []
+    assert [k for k, _ in reader.list_keys(s3mock, target, dataset.daily_prefix(target, DAY), ".parquet")] == [key]
     view = fleetview.collect(s3mock, target, [DAY])
     assert [p.parents[1].name for p in view.files] == [fleetview.MERGED]  # both parts, merged locally
     assert len(fleetview.rows(view.connect(), fleetview.LIST_SQL)[1]) == 7
     view.close()
     # ...until the next compaction.
-    new_key, count = dataset.compact(s3mock, target, DAY)
+    new_key, count, _ = dataset.compact(s3mock, target, DAY)
     assert count == 7 and new_key != key
     assert [k for k, _ in reader.list_keys(s3mock, target, dataset.daily_prefix(target, DAY), ".parquet")] == \
         [new_key]
@@ -206,7 +207,7 @@ def test_a_compaction_that_a_host_overtakes_leaves_no_stale_file(s3mock, monkeyp
             real_put(Bucket="fleet-test", Key=dataset.part_key(target, "beta", DAY, 0),
                      Body=dataset.to_parquet([dataset.row(sidecar("beta", 2), "k")]))
     monkeypatch.setattr(s3mock, "put_object", put_then_a_host_writes)
-    key, count = dataset.compact(s3mock, target, DAY)
+    key, count, _ = dataset.compact(s3mock, target, DAY)
     assert overtaken and key != overtaken[0] and count == 2  # the stale one deleted, the next attempt whole
     assert [k for k, _ in reader.list_keys(s3mock, target, dataset.daily_prefix(target, DAY), ".parquet")] == [key]
 

@@ -1,5 +1,7 @@
 """Fuzzing the parsers of what a crashing process controls: the spool record (JSON), the core's notes
-(NT_PRSTATUS, NT_PRPSINFO, NT_FILE, NT_SIGINFO), the package note, the module listing, the reason line.
+(NT_PRSTATUS, NT_PRPSINFO, NT_FILE, NT_SIGINFO), the package note, the module listing, the reason line; and
+of what another host of the fleet controls: a sidecar in the shared bucket (its index files:
+tests/system/test_fleet_fuzz.py, under a memory cap against the real S3 server).
 
 Each parser either answers or raises its module's own error type, never anything else, and each input is
 bounded in time (hypothesis's per-example deadline, generous for a loaded machine: the inputs are small, a
@@ -18,6 +20,7 @@ from hypothesis import strategies as st
 
 from corehandler import boundedjson, elfcore, spool
 from corehandler.analysis import coremodules, findings
+from corehandler.fleet import bucket, dataset, reader
 from corehandler.store.dumprow import row_from_record
 from corehandler.store.index import Store
 from support import synthcore
@@ -209,3 +212,60 @@ def test_siginfo_and_prstatus_notes(siginfo, prstatus, end, bits, machine):
     assert info.sp is None or isinstance(info.sp, int)
     line = reason.explain(info.signal, info.siginfo, info.sp, {info.pid})
     assert line is None or isinstance(line, str)
+
+
+SIDECAR_KEYS = ["schema", "id", "host", "crashed_at", "uploaded_at", "signature", "signature_source", "core",
+                "budget", "sha256", "index", "record", "analysis", "mini", "sealed"]
+NESTED_KEYS = {"core": ["key", "bytes", "raw_bytes", "raw_sha256", "checksum", "object_sha256", "part_size",
+                        "encryption", "recipients", "compression"],
+               "index": ["exe", "comm", "signal", "uid", "status", "raw_bytes"],
+               "analysis": ["state", "signature_id", "exact_key", "threads"]}
+FLEET = bucket.Target("fleet-test", "p", "any")
+SIDECAR_KEY = FLEET.day_prefix("alpha", bucket.id_day(ID)) + ID + ".json"
+
+
+@st.composite
+def sidecars(draw) -> dict:
+    sc = {"schema": 2, "id": ID}
+    sc.update(draw(st.dictionaries(st.sampled_from(SIDECAR_KEYS), json_values, max_size=6)))
+    for name, keys in NESTED_KEYS.items():
+        if draw(st.booleans()):
+            sc[name] = draw(st.dictionaries(st.sampled_from(keys), json_values, max_size=5))
+    if draw(st.booleans()):
+        sc.setdefault("analysis", {})
+        if isinstance(sc["analysis"], dict):
+            sc["analysis"]["threads"] = draw(st.lists(st.dictionaries(
+                st.sampled_from(["crashing", "tid", "frames"]), json_values | st.lists(json_values), max_size=3),
+                max_size=3))
+    return sc
+
+
+def _read_sidecar(body: bytes) -> None:
+    """A sidecar's bytes through every reader of one: skipped with its own error, or rows of the index's types."""
+    try:
+        sc = reader._parse(FLEET, SIDECAR_KEY, body)
+    except reader.SkippedSidecar as e:
+        assert SIDECAR_KEY in e.message
+        return
+    assert sc["host"] == "alpha"  # the key's, whatever it says
+    dataset.to_parquet([dataset.row(sc, SIDECAR_KEY)])
+    listed = reader.row(sc)
+    assert listed["core_bytes"] is None or isinstance(listed["core_bytes"], int)
+    dataset.crashing_frames(sc)
+
+
+@FUZZ
+@given(st.binary(max_size=4096))
+@example(b"\xff\xfe{}")
+@example(b"[" * 100_000)
+def test_sidecar_bytes(data):
+    _read_sidecar(data)
+
+
+@FUZZ
+@given(sidecars())
+@example({"schema": 2, "id": ID, "index": [1], "core": "k", "analysis": {"threads": [1, {"frames": "x"}]}})
+@example({"schema": 2, "id": ID, "crashed_at": 1e300, "core": {"bytes": 2**70}, "index": {"signal": 2**40}})
+@example({"schema": True, "id": ID, "host": "../beta"})
+def test_sidecar_fields(sc):
+    _read_sidecar(json.dumps(sc).encode())
