@@ -29,6 +29,10 @@ RATE_DIR = ".rate"
 RATE_WINDOW_SEC = 60
 # csplice counts socket peers it refused (not a task being dumped: nothing else is stored for them) here.
 REFUSED_FILE = ".refused"
+# csplice counts the crashes it shed past their user's budget here, a "<uid> <count>" line per user (uid -1: the
+# users past its 64 lines, and crashes without a uid).
+SHED_FILE = ".shed"
+_SHED_BYTES = 64 * 48
 # csplice creates .tmp.<id>.core and only then takes its lock: a file this young may not be locked yet.
 ORPHAN_MIN_AGE_SEC = 5.0
 # A .tmp.<id>.json never outlives csplice by more than the time to write it; older ones are leftovers.
@@ -169,6 +173,21 @@ def refused_count(spool_dir: Path) -> int:
     except (OSError, UnicodeDecodeError):
         return 0
     return int(text) if text.strip().isdigit() else 0
+
+
+def shed_counts(spool_dir: Path) -> dict[int, int]:
+    """Crashes csplice shed past their user's budget, per uid; {} when none were (or the file is unreadable)."""
+    try:
+        with open(spool_dir / SHED_FILE, "rb") as f:
+            text = f.read(_SHED_BYTES).decode("ascii", "replace")
+    except OSError:
+        return {}
+    counts: dict[int, int] = {}
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) == 2 and words[0].lstrip("-").isdigit() and words[1].isdigit():
+            counts[int(words[0])] = counts.get(int(words[0]), 0) + int(words[1])
+    return counts
 
 
 def find_orphans(spool_dir: Path, now: float | None = None, min_age: float = ORPHAN_MIN_AGE_SEC) -> list[Orphan]:
