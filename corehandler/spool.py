@@ -55,7 +55,8 @@ _SHAPE = {"schema": _INT, "id": _STR, "core": _STR, "pid": _INT, "tid": _INT, "u
           "comm": _STR, "boot_id": _STR, "specifiers": _DICT, "proc": _DICT, "capture": _DICT, "handler": _DICT,
           "errors": _LIST}
 _PROC_SHAPE = {"exe": _STR, "comm": _STR, "status": _STR, "cgroup": _STR, "cmdline": _LIST, "environ": _LIST,
-               "maps": _STR, "ns": _DICT, "container": _DICT, "truncated": _LIST}
+               "maps": _STR, "ns": _DICT, "container": _DICT, "userns_owner": _INT,
+               "truncated": _LIST}
 _CAPTURE_SHAPE = {"socket": _DICT, "truncated_reason": _STR, "dropped_reason": _STR, "error": _STR}
 
 

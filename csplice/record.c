@@ -99,6 +99,7 @@ static void write_proc(Json *j, const ProcInfo *p, const Settings *s) {
                 json_string(j, proc_ns_names[i], p->ns[i][0] ? p->ns[i] : NULL);
         json_end(j);
         write_container(j, &p->container);
+        json_number_or_null(j, "userns_owner", p->userns_owner_known ? (long long) p->userns_owner : -1);
         if (s->collect_environ) {
                 if (p->environ)
                         json_strv(j, "environ", p->environ, p->environ_len);

@@ -94,6 +94,7 @@ def check_record(rec: dict) -> None:
         _typed(ctr, "annotations", dict, "proc.container")
         for key, value in ctr["annotations"].items():
             _check(key in CONTAINER_ANNOTATIONS and isinstance(value, str), f"annotation {key!r}: {value!r}")
+    _typed(proc, "userns_owner", (int, type(None)), "proc")
     _typed(proc, "truncated", list, "proc")
     _check(set(proc["truncated"]) <= set(PROC_CAPS), f"proc.truncated {proc['truncated']!r}")
     if proc["available"]:
