@@ -141,9 +141,14 @@ class CaptureConfig(_Section):
     min_free: SizeOrPercent = Field(units.SizeOrPercent(percent=15.0), description="stop writing when the spool's"
                                     " filesystem has less free: a size or a percentage of it")
     max_pending: Count = Field(64, description="records waiting in the spool beyond which crashes are kept as "
-                                               "metadata only; 0 = no limit")
+                                               "metadata only, of all users but root (root has as many of its "
+                                               "own); twice as many and nothing is kept but a count; 0 = no limit")
+    max_pending_per_uid: Count = Field(16, description="the same per user: one user's records waiting in the "
+                                                       "spool beyond which their crashes are kept as metadata only,"
+                                                       " twice as many shed; 0 = max_pending")
     max_per_exe_per_minute: Count = Field(16, description="crashes of one executable by one user per minute that "
-                                                          "keep their core; 0 = no limit")
+                                                          "keep their core (twice as many keep a record); 0 = no "
+                                                          "limit")
     timeout: Duration(0, 7 * 86400) = Field(3600.0, description="longest capture before truncating, at most (a "
                                                                 "dump gets 60 s plus 1 s per 4 MiB it can hold); "
                                                                 "0 = none")

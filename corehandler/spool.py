@@ -29,6 +29,10 @@ RATE_DIR = ".rate"
 RATE_WINDOW_SEC = 60
 # csplice counts socket peers it refused (not a task being dumped: nothing else is stored for them) here.
 REFUSED_FILE = ".refused"
+# csplice counts the crashes it shed past their user's budget here, a "<uid> <count>" line per user (uid -1: the
+# users past its 64 lines, and crashes without a uid).
+SHED_FILE = ".shed"
+_SHED_BYTES = 64 * 48
 # csplice creates .tmp.<id>.core and only then takes its lock: a file this young may not be locked yet.
 ORPHAN_MIN_AGE_SEC = 5.0
 # A .tmp.<id>.json never outlives csplice by more than the time to write it; older ones are leftovers.
@@ -51,7 +55,8 @@ _SHAPE = {"schema": _INT, "id": _STR, "core": _STR, "pid": _INT, "tid": _INT, "u
           "comm": _STR, "boot_id": _STR, "specifiers": _DICT, "proc": _DICT, "capture": _DICT, "handler": _DICT,
           "errors": _LIST}
 _PROC_SHAPE = {"exe": _STR, "comm": _STR, "status": _STR, "cgroup": _STR, "cmdline": _LIST, "environ": _LIST,
-               "maps": _STR, "ns": _DICT, "container": _DICT, "truncated": _LIST}
+               "maps": _STR, "ns": _DICT, "container": _DICT, "userns_owner": _INT,
+               "truncated": _LIST}
 _CAPTURE_SHAPE = {"socket": _DICT, "truncated_reason": _STR, "dropped_reason": _STR, "error": _STR}
 
 
@@ -188,6 +193,21 @@ def stalled_captures(spool_dir: Path, timeout: float, now: float | None = None) 
         if m and now - int(m["usec"]) / 1e6 > timeout and not _unlocked(spool_dir / name):
             stalled.append(name[5:-5])
     return stalled
+
+
+def shed_counts(spool_dir: Path) -> dict[int, int]:
+    """Crashes csplice shed past their user's budget, per uid; {} when none were (or the file is unreadable)."""
+    try:
+        with open(spool_dir / SHED_FILE, "rb") as f:
+            text = f.read(_SHED_BYTES).decode("ascii", "replace")
+    except OSError:
+        return {}
+    counts: dict[int, int] = {}
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) == 2 and words[0].lstrip("-").isdigit() and words[1].isdigit():
+            counts[int(words[0])] = counts.get(int(words[0]), 0) + int(words[1])
+    return counts
 
 
 def find_orphans(spool_dir: Path, now: float | None = None, min_age: float = ORPHAN_MIN_AGE_SEC) -> list[Orphan]:

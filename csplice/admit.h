@@ -5,8 +5,8 @@
 
 #include "record.h"
 
-/* Admission: the reason to keep only metadata, or NULL to capture. Checked before the first byte is read (in
- * socket mode before the kernel writes it). */
+/* Admission: the reason to keep only metadata, or NULL to capture; c->shed set when not even the record fits
+ * its user's budget. Checked before the first byte is read (in socket mode before the kernel writes it). */
 const char *admit(Crash *c, int spool_fd);
 
 /* The capture's time limit in seconds (0: none). The configured timeout is the ceiling; below it a dump gets

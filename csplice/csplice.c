@@ -14,6 +14,7 @@
  *      or a socket peer that is not a task being dumped); nothing was stored
  *   73 the spool could not be opened or written: the dump was drained and lost, see the kernel log
  *   74 the record could not be committed
+ *   75 shed: the crash's user is past their budget (admit.c), nothing stored but a count in <spool>/.shed
  *
  * Run by hand with one option, it prints a table the control plane is checked against and exits:
  * --version, --list-specifiers (the argv it takes, optional ones in brackets), --list-strategies,
@@ -45,6 +46,7 @@
 #define EXIT_USAGE 64
 #define EXIT_CANTCREAT 73
 #define EXIT_IOERR 74
+#define EXIT_SHED 75
 
 static void on_alarm(int sig) {
         (void) sig;
@@ -291,6 +293,22 @@ static int commit(Crash *c, int spool_fd, int core_fd, SpoolRecord *record) {
         return 0;
 }
 
+/* A crash past its user's budget: counted, nothing else stored, and the process let go at once (closing the
+ * pipe ends the kernel's dump; in socket mode the kernel is told not to write it). */
+static int shed(Crash *c, int in_fd, int spool_fd) {
+        int r;
+
+        if (c->socket.handshake)
+                (void) socket_answer(in_fd, &c->socket, false);
+        (void) close(in_fd);
+        r = spool_count_shed(spool_fd, crash_arg_number(c, ARG_UID));
+        if (r < 0)
+                (void) log_errno(LOG_WARNING, r, "Failed to count the shed crash, ignoring: %m");
+        log_full(LOG_WARNING, "Crash of PID %s by UID %s shed (%s): its user is past the budget, nothing stored",
+                 c->argv[ARG_PID] ?: "?", c->argv[ARG_UID] ?: "?", c->dropped);
+        return EXIT_SHED;
+}
+
 int main(int argc, char *argv[]) {
         Crash c = {};
         SpoolRecord record = { .fd = -1 };
@@ -345,6 +363,8 @@ int main(int argc, char *argv[]) {
                 (void) log_errno(LOG_WARNING, r, "Failed to create the record file, trying again after the dump: %m");
 
         c.dropped = c.socket.error ? "socket_error" : admit(&c, spool_fd);
+        if (c.shed)
+                return shed(&c, in_fd, spool_fd);
         /* Socket mode answers the kernel now: a dropped dump is never written and its process is let go. */
         if (c.socket_mode && socket_answer(in_fd, &c.socket, !c.dropped) < 0 && !c.dropped)
                 c.dropped = "socket_error";

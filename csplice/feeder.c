@@ -19,6 +19,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -209,6 +210,9 @@ int main(int argc, char *argv[]) {
                 (void) close(p[0]);
                 out_fd = p[1];
         }
+        /* The kernel is not killed by a reader that closed the pipe (a shed crash): its write fails with EPIPE.
+         * Set after the fork, so csplice starts with the default disposition as the kernel starts it. */
+        (void) signal(SIGPIPE, SIG_IGN);
         if (pipe_size > 0)
                 (void) fcntl(out_fd, F_SETPIPE_SZ, (int) pipe_size);
 

@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/nsfs.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -104,6 +106,15 @@ const char *const proc_ns_names[PROC_NS_COUNT] = { "cgroup", "ipc", "mnt", "net"
 
 static void read_namespaces(ProcInfo *p, int dirfd) {
         char name[16];
+        int fd;
+
+        /* The user namespace's owner: a dump of a process in a user namespace is shown to the user who made it
+         * (corehandler/store/userview.py), not to whoever its uids map to. */
+        fd = openat(dirfd, "ns/user", O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+                p->userns_owner_known = ioctl(fd, NS_GET_OWNER_UID, &p->userns_owner) >= 0;
+                (void) close(fd);
+        }
 
         for (size_t i = 0; i < PROC_NS_COUNT; i++) {
                 ssize_t n;

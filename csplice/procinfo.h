@@ -27,6 +27,8 @@ typedef struct ProcInfo {
         char *maps;         /* only if collect_maps */
         char ns[PROC_NS_COUNT][48]; /* readlinks of /proc/PID/ns/<name> ("pid:[4026531836]"), "" if unreadable */
         Container container; /* the container it is in and its bundle's naming annotations (container.c) */
+        uid_t userns_owner;  /* who made its user namespace (NS_GET_OWNER_UID, as the initial one sees them) */
+        bool userns_owner_known;
         const char *truncated[6]; /* the files cut at their cap (procinfo.c), in reading order */
         unsigned n_truncated;
         unsigned long long start_ticks;

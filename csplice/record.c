@@ -99,6 +99,7 @@ static void write_proc(Json *j, const ProcInfo *p, const Settings *s) {
                 json_string(j, proc_ns_names[i], p->ns[i][0] ? p->ns[i] : NULL);
         json_end(j);
         write_container(j, &p->container);
+        json_number_or_null(j, "userns_owner", p->userns_owner_known ? (long long) p->userns_owner : -1);
         if (s->collect_environ) {
                 if (p->environ)
                         json_strv(j, "environ", p->environ, p->environ_len);
@@ -172,6 +173,9 @@ void record_write(const Crash *c, FILE *f) {
         json_begin(&j, NULL);
         json_u64(&j, "schema", RECORD_SCHEMA);
         json_string(&j, "id", c->id);
+        /* Right behind the id, within the record's first SPOOL_RECORD_HEAD bytes: admission counts each user's
+         * pending records by it (spool_count_pending) without parsing whole records. */
+        json_number_or_null(&j, "uid", crash_arg_number(c, ARG_UID));
         if (c->has_core) {
                 char name[SPOOL_ID_MAX + 8];
                 (void) snprintf(name, sizeof name, "%s.core", c->id);
@@ -186,7 +190,6 @@ void record_write(const Crash *c, FILE *f) {
 
         json_number_or_null(&j, "pid", crash_arg_number(c, ARG_PID));
         json_number_or_null(&j, "tid", crash_arg_number(c, ARG_TID_INITIAL));
-        json_number_or_null(&j, "uid", crash_arg_number(c, ARG_UID));
         json_number_or_null(&j, "gid", crash_arg_number(c, ARG_GID));
         json_number_or_null(&j, "signal", crash_arg_number(c, ARG_SIGNAL));
         json_number_or_null(&j, "timestamp", crash_arg_number(c, ARG_TIMESTAMP));

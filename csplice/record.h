@@ -41,6 +41,7 @@ typedef struct Crash {
         Capture capture;
         bool has_core;
         const char *dropped;       /* why the dump was dropped, or NULL */
+        bool shed;                 /* not even a record fits its user's budget (admit.c): nothing is stored */
         uint64_t started_ns;       /* CLOCK_REALTIME at csplice's start */
         uint64_t capture_begin_ns; /* CLOCK_MONOTONIC around the copy */
         uint64_t capture_end_ns;

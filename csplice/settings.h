@@ -40,6 +40,7 @@ typedef struct Settings {
         uint64_t direct_rate;      /* bytes/s the spool takes O_DIRECT: rw moves to direct when slower; 0: never */
         SizeOrPercent min_free;    /* free-space floor of the spool's filesystem */
         uint64_t max_pending;      /* records in the spool not yet ingested; 0: no limit */
+        uint64_t max_pending_per_uid; /* of those, one user's (admit.c); 0: max_pending */
         uint64_t max_per_exe_per_minute; /* 0: no limit */
         uint64_t timeout;          /* seconds, the whole capture; 0: none */
         bool fsync;

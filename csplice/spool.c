@@ -32,11 +32,33 @@ static bool is_committed_record(const char *name) {
         return name[0] != '.' && n > 5 && strcmp(name + n - 5, ".json") == 0;
 }
 
-int spool_count_pending(int dirfd, uint64_t limit) {
-        struct dirent *de;
-        DIR *d;
-        int fd, count = 0;
+/* The uid a committed record names in its head, -1 when it names none (or cannot be read). */
+static long long record_uid(int dirfd, const char *name) {
+        char head[SPOOL_RECORD_HEAD + 1];
+        const char *p;
+        ssize_t n;
+        int fd;
 
+        fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0)
+                return -1;
+        n = pread(fd, head, sizeof head - 1, 0);
+        (void) close(fd);
+        if (n <= 0)
+                return -1;
+        head[n] = '\0';
+        /* Only our own digits (schema, id) come before it: no string there can hold the key. */
+        p = strstr(head, "\"uid\":");
+        return p && p[6] >= '0' && p[6] <= '9' ? strtoll(p + 6, NULL, 10) : -1;
+}
+
+int spool_count_pending(int dirfd, long long uid, uint64_t limit, Pending *ret) {
+        struct dirent *de;
+        long long owner;
+        DIR *d;
+        int fd;
+
+        *ret = (Pending) {};
         fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (fd < 0)
                 return -errno;
@@ -45,11 +67,64 @@ int spool_count_pending(int dirfd, uint64_t limit) {
                 (void) close(fd);
                 return -errno;
         }
-        while ((de = readdir(d)) && (uint64_t) count < limit)
-                if (is_committed_record(de->d_name))
-                        count++;
+        while ((de = readdir(d)) && ret->all < limit) {
+                if (!is_committed_record(de->d_name))
+                        continue;
+                owner = record_uid(dirfd, de->d_name);
+                ret->all++;
+                ret->mine += owner == uid;
+                ret->root += owner == 0;
+        }
         (void) closedir(d);
-        return count;
+        return 0;
+}
+
+int spool_count_shed(int dirfd, long long uid) {
+        long long uids[SPOOL_SHED_UIDS], counts[SPOOL_SHED_UIDS];
+        char buf[SPOOL_SHED_UIDS * 48];
+        size_t n = 0, len = 0, i;
+        ssize_t got;
+        int fd, r = 0;
+
+        fd = openat(dirfd, SPOOL_SHED_FILE, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (fd < 0)
+                return -errno;
+        if (flock(fd, LOCK_EX) < 0) {
+                r = -errno;
+                goto finish;
+        }
+        got = pread(fd, buf, sizeof buf - 1, 0);
+        buf[got > 0 ? got : 0] = '\0';
+        for (char *line = buf, *next; *line && n < SPOOL_SHED_UIDS; line = next) {
+                next = strchr(line, '\n');
+                next = next ? next + 1 : line + strlen(line);
+                if (sscanf(line, "%lld %lld", &uids[n], &counts[n]) == 2 && counts[n] >= 0)
+                        n++;
+        }
+        if (uid < 0)
+                uid = -1;
+        for (i = 0; i < n && uids[i] != uid; i++)
+                ;
+        /* A full table: this user joins the others' line (the last one is kept free for it). */
+        if (i == n && n >= SPOOL_SHED_UIDS - 1) {
+                uid = -1;
+                for (i = 0; i < n && uids[i] != uid; i++)
+                        ;
+                if (i == SPOOL_SHED_UIDS) /* a table not of our making: its last line makes room */
+                        i = --n;
+        }
+        if (i == n) {
+                uids[n] = uid;
+                counts[n++] = 0;
+        }
+        counts[i]++;
+        for (i = 0; i < n; i++)
+                len += (size_t) snprintf(buf + len, sizeof buf - len, "%lld %lld\n", uids[i], counts[i]);
+        if (pwrite(fd, buf, len, 0) != (ssize_t) len || ftruncate(fd, (off_t) len) < 0)
+                r = -errno;
+finish:
+        (void) close(fd);
+        return r;
 }
 
 static uint64_t fnv1a64(const char *s) {

@@ -12,8 +12,23 @@
 /* Opens (creating the last component, 0700) the spool directory; never follows a symlink there. */
 int spool_open(const char *path);
 
-/* Counts committed records still waiting for the daemon, stopping at limit. Returns the count or -errno. */
-int spool_count_pending(int dirfd, uint64_t limit);
+/* A record names its uid within its first SPOOL_RECORD_HEAD bytes (record.c writes it right behind the id). */
+#define SPOOL_RECORD_HEAD 256
+
+/* Committed records still waiting for the daemon: all of them, uid's, and root's (a record whose head names
+ * no uid is uid -1's). */
+typedef struct Pending {
+        uint64_t all, mine, root;
+} Pending;
+
+/* Counts them, stopping once all reaches limit. Returns 0 or -errno. */
+int spool_count_pending(int dirfd, long long uid, uint64_t limit, Pending *ret);
+
+/* Counts a crash shed for its user's budget (nothing else of it is stored) in <spool>/.shed: a "<uid> <count>"
+ * line per user, at most SPOOL_SHED_UIDS of them; the users past that share the line of uid -1. */
+#define SPOOL_SHED_FILE ".shed"
+#define SPOOL_SHED_UIDS 64
+int spool_count_shed(int dirfd, long long uid);
 
 /* Counts this crash against the one-minute window of (uid, key) in <spool>/.rate/<uid>-<hash of key> (uid -1:
  * unknown). Returns the count including this crash, or -errno. Serialised with flock() since crashes of one

@@ -102,15 +102,16 @@ def _capture_summary(paths: Paths, host: Host, socket_path: Path, pattern: str, 
 def capture_state(config: Config, paths: Paths, host: Host = Host()) -> dict:
     """The mode in which the kernel hands this installation its dumps (None when this installation does not own
     the host's handler: another handler, or another installation, captures), whether the socket listener
-    listens, the socket peers refused, and the captures in progress past [capture] timeout: cheap enough for
-    every metrics scrape."""
+    listens, the socket peers refused, the captures in progress past [capture] timeout and the crashes shed per
+    uid: cheap enough for every metrics scrape."""
     pattern = sysctl.read(sysctl.CORE_PATTERN, host.sysctl_root)
     socket_path = config.kernel.socket_path
     mode = mode_of(pattern) if handler.owns(host, paths, socket_path) else None
     return {"mode": mode, "listening": mode == "socket" and listener.listening(socket_path, host.proc_root),
             "refused_peers": spool.refused_count(paths.spool_dir),
             "stalled": len(spool.stalled_captures(paths.spool_dir, config.capture.timeout)),
-            "displaced": mode is None and handler.displaced(host, paths, socket_path)}
+            "displaced": mode is None and handler.displaced(host, paths, socket_path),
+            "shed": spool.shed_counts(paths.spool_dir)}
 
 
 def _listener_summary(config: Config, paths: Paths, host: Host, mode: str | None) -> dict | None:

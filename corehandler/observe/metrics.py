@@ -334,11 +334,14 @@ class _StoreCollector:
         yield freed
 
 
+SHED_TOP_UIDS = 5
+
+
 class _CaptureCollector:
     """How the kernel reaches csplice, at scrape time: the mode, whether the socket listener listens (the kernel
-    drops dumps silently when not), the socket peers csplice refused, and the captures stalled past csplice's
-    timeout. probe() returns a mapping with "mode" ("pipe", "socket" or None when corehandler is not the
-    handler), "listening", "refused_peers" and "stalled"."""
+    drops dumps silently when not), the socket peers csplice refused, the captures stalled past csplice's
+    timeout and the crashes shed. probe() returns a mapping with "mode" ("pipe", "socket" or None when
+    corehandler is not the handler), "listening", "refused_peers", "stalled" and "shed" ({uid: crashes shed})."""
 
     def __init__(self, probe: Callable[[], Mapping[str, Any]]) -> None:
         self.probe = probe
@@ -372,3 +375,14 @@ class _CaptureCollector:
         yield GaugeMetricFamily("corehandler_captures_stalled", "Captures still in progress (csplice alive, its "
                                 ".tmp core in the spool) longer than [capture] timeout after the crash: each may "
                                 "hold a core_pipe_limit slot", value=float(state.get("stalled") or 0))
+        shed = state.get("shed") or {}
+        yield CounterMetricFamily("corehandler_crashes_shed", "Crashes csplice shed past their user's budget "
+                                  "(twice max_pending_per_uid, max_pending or max_per_exe_per_minute): nothing "
+                                  "stored", value=float(sum(shed.values())))
+        # The users who shed the most, a bounded label set: which user storms, without a series per uid.
+        top = CounterMetricFamily("corehandler_crashes_shed_by_uid", f"Crashes shed, for the {SHED_TOP_UIDS} "
+                                  "users who shed the most (uid -1: users past csplice's table, or no uid)",
+                                  labels=["uid"])
+        for uid, count in sorted(shed.items(), key=lambda kv: (-kv[1], kv[0]))[:SHED_TOP_UIDS]:
+            top.add_metric([str(uid)], float(count))
+        yield top

@@ -6,7 +6,9 @@ Rules, in the order they apply:
   dropped_max_age, dropped_max_count
                the same for dumps whose core was not kept (dropped, or invalid without one), on by
                default: each is a record of up to hundreds of KiB in the index and its user's view, and a crash
-               storm or a hostile argv makes them by the thousand;
+               storm or a hostile argv makes them by the thousand. dropped_max_count is per user first: the
+               excess is taken from whichever user then holds the most, oldest first, so one user's storm
+               deletes its own records and never root's or another user's (docs/design.md, threat model);
   max_per_exe  per executable and user, only the newest N stay (one user's crashes never push out another's);
   max_count, max_use, keep_free
                then, oldest first, dumps go while any of these is violated: more than max_count dumps,
@@ -24,10 +26,11 @@ mini_max_age unset is max_age, so an age limit takes the whole dump, mini core i
 
 from __future__ import annotations
 
+import heapq
 import logging
 import os
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Sequence
 
@@ -88,6 +91,23 @@ def _global_broken(policy: Policy, count: int, used: int, free: int) -> list[str
     return broken
 
 
+def _largest_holders_first(items: list[Item], limit: int) -> list[Item]:
+    """The items (oldest first) past limit, each the oldest of whichever uid then holds the most; among equals
+    root's last, then the lower uid's: what one user adds comes out of that user's own."""
+    by_uid: dict[int | None, deque[Item]] = defaultdict(deque)
+    for it in items:
+        by_uid[it.uid].append(it)
+    heap = [(-len(q), uid == 0, -1 if uid is None else uid, uid) for uid, q in by_uid.items()]
+    heapq.heapify(heap)
+    taken = []
+    for _ in range(max(0, len(items) - limit)):
+        count, is_root, order, uid = heapq.heappop(heap)
+        taken.append(by_uid[uid].popleft())
+        if count + 1 < 0:
+            heapq.heappush(heap, (count + 1, is_root, order, uid))
+    return taken
+
+
 def plan(items: Iterable[Item], policy: Policy, *, free_bytes: int, now: float) -> list[Decision]:
     """Decides every item's fate, oldest first in the result. Deterministic: ties in time break on id."""
     ordered = sorted(items, key=lambda i: (i.time, i.id))
@@ -104,8 +124,7 @@ def plan(items: Iterable[Item], policy: Policy, *, free_bytes: int, now: float) 
             if it.time < now - policy.dropped_max_age:
                 rule[it.id] = "dropped_max_age"
     if _limit(policy.dropped_max_count) is not None:
-        left = [it for it in coreless if it.id not in rule]
-        for it in left[:max(0, len(left) - policy.dropped_max_count)]:  # oldest first
+        for it in _largest_holders_first([it for it in coreless if it.id not in rule], policy.dropped_max_count):
             rule[it.id] = "dropped_max_count"
 
     if _limit(policy.max_per_exe) is not None:

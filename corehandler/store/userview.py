@@ -13,7 +13,9 @@ nothing, so they reach their own view by their uid and their cores by the ids in
 visible when the record's uid (%u) is that user's, an ordinary user's (not a system, dynamic or nobody uid), its
 dumpable (%d) is 1 (SUID_DUMP_USER), and its exec was clean (real == effective ids in its status, AT_SECURE 0 in
 its core's auxv): systemd-coredump's rule. A setuid program's or a prctl(PR_SET_DUMPABLE, 0) process's dumps
-(%d 0 or 2, or AT_SECURE 1) stay root's, as do orphans (no uid).
+(%d 0 or 2, or AT_SECURE 1) stay root's, as do orphans (no uid). And the uid must be the host user's, not a
+container's that maps to the same number (issue 34: a pod as uid 1000 on a node whose login user is 1000):
+the process ran in the host's namespaces, or in a user namespace that uid made (host_users()).
 
 A view is a log (schema 2), so publishing costs what changed, not what the user has: a header line, then a
 line per dump ({"dump": row, "analysis": ..., "summary": ...}) or per deletion ({"gone": id}); a reader keeps
@@ -58,6 +60,10 @@ DUMPABLE_USER = 1  # SUID_DUMP_USER, the kernel's %d for an ordinary process
 SYSTEM_UID_MAX = 999
 DYNAMIC_UIDS = range(61184, 65520)
 NOBODY = 65534
+# The initial namespaces' fixed inode numbers (PROC_*_INIT_INO, include/linux/proc_ns.h), as the record's
+# proc.ns has them. The mount and network namespaces have no fixed number.
+HOST_NAMESPACES = {"user": "user:[4026531837]", "pid": "pid:[4026531836]", "ipc": "ipc:[4026531839]",
+                   "uts": "uts:[4026531838]", "cgroup": "cgroup:[4026531835]"}
 # The record key the daemon adds at ingest: facts of the core's auxv ({"at_secure": N | None}).
 AUXV_KEY = "auxv"
 _ACL_XATTR = "system.posix_acl_access"
@@ -101,10 +107,25 @@ def clean_exec(d: Dump) -> bool:
     return (d.record.get(AUXV_KEY) or {}).get("at_secure") == 0
 
 
+def host_users(d: Dump) -> bool:
+    """Whether the dump's uid is a person's on this host, not a container's that maps to the same number. In
+    the initial user namespace: only a process in the host's PID, IPC, UTS and cgroup namespaces too, outside
+    any container csplice recognised (leaving them takes a privilege the user lacks without a user namespace
+    of their own, so a process outside them was put there by root: a container, a pod, a sandbox). In another
+    user namespace: only when the user who made it (its owner, as csplice read it at the crash) is the dump's
+    uid, as for `unshare -Ur` or a rootless container. Without the namespaces (/proc unreadable): no."""
+    proc = d.record.get("proc") or {}
+    ns = proc.get("ns") or {}
+    if ns.get("user") == HOST_NAMESPACES["user"]:
+        return proc.get("container") is None and all(ns.get(k) == v for k, v in HOST_NAMESPACES.items())
+    return ns.get("user") is not None and proc.get("userns_owner") == d.uid
+
+
 def visible(d: Dump) -> bool:
     """Whether the crashing user may see this dump: theirs, an ordinary user's, of a dumpable process that
-    ran as exactly that user since its exec."""
-    return ordinary_uid(d.uid) and d.record.get("dumpable") == DUMPABLE_USER and clean_exec(d)
+    ran as exactly that user since its exec, on the host or in a user namespace they made."""
+    return (ordinary_uid(d.uid) and d.record.get("dumpable") == DUMPABLE_USER and clean_exec(d)
+            and host_users(d))
 
 
 def read_acl(uid: int) -> bytes:

@@ -35,7 +35,7 @@ def filled(tmp_path_factory):
     feeder, csplice = cbuild.feeder(), paths.csplice_path()
     tmp = tmp_path_factory.mktemp("cli")
     state, etc, settings = empty_state(tmp)
-    one = write_settings(tmp / "one.conf", state / "spool", max_pending=1)
+    one = write_settings(tmp / "one.conf", state / "spool", max_pending=2)  # three pending: metadata only
     shas = {}
     for pid, comm, sig in ((3001, "alpha", 11), (3002, "alpha", 6), (3003, "beta", 11)):
         r = feed(feeder, csplice, settings, size=(3 << 20) + pid, pid=pid, comm=comm, signal=sig,

@@ -11,8 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from corehandler import paths
+from corehandler import paths, spool
 from corehandler.csplice_contract import STRATEGIES
+from corehandler.observe.metrics import MetricsObserver
 from support.csplice_harness import Handler, MiB, core_args, expected_digest, hash_file, make_fake_proc, spool_files
 
 
@@ -81,6 +82,75 @@ def test_one_users_crash_storm_spends_only_their_own_budget(handler):
     assert [c["dropped_reason"] for c in theirs] == [None] * 16 + ["max_per_exe_per_minute"]
     root = handler.feed(4096, args=core_args(pid, uid=0))
     assert root.capture["complete"] and root.record["uid"] == 0
+
+
+def _no_core(args: list) -> list:
+    """The kernel's argv for a process with `ulimit -c 0` (%c is 0)."""
+    return args[:8] + [b"0"] + args[9:]
+
+
+def test_a_storm_of_coreless_crashes_fills_only_its_users_share_and_never_takes_roots_core(handler):
+    """Issue 34: `ulimit -c 0` crashes went past max_pending (v0.4 wrote 658 records into a spool limited to 64)
+    and made root's next crash metadata-only. Now each is a record against its user's budget: a core while the
+    user holds fewer than max_pending_per_uid pending records, a record without one up to twice that, then
+    nothing but a count; root's room is its own."""
+    handler.configure(max_pending=8, max_pending_per_uid=2)
+    pid = os.getpid()
+    storm = [handler.feed(4096, args=_no_core(core_args(pid, uid=1000))) for _ in range(12)]
+    kept = [r for r in storm if r.record]
+    assert len(kept) == 4 and all(r.capture["dropped_reason"] == "rlimit_core" for r in kept)
+    assert all(r.record is None and r.returncode == 75 for r in storm[4:])
+    assert spool.shed_counts(handler.spool) == {1000: 8}
+    # Another user's budget is theirs: their first crashes keep their cores, up to their share.
+    other = [handler.feed(4096, args=core_args(pid, uid=1001)).capture for _ in range(3)]
+    assert [c["dropped_reason"] for c in other] == [None, None, "max_pending_per_uid"]
+    root = handler.feed(4096, args=core_args(pid, uid=0))
+    assert root.capture["complete"] and root.record["uid"] == 0
+
+
+def test_many_users_storming_together_stop_at_max_pending_and_root_keeps_its_core(handler):
+    """A user with a range of subordinate uids crashes as each of them: the users but root together get
+    max_pending records with a core and as many without; past that they are shed, and root's core is kept."""
+    handler.configure(max_pending=4, max_pending_per_uid=2)
+    pid = os.getpid()
+    results = [handler.feed(4096, args=core_args(pid, uid=100000 + n)) for n in range(12)]
+    assert [r.capture["dropped_reason"] for r in results[:8]] == [None] * 4 + ["max_pending"] * 4
+    assert all(r.record is None for r in results[8:])
+    assert spool.shed_counts(handler.spool) == {100000 + n: 1 for n in range(8, 12)}
+    assert handler.feed(4096, args=core_args(pid, uid=0)).capture["complete"]
+    # The daemon's metrics: the total, and the users who shed the most by uid (a bounded set of labels).
+    for _ in range(2):
+        handler.feed(4096, args=core_args(pid, uid=100011))
+    text = MetricsObserver(capture_probe=lambda: {"mode": "pipe", "shed": spool.shed_counts(handler.spool)}
+                           ).exposition().decode()
+    assert "corehandler_crashes_shed_total 6.0" in text
+    assert 'corehandler_crashes_shed_by_uid_total{uid="100011"} 3.0' in text
+    assert 'corehandler_crashes_shed_by_uid_total{uid="100008"} 1.0' in text
+
+
+def test_the_shed_table_is_bounded(handler):
+    """The per-uid count holds 64 lines whatever the number of users: those past it share uid -1's."""
+    handler.configure(max_per_exe_per_minute=1)
+    handler.spool.mkdir(mode=0o700)
+    (handler.spool / ".shed").write_text("".join(f"{200000 + n} 1\n" for n in range(63)))
+    for uid in (300000, 300001):
+        for _ in range(3):
+            handler.feed(4096, args=core_args(os.getpid(), uid=uid))
+    counts = spool.shed_counts(handler.spool)
+    assert len(counts) == 64 and counts[-1] == 2 and 300000 not in counts
+
+
+def test_coreless_crashes_count_against_the_crash_rate(handler):
+    """The rate limit counts every crash, `ulimit -c 0` ones included (v0.4 returned before counting them):
+    past the limit a crash keeps no core, past twice the limit not even its record."""
+    handler.configure(max_per_exe_per_minute=3)
+    pid = os.getpid()
+    coreless = [handler.feed(4096, args=_no_core(core_args(pid, uid=1000))) for _ in range(6)]
+    assert all(r.capture["dropped_reason"] == "rlimit_core" for r in coreless)
+    assert handler.feed(4096, args=core_args(pid, uid=1000)).record is None
+    assert spool.shed_counts(handler.spool) == {1000: 1}
+    # root's crash of the same executable is counted apart.
+    assert handler.feed(4096, args=core_args(pid, uid=0)).capture["complete"]
 
 
 @pytest.mark.parametrize("vm_kib, limit, expected", [

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from corehandler import spool
 from support.record_schema import check_record
 from support.spoolfeed import write_settings
 
@@ -264,6 +265,25 @@ def test_rlimit_core_small_truncates_and_zero_refuses(tmp_path, csplice):
         assert record["capture"]["dropped_reason"] == "rlimit_core" and record["core"] is None
     finally:
         resource.setrlimit(resource.RLIMIT_CORE, old)
+
+
+def test_a_crash_past_its_users_budget_is_rejected_and_shed(tmp_path, csplice):
+    """Past twice its user's pending records (root's own: max_pending) the kernel is told not to write the dump
+    and nothing is stored but the count (admit.c): exit 75, no record."""
+    k = FakeKernel(tmp_path, csplice, max_pending=1)
+    k.spool.mkdir(mode=0o700)
+    pending = [f"{n}-0123456789abcdef-{n}.json" for n in (1, 2)]
+    for name in pending:  # what csplice's records start with: the uid right behind the id
+        (k.spool / name).write_text(f'{{"schema":1,"id":"{name[:-5]}","uid":{os.getuid()},"core":null}}')
+    k.request()
+    assert k.ack()[1] == REJECT | WAIT
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        k.mark()
+    assert k.closed_by_csplice()
+    _, err = k.proc.communicate(timeout=60)
+    assert k.proc.returncode == 75, err
+    assert sorted(p.name for p in k.spool.glob("*.json")) == pending
+    assert spool.shed_counts(k.spool) == {os.getuid(): 1}
 
 
 def test_a_peer_not_being_dumped_is_refused_and_nothing_stored(tmp_path, csplice):

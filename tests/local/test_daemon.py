@@ -45,7 +45,7 @@ def test_ingest_complete_truncated_and_dropped(tmp_path, state, feeder, csplice)
     spool_dir = state / "spool"
     full = write_settings(tmp_path / "full.conf", spool_dir)
     small = write_settings(tmp_path / "small.conf", spool_dir, max_dump_size=65536)
-    one = write_settings(tmp_path / "one.conf", spool_dir, max_pending=1)
+    one = write_settings(tmp_path / "one.conf", spool_dir, max_pending=2)
     ok = feed(feeder, csplice, full, size=3 << 20, pid=101, zero_regions=True)
     raw_sha = sha_of(spool_dir / ok["core"])
     trunc = feed(feeder, csplice, small, size=1 << 20, pid=102)

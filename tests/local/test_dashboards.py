@@ -82,7 +82,7 @@ def exported_names(tmp_path: Path) -> set[str]:
     """Every sample name the observer exports once each kind of event has happened."""
     observer = MetricsObserver(state_dir=tmp_path, store_limit_bytes=lambda: 1 << 30,
                                capture_probe=lambda: {"mode": "socket", "listening": True, "refused_peers": 1,
-                                                             "stalled": 1})
+                                                      "stalled": 1, "shed": {1000: 3}})
     with Store(tmp_path) as store:  # a stored dump and a deleted one: the series read from the index
         for n in (1, 2):
             store.insert(row_from_record({"id": f"{n}-0123456789abcdef-{n}", "timestamp": n}, status="ok",

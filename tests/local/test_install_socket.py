@@ -114,7 +114,7 @@ def test_install_socket_mode_starts_the_listener_first_then_uninstall(host):
     assert st["installed"] and st["mode"] == "socket" and st["core_pattern_matches"]
     assert st["listener"]["listening"] is True and st["listener"]["socket_path"] == str(SOCKET)
     assert overview.capture_state(Config(), host.paths, host.machine) == {"mode": "socket", "listening": True,
-                                  "refused_peers": 0, "stalled": 0, "displaced": False}
+                                  "refused_peers": 0, "stalled": 0, "displaced": False, "shed": {}}
 
     fake.gone()  # the listener died: the kernel now drops dumps silently, and status must say so
     assert overview.status(Config(), host.paths, host=host.machine,

@@ -30,7 +30,8 @@ def metadata_only(spool, n: int) -> list[str]:
                   "gid": USER, "signal": 11, "timestamp": int(time.time()), "dumpable": 1, "hostname": "h",
                   "comm": "hostile", "boot_id": "0" * 32,
                   "proc": {"available": True, "exe": ARGV[0], "comm": "hostile", "cmdline": ARGV,
-                           "status": f"Uid:\t{USER}\t{USER}\t{USER}\t{USER}\nGid:\t{USER}\t{USER}\t{USER}\t{USER}\n"},
+                           "status": f"Uid:\t{USER}\t{USER}\t{USER}\t{USER}\nGid:\t{USER}\t{USER}\t{USER}\t{USER}\n",
+                           "ns": userview.HOST_NAMESPACES},
                   "capture": {"bytes": 0, "complete": False, "truncated": False, "dropped": True,
                               "dropped_reason": "max_pending"},
                   "errors": []}

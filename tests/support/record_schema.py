@@ -12,8 +12,8 @@ from corehandler.csplice_contract import SPECIFIERS as _ARGV
 SPECIFIERS = tuple(spec.removeprefix("%") for spec in (*_ARGV.split(), PIDFD_SPECIFIER))
 TRUNCATED_REASONS = (None, "max_dump_size", "min_free", "timeout", "read_error", "write_error", "rlimit_core")
 # Admission's reasons, then the capture's when it kept not one byte ("empty": none came).
-DROPPED_REASONS = (None, "max_pending", "max_per_exe_per_minute", "min_free", "create_failed", "rlimit_core",
-                   "max_dump_size", "socket_error", "timeout", "read_error", "write_error", "empty")
+DROPPED_REASONS = (None, "max_pending", "max_pending_per_uid", "max_per_exe_per_minute", "min_free", "create_failed",
+                   "rlimit_core", "max_dump_size", "socket_error", "timeout", "read_error", "write_error", "empty")
 SOCKET_ERRORS = (None, "peer_gone", "bad_request_size", "bad_ack_size", "kernel_unsupported", "reject_unsupported",
                  "short_ack", "short_mark", "ack_refused", "read_error")
 SOCKET = {"handshake": bool, "request_size": int, "request_mask": int, "ack_mask": int, "rejected": bool,
@@ -21,8 +21,8 @@ SOCKET = {"handshake": bool, "request_size": int, "request_mask": int, "ack_mask
 SETTINGS = {
     "source": str, "from_file": bool, "error": (str, type(None)), "spool_dir": str, "strategy": str,
     "chunk_size": int, "pipe_size": int, "max_dump_size": int, "direct_above": int, "min_free": (int, str),
-    "max_pending": int, "max_per_exe_per_minute": int, "timeout": int, "fsync": bool, "sparse": bool,
-    "collect_environ": bool, "collect_maps": bool,
+    "max_pending": int, "max_pending_per_uid": int, "max_per_exe_per_minute": int, "timeout": int, "fsync": bool,
+    "sparse": bool, "collect_environ": bool, "collect_maps": bool,
 }
 
 CONTAINER_RUNTIMES = ("docker", "containerd", "cri-o", "podman")
@@ -94,6 +94,7 @@ def check_record(rec: dict) -> None:
         _typed(ctr, "annotations", dict, "proc.container")
         for key, value in ctr["annotations"].items():
             _check(key in CONTAINER_ANNOTATIONS and isinstance(value, str), f"annotation {key!r}: {value!r}")
+    _typed(proc, "userns_owner", (int, type(None)), "proc")
     _typed(proc, "truncated", list, "proc")
     _check(set(proc["truncated"]) <= set(PROC_CAPS), f"proc.truncated {proc['truncated']!r}")
     if proc["available"]:

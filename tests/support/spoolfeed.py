@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
+from corehandler.store import userview
 from support.csplice_harness import core_args, render_settings
 
 
@@ -22,12 +25,13 @@ def write_settings(path: Path, spool_dir: Path, **extra) -> Path:
 def feed(feeder: Path, csplice: Path, settings: Path, *, size: int, pid: int = 4242, comm: str | bytes = "feeder",
          signal: int = 11, zero_regions: bool = False, proc_root: Path | None = None, uid: int | None = None,
          dumpable: int | None = None, euid: int | None = None, egid: int | None = None,
-         at_secure: int = 0, rlimit: int | None = None) -> dict | None:
+         at_secure: int = 0, rlimit: int | None = None,
+         namespaces: Mapping[str, str] = userview.HOST_NAMESPACES) -> dict | None:
     """Runs feeder | csplice for one fake crash and returns the committed record (None when a running
     daemon took it before we could read it). uid and dumpable are the kernel's %u (default: ours) and %d
     (default 1); with a uid, the proc root's status says its real, effective, saved and fs ids (euid and egid
     the effective ones, default the real ones); at_secure goes into the core's auxv; rlimit is the kernel's %c
-    (default unlimited)."""
+    (default unlimited); the proc root shows the process in namespaces (default: the host's)."""
     spool_dir = Path(next(line.split("=", 1)[1].strip() for line in settings.read_text().splitlines()
                           if line.startswith("spool_dir=")))
     before = set(os.listdir(spool_dir)) if spool_dir.exists() else set()
@@ -42,6 +46,11 @@ def feed(feeder: Path, csplice: Path, settings: Path, *, size: int, pid: int = 4
                           f"Gid:\t{uid}\t{e_gid}\t{e_gid}\t{e_gid}\n")
     else:
         status.unlink(missing_ok=True)
+    ns_dir = proc_root / str(pid) / "ns"
+    shutil.rmtree(ns_dir, ignore_errors=True)
+    ns_dir.mkdir()
+    for name, link in namespaces.items():  # what readlink of /proc/PID/ns/NAME says
+        (ns_dir / name).symlink_to(link)
     env = dict(os.environ, CSPLICE_SETTINGS=str(settings), CSPLICE_PROC_ROOT=str(proc_root),
                CSPLICE_LOG_STDERR="1")
     args = [str(feeder), "--size", str(size), "--pid", str(pid), "--at-secure", str(at_secure)] + \

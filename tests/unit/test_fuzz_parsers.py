@@ -36,8 +36,8 @@ json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=
 RECORD_KEYS = ["schema", "id", "core", "pid", "tid", "uid", "gid", "signal", "timestamp", "dumpable", "rlimit_core",
                "hostname", "comm", "boot_id", "specifiers", "proc", "capture", "handler", "errors", "unreadable",
                "orphan"]
-PROC_KEYS = ["exe", "comm", "status", "cgroup", "cmdline", "environ", "maps", "ns", "container", "truncated",
-             "oci_config", "available"]
+PROC_KEYS = ["exe", "comm", "status", "cgroup", "cmdline", "environ", "maps", "ns", "container", "userns_owner",
+             "truncated", "oci_config", "available"]
 CAPTURE_KEYS = ["socket", "truncated_reason", "dropped_reason", "error", "bytes", "complete", "truncated", "dropped",
                 "ns"]
 

@@ -98,6 +98,28 @@ def test_max_per_exe_counts_per_user():
     assert "root" not in deleted and len(deleted) == 14 and set(deleted.values()) == {"max_per_exe"}
 
 
+def test_dropped_max_count_takes_from_the_storming_user_first():
+    """Issue 34: a thousand coreless records of uid 1000, newer than root's and another user's few, past
+    dropped_max_count: v0.4 deleted the oldest of every user (root's first); now the storm deletes its own."""
+    storm = [Item(f"s{n:04d}", NOW - n, "/x", 5, uid=1000, coreless=True) for n in range(1000)]
+    others = [Item(f"root{n}", NOW - 5000 - n, "/x", 5, uid=0, coreless=True) for n in range(3)]
+    others += [Item(f"u{n}", NOW - 6000 - n, "/x", 5, uid=1001, coreless=True) for n in range(3)]
+    deleted = _deleted(plan(storm + others, Policy(dropped_max_count=100), free_bytes=0, now=NOW))
+    assert len(deleted) == 906 and all(i.startswith("s") for i in deleted)
+    assert set(deleted.values()) == {"dropped_max_count"}
+    # The storm keeps its newest.
+    assert all(f"s{n:04d}" not in deleted for n in range(94))
+
+
+def test_dropped_max_count_evens_out_users_and_spares_root_among_equals():
+    items = [Item(f"{who}{n}", NOW - n, "/x", 5, uid=uid, coreless=True)
+             for who, uid in (("r", 0), ("a", 1000), ("b", 1001)) for n in range(4)]
+    deleted = _deleted(plan(items, Policy(dropped_max_count=9), free_bytes=0, now=NOW))
+    assert sorted(deleted) == ["a3", "b3", "r3"]
+    deleted = _deleted(plan(items, Policy(dropped_max_count=10), free_bytes=0, now=NOW))
+    assert sorted(deleted) == ["a3", "b3"]
+
+
 def test_ties_in_time_break_on_id():
     items = [Item(i, NOW, None, 1) for i in "dbca"]
     assert _deleted(plan(items, Policy(max_count=2), free_bytes=0, now=NOW)) == \
