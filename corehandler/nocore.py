@@ -55,6 +55,11 @@ def _sentences(reason: str, kind: str, record: Mapping[str, Any]) -> tuple[str, 
     if reason == "max_pending":
         return ("[capture] max_pending dumps were already waiting in the spool for the daemon",
                 "check the daemon is running and keeping up (`corehandler status`), or raise " + _config("max_pending"))
+    if reason == "max_pending_per_uid":
+        return ("this user already had [capture] max_pending_per_uid dumps waiting in the spool (a crash storm of "
+                "their own processes; other users' and root's crashes keep their cores)",
+                "check the daemon keeps up (`corehandler status`) and stop the user's crash loop, or raise "
+                + _config("max_pending_per_uid"))
     if reason == "max_per_exe_per_minute":
         return ("crash storm: this user's executable crashed more than [capture] max_per_exe_per_minute times "
                 "within a minute; the first ones of the minute have their cores",

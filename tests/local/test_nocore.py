@@ -82,6 +82,7 @@ def test_list_says_why_each_dump_has_no_core(capsys, refused):
     ({"dropped": True, "dropped_reason": "min_free"}, ("free-space floor", "vacuum")),
     ({"dropped": True, "dropped_reason": "max_per_exe_per_minute"}, ("crash storm", "Restart=")),
     ({"dropped": True, "dropped_reason": "max_pending"}, ("max_pending", "corehandler status")),
+    ({"dropped": True, "dropped_reason": "max_pending_per_uid"}, ("max_pending_per_uid", "crash loop")),
     ({"truncated": True, "truncated_reason": "write_error", "error": "No space left on device"}, ("disk full",)),
     ({"truncated": True, "truncated_reason": "write_error", "error": "Input/output error"},
      ("Input/output error", "doctor")),
