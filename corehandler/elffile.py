@@ -6,6 +6,7 @@ files a core names from the fds it opened as the crashing user."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 import struct
 
@@ -29,6 +30,10 @@ _MAX_PHNUM = 4096
 _MAX_OFFSET = 2**63 - 1  # off_t
 # What makes a file's own symbols enough for the unwinder to name its frames.
 SYMBOL_SECTIONS = frozenset({b".symtab", b".debug_info"})
+SHT_DYNSYM = 11
+MAX_TABLE = 8 << 20  # bytes of a .dynsym or its string table read
+# glibc's file names: where analysis/reason.py's abort message is found (its __abort_msg in .dynsym).
+LIBC_NAME = re.compile(r"^libc(?:\.so\.6|-2\.\d+\.so)$")
 
 
 def read_at(fd: int, offset: int, length: int) -> bytes:
@@ -125,3 +130,33 @@ def section_names(fd: int) -> set[bytes]:
     strtab = headers[shstrndx]
     names = read_at(fd, strtab[4], min(strtab[5], 1 << 20))
     return {names[h[0]:names.find(b"\0", h[0])] for h in headers if h[0] < len(names)}
+
+
+def dynsym_value(fd: int, name: bytes) -> int | None:
+    """The value of a symbol in the ELF file's .dynsym (section headers, then two bounded reads); None if
+    absent or for anything that is not such a file. Raises OSError."""
+    header = _header(fd)
+    if header is None:
+        return None
+    elf_class, end, fields = header
+    shoff, shentsize, shnum = fields[6], fields[11], fields[12]
+    fmt, need = _SHDR[elf_class]
+    if not shoff or shentsize < need or not 0 < shnum <= _MAX_SECTIONS:
+        return None
+    table = read_at(fd, shoff, shnum * shentsize)
+    # (name, type, flags, addr, offset, size, link, info, align, entsize) in both classes' order of fields
+    sections = [struct.unpack_from(end + fmt, table, i * shentsize) for i in range(len(table) // shentsize)]
+    dynsym = next((s for s in sections if s[1] == SHT_DYNSYM), None)
+    if dynsym is None or dynsym[6] >= len(sections):
+        return None
+    strtab = sections[dynsym[6]]
+    syms = read_at(fd, dynsym[4], min(dynsym[5], MAX_TABLE))
+    strings = read_at(fd, strtab[4], min(strtab[5], MAX_TABLE))
+    sym = end + ("IBBHQQ" if elf_class == ELFCLASS64 else "IIIBBH")
+    step = struct.calcsize(sym)
+    for at in range(0, len(syms) - step + 1, step):
+        entry = struct.unpack_from(sym, syms, at)
+        st_name, value = (entry[0], entry[4]) if elf_class == ELFCLASS64 else entry[:2]
+        if strings[st_name:st_name + len(name) + 1] == name + b"\0":
+            return value
+    return None

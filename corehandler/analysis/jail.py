@@ -175,16 +175,19 @@ def vet_all(spec: dict, report: dict) -> dict[str, int]:
 
 
 def _read_facts(report: dict, path: str, fd: int) -> None:
-    """What the daemon says of a mapped ELF file (symbols.py: its build-id, whether it has its own symbols),
-    read here from the fd the crashing user's vetting opened: the daemon opens no path a core names."""
+    """What the daemon says of a mapped ELF file (symbols.py: its build-id, whether it has its own symbols;
+    reason.py: glibc's __abort_msg), read here from the fd the crashing user's vetting opened: the daemon opens
+    no path a core names."""
     try:
         if not elffile.is_elf(fd):
             return
         notes, names = elffile.notes_of(fd), elffile.section_names(fd)
+        facts = {"build_id": elffile.build_id_of(notes), "symbols": bool(names & elffile.SYMBOL_SECTIONS)}
+        if elffile.LIBC_NAME.match(os.path.basename(path)):  # where glibc keeps its abort message (reason.py)
+            facts["abort_msg"] = elffile.dynsym_value(fd, b"__abort_msg")
     except OSError:  # an I/O error of the file: nothing is said of it
         return
-    report["files"][path] = {"build_id": elffile.build_id_of(notes),
-                             "symbols": bool(names & elffile.SYMBOL_SECTIONS)}
+    report["files"][path] = facts
 
 
 def _build_id(report: dict, path: str) -> str | None:

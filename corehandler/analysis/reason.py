@@ -3,32 +3,27 @@
 From the core: the dumping thread's NT_SIGINFO (signal, si_code, fault address or sender; elfcore.py) and stack
 pointer, and glibc's `__abort_msg`, the text abort() leaves for a debugger (an assert's expression, file and
 line; malloc's "free(): double free detected in tcache 2"; fortify's "*** buffer overflow detected ***"). The
-message's address is libc's `__abort_msg` symbol (its .dynsym, read from libc's file on disk only when it is
-a root-owned, not group- or world-writable regular file whose build-id is the one the core recorded), and
-its bytes are read from the core's memory, bounded. Everything here is the crashed process's: the line is
-escaped where it is printed (printable.py), never here.
+message's address is libc's `__abort_msg` symbol, which the analysis jail reads from the .dynsym of libc's file
+as it vets that path as the crashing user (the daemon opens no path a core names), used only when that file's
+build-id is the one the core recorded; the message's bytes are read from the core's memory, bounded.
+Everything here is the crashed process's: the line is escaped where it is printed (printable.py), never here.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import stat
 import struct
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from corehandler import elfcore, fields
-from corehandler.analysis import minicore, symbols
+from corehandler import elfcore, elffile, fields
+from corehandler.analysis import minicore
 
 MAX_MESSAGE = 4096        # bytes of an abort message read from the core
-MAX_TABLE = 8 << 20       # bytes of a .dynsym or its string table read from libc's file
 NULL_PAGE = 1 << 16       # below vm.mmap_min_addr's default: nothing is ever mapped there
 STACK_REACH = 64 << 10    # a fault this near the stack pointer is the stack's guard: an overflow
-SHT_DYNSYM = 11
-_LIBC = re.compile(r"^libc(?:\.so\.6|-2\.\d+\.so)$")
-_CACHE: dict[str, int | None] = {}   # __abort_msg's value in a libc, by build-id
 
 SI_CODES = {0: "SI_USER", 0x80: "SI_KERNEL", -1: "SI_QUEUE", -2: "SI_TIMER", -3: "SI_MESGQ", -4: "SI_ASYNCIO",
             -5: "SI_SIGIO", -6: "SI_TKILL", -7: "SI_DETHREAD", -60: "SI_ASYNCNL"}
@@ -112,77 +107,26 @@ def explain(signal: int | None, siginfo: Mapping[str, Any] | None, sp: int | Non
 
 
 def _libc(modules: list[dict]) -> dict | None:
-    return next((m for m in modules if _LIBC.match(os.path.basename(m.get("name") or ""))
+    return next((m for m in modules if elffile.LIBC_NAME.match(os.path.basename(m.get("name") or ""))
                  and isinstance(m.get("start"), int) and m.get("build_id")), None)
 
 
-def _dynsym(fd: int, name: bytes) -> int | None:
-    """The value of a symbol in an ELF file's .dynsym (section headers, then two bounded reads); None if absent."""
-    ident = elfcore._read_at(fd, 0, 16)
-    if len(ident) < 16 or ident[:4] != elfcore.ELFMAG or ident[4] not in symbols._SHDR:
+def _abort_msg_value(libc: dict) -> int | None:
+    """__abort_msg's value in libc's file, as the jail read it from the file at the module's path opened as the
+    crashing user (jail._read_facts: the daemon opens no path a core names), if that file is the core's libc (its
+    build-id)."""
+    disk = libc.get("disk")
+    if not isinstance(disk, dict) or disk.get("build_id") != libc["build_id"]:
         return None
-    layout = elfcore._LAYOUTS[ident[4]]
-    end = "<" if ident[5] == elfcore.ELFDATA2LSB else ">"
-    ehsize = struct.calcsize(end + layout.ehdr)
-    header = elfcore._read_at(fd, 0, ehsize)
-    if len(header) < ehsize:
-        return None
-    fmt, size = symbols._SHDR[ident[4]]
-    e = struct.unpack(end + layout.ehdr, header)
-    shoff, shentsize, shnum = e[6], e[11], e[12]
-    if shentsize < size or not 0 < shnum <= symbols._MAX_SECTIONS:
-        return None
-    table = elfcore._read_at(fd, shoff, shnum * shentsize)
-    sections = [struct.unpack_from(end + fmt, table, i * shentsize) for i in range(len(table) // shentsize)]
-    # (name, type, flags, addr, offset, size, link, info, align, entsize) in both classes' order of fields
-    dynsym = next((s for s in sections if s[1] == SHT_DYNSYM), None)
-    if dynsym is None or dynsym[6] >= len(sections):
-        return None
-    strtab = sections[dynsym[6]]
-    syms = elfcore._read_at(fd, dynsym[4], min(dynsym[5], MAX_TABLE))
-    strings = elfcore._read_at(fd, strtab[4], min(strtab[5], MAX_TABLE))
-    sym = end + ("IBBHQQ" if ident[4] == elfcore.ELFCLASS64 else "IIIBBH")
-    step = struct.calcsize(sym)
-    for at in range(0, len(syms) - step + 1, step):
-        fields_ = struct.unpack_from(sym, syms, at)
-        st_name, value = (fields_[0], fields_[4]) if ident[4] == elfcore.ELFCLASS64 else fields_[:2]
-        if strings[st_name:st_name + len(name) + 1] == name + b"\0":
-            return value
-    return None
-
-
-def _abort_msg_symbol(path: str, build_id: str) -> int | None:
-    """__abort_msg's value in the libc at path, if that file is root's and of the core's build-id."""
-    if build_id in _CACHE:
-        return _CACHE[build_id]
-    if not path.startswith("/") or path.split("/")[1] in ("proc", "sys", "dev"):
-        return None
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
-            return None  # a file the crashed process's user could have written: not read as root
-        if elfcore.file_build_id(f"/proc/self/fd/{fd}") != build_id:
-            return None
-        value = _dynsym(fd, b"__abort_msg")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if len(_CACHE) > 64:
-        _CACHE.clear()
-    _CACHE[build_id] = value
-    return value
+    value = disk.get("abort_msg")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def abort_message(core: Path | str, modules: list[dict]) -> str | None:
     """The text glibc's abort() left in `*__abort_msg` (struct abort_msg_s: a 32-bit size, then the text), as
     the core holds it; None when libc left none or it cannot be found."""
     libc = _libc(modules)
-    value = _abort_msg_symbol(libc["name"], libc["build_id"]) if libc else None
+    value = _abort_msg_value(libc) if libc else None
     if not value:
         return None
     fd = os.open(core, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)

@@ -323,6 +323,7 @@ def finish(run: Running) -> dict:
         problems.append(f"cannot read the modules of {run.core.name}: {e.strerror}")
     except Exception as e:  # the core's bytes are the crashed process's: no parser error stops the analysis
         problems.append(steps.problem("module listing", e))
+    _disk_facts(modules, report)  # libc's abort-message symbol among them, for the reason
     why = None
     try:
         why = reason.of_core(run.core, run.record, modules, problems)

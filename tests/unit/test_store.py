@@ -284,11 +284,10 @@ def _v1_analysis(variant: str, offset: int) -> dict:
             "exact_key": f"x1-{offset:032x}", "exact_version": 1}
 
 
-@pytest.mark.parametrize("readonly", [False, True])
-def test_a_schema_11_index_gets_signature_v2_with_the_v1_ids_kept(tmp_path, readonly):
+def test_a_schema_11_index_gets_signature_v2_with_the_v1_ids_kept(tmp_path):
     """Three dumps of one bug on three CPUs, analysed by a v1 daemon: three groups before the upgrade, one
-    after, each analysis keeping its v1 id (what the fleet's older hosts still send), the exact keys as they
-    were; `--signature` finds them by either id, and their group lists the v1 ids it links."""
+    after the daemon's migration, each analysis keeping its v1 id (what the fleet's older hosts still send), the
+    exact keys as they were; `--signature` finds them by either id, and their group lists the v1 ids it links."""
     from corehandler.cli import crashview
     from corehandler.store import analyses
     with Store(tmp_path) as s:
@@ -306,7 +305,9 @@ def test_a_schema_11_index_gets_signature_v2_with_the_v1_ids_kept(tmp_path, read
             olds[record["id"]] = values
         s.db.execute("PRAGMA user_version=11")
         s.db.commit()
-    with Store(tmp_path, readonly=readonly) as s:
+    with Store(tmp_path, migrate=True):  # what the daemon does at start
+        pass
+    with Store(tmp_path, readonly=True) as s:
         rows = s.analysis_summaries(olds)
         assert {r["signature"] for r in rows.values()} == {"app SIGSEGV strlen | count_name < main"}
         assert {r["signature_version"] for r in rows.values()} == {2}
