@@ -23,7 +23,8 @@ from support.waiting import wait_for
 MIRROR = os.environ.get("COREHANDLER_DEB_MIRROR", "http://deb.debian.org/debian")
 # What the roots hold before a package goes in: the packages' dependencies (so apt installs from the cached
 # tarball without the network), passwd for 0.4.0's postinst (useradd), and what the tests themselves run.
-INCLUDE = ("python3.11,libsystemd0,passwd,systemd-standalone-sysusers,ca-certificates")
+# python3 is the release's python3.X (bookworm's 3.11, trixie's 3.13), which its package depends on.
+INCLUDE = "python3,libsystemd0,passwd,systemd-standalone-sysusers,ca-certificates"
 # The kernel's settings as the root sees them: files of its own, bound over /proc/sys's.
 KERNEL_FILES = {"kernel/core_pattern": "core", "kernel/core_pipe_limit": "0"}
 
