@@ -35,6 +35,8 @@ test -x "$destdir$libexec/csplice"
 # bytecode (compiled on the target by postinst, removed by prerm, as dh_python3 does).
 find "$venv/bin" -type f -delete
 rm -rf "$venv/include"
+# Python 3.13's venv marks itself for git; in a package that is a stray VCS file (lintian).
+rm -f "$venv/.gitignore"
 sed -i '/^command = /d' "$venv/pyvenv.cfg"
 find "$venv" -name direct_url.json -delete
 find "$venv" -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -38,3 +38,22 @@ def previous_deb() -> Path:
 def bookworm_tarball(tmp_path_factory) -> Path:
     from support import debroot
     return debroot.make_tarball("bookworm", tmp_path_factory.mktemp("roots"))
+
+
+@pytest.fixture(scope="session")
+def trixie_tarball(tmp_path_factory) -> Path:
+    from support import debroot
+    return debroot.make_tarball("trixie", tmp_path_factory.mktemp("roots"))
+
+
+@pytest.fixture(scope="session")
+def trixie_deb(tmp_path_factory) -> Path:
+    """This tree's package for Debian 13, built in a trixie root (packaging/deb/build-in-root.sh)."""
+    if os.environ.get("COREHANDLER_TRIXIE_DEB"):
+        return Path(os.environ["COREHANDLER_TRIXIE_DEB"]).resolve()
+    out = tmp_path_factory.mktemp("trixie-deb")
+    result = subprocess.run([str(ROOT / "packaging" / "deb" / "build-in-root.sh"), "trixie", str(out)],
+                            capture_output=True, text=True, timeout=2400)
+    assert result.returncode == 0, result.stderr
+    (package,) = out.glob("corehandler_*_*.deb")
+    return package
