@@ -5,7 +5,7 @@
 # and needs network access to PyPI only (the private virtualenv's dependencies, hash-checked against
 # packaging/lock/; see install-venv.sh).
 # Build dependencies: apt-get install --no-install-recommends debhelper dpkg-dev cmake gcc libsystemd-dev
-# pkg-config python3.11-dev python3.11-venv (the list in debian/control).
+# pkg-config python3-dev python3-venv (the list in debian/control).
 set -eu
 
 src=$(cd "$(dirname "$0")/../.." && pwd)

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Installs corehandler into DESTDIR as the Debian package lays it out (run by debian/rules, from the source
 # root):
-#   /usr/lib/corehandler/            a private virtualenv on Debian's python3.11 holding corehandler and its
+#   /usr/lib/corehandler/            a private virtualenv on Debian's python3.X holding corehandler and its
 #                                    dependencies from PyPI (Debian 12's python3-pydantic is v1; we need v2)
 #   /usr/libexec/corehandler/        csplice, built and installed there by CMake; the path core_pattern
 #                                    names, short and outside the virtualenv (the wheel built for the
@@ -14,7 +14,8 @@ set -eu
 destdir=$1
 prefix=/usr/lib/corehandler
 libexec=/usr/libexec/corehandler
-python=/usr/bin/python3.11
+# The release's python3.X (debian/rules exports PY): bookworm's 3.11, trixie's 3.13.
+python=/usr/bin/${PY:-python3.11}
 venv=$destdir$prefix
 
 rm -rf "$venv" "$destdir$libexec"
@@ -34,6 +35,8 @@ test -x "$destdir$libexec/csplice"
 # bytecode (compiled on the target by postinst, removed by prerm, as dh_python3 does).
 find "$venv/bin" -type f -delete
 rm -rf "$venv/include"
+# Python 3.13's venv marks itself for git; in a package that is a stray VCS file (lintian).
+rm -f "$venv/.gitignore"
 sed -i '/^command = /d' "$venv/pyvenv.cfg"
 find "$venv" -name direct_url.json -delete
 find "$venv" -name __pycache__ -type d -prune -exec rm -rf {} +

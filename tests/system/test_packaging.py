@@ -8,6 +8,9 @@ path under test here. The unit file is checked as installed with systemd-analyze
 
 from __future__ import annotations
 
+import base64
+import csv
+import hashlib
 import json
 import os
 import re
@@ -65,14 +68,6 @@ def supervisor(verb: str) -> subprocess.CompletedProcess:
     return run(PYTHON, "-m", "corehandler.host.supervise", verb, check=False, timeout=60)
 
 
-@pytest.fixture(scope="module")
-def deb(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("deb")
-    run(str(ROOT / "packaging" / "deb" / "build.sh"), str(out), timeout=1200)
-    (package,) = out.glob("corehandler_*_*.deb")
-    return package
-
-
 @pytest.fixture
 def clean_host(host_core_settings):
     """No corehandler package, no state of anyone else's in the way; both put back afterwards."""
@@ -90,10 +85,12 @@ def clean_host(host_core_settings):
 
 
 def test_lintian_finds_no_errors_or_warnings(deb):
-    """Every warning fixed or overridden with its reason in debian/corehandler.lintian-overrides."""
+    """Every warning fixed or overridden with its reason in debian/corehandler.lintian-overrides: on the
+    .changes, so the -dbgsym package too."""
     if shutil.which("lintian") is None:
         pytest.fail("lintian is not installed (scripts/apt/test.txt lists it)")
-    result = run("lintian", "--pedantic", "--fail-on", "warning", str(deb), check=False, timeout=300)
+    (changes,) = deb.parent.glob("corehandler_*.changes")
+    result = run("lintian", "--pedantic", "--fail-on", "warning", str(changes), check=False, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert not re.search(r"^[EW]: ", result.stdout, re.M), result.stdout
 
@@ -123,6 +120,25 @@ def test_the_package_ships_what_the_docs_name(deb):
                  "/usr/share/bash-completion/completions/corehandler",
                  "/usr/share/zsh/vendor-completions/_corehandler"):
         assert f".{path}\n" in files, path
+
+
+def test_the_bundled_wheels_ship_as_their_records_hash_them(deb, tmp_path):
+    """The private environment holds PyPI's files as the lock's hash-checked wheels have them (each wheel's
+    RECORD, urlsafe base64 of sha256): no shared object stripped or rewritten by the build."""
+    run("dpkg-deb", "-x", str(deb), str(tmp_path))
+    (site,) = (tmp_path / "usr/lib/corehandler/lib").glob("python3*/site-packages")
+    checked, wrong = 0, []
+    for record in site.glob("*.dist-info/RECORD"):
+        for row in csv.reader(record.open()):
+            if len(row) < 2 or not row[1].startswith("sha256=") or not (site / row[0]).exists():
+                continue  # bytecode and console scripts the package leaves out
+            digest = base64.urlsafe_b64encode(hashlib.sha256((site / row[0]).read_bytes()).digest())
+            checked += 1
+            if f"sha256={digest.rstrip(b'=').decode()}" != row[1]:
+                wrong.append(row[0])
+    assert checked > 1000 and wrong == []
+    # The venv's libraries are offered to no other package: no shlibs control file.
+    assert not re.search(r"^\s+\d+ bytes,\s+\d+ lines\s+shlibs\b", run("dpkg-deb", "-I", str(deb)).stdout, re.M)
 
 
 def test_csplice_has_one_place_and_no_test_program_ships(deb):
