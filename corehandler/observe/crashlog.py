@@ -13,6 +13,7 @@ from typing import Any
 from corehandler import fields
 from corehandler.observer import Quiet, Stored
 from corehandler.printable import display
+from corehandler.store.dumprow import COMPRESSING
 
 log = logging.getLogger("corehandler.crash")
 
@@ -23,7 +24,16 @@ class CrashLog(Quiet):
     def __init__(self, node: str | None = None):
         self.node = node if node is not None else (os.environ.get("NODE_NAME") or None)
 
+    # Once per dump, when its figures are final: at listing for a dump with nothing to store (dropped), else
+    # once stored and analysed (on_stored carries the analysis: pod, container, signature).
     def on_ingested(self, record: Mapping[str, Any], stored: Stored) -> None:
+        if stored.get("status") != COMPRESSING:
+            self._log(record, stored)
+
+    def on_stored(self, record: Mapping[str, Any], stored: Stored) -> None:
+        self._log(record, stored)
+
+    def _log(self, record: Mapping[str, Any], stored: Mapping[str, Any]) -> None:
         f = crash_fields(record, stored, self.node)
         log.info(*message(f), extra={"fields": f})
 

@@ -35,6 +35,7 @@ SCHEMA_VERSION = 13
 # Only the daemon (at start) and `corehandler migrate` migrate, after a copy of the index named for its old
 # schema (index.schema-11.sqlite) is made beside it; the newest BACKUPS_KEPT copies stay.
 BACKUPS_KEPT = 2
+CREATING_WAIT = 5.0  # s a reader waits for a daemon's first transaction, which creates the index's tables
 
 _SCHEMA_TABLE = """
 CREATE TABLE IF NOT EXISTS dumps (
@@ -377,6 +378,14 @@ class Store:
     def _connect_readonly(self) -> sqlite3.Connection:
         db = sqlite3.connect(f"file:{self.index_path}?mode=ro", uri=True, timeout=30)
         db.execute("PRAGMA user_version").fetchone()  # fails here if it is not an SQLite file
+        # A file with no table yet is an index its daemon is creating (its first transaction not committed):
+        # read it once that is done, not as an "older" one.
+        deadline = time.monotonic() + CREATING_WAIT
+        while _is_empty(db) and db.execute("PRAGMA user_version").fetchone()[0] == 0:
+            if time.monotonic() > deadline:
+                db.close()
+                raise StoreError(f"the index {self.index_path} holds nothing yet (its daemon is creating it)")
+            time.sleep(0.05)
         return db
 
     def _check(self, db: sqlite3.Connection) -> None:

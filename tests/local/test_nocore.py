@@ -29,9 +29,10 @@ def refused(tmp_path_factory):
     records = {"rlimit": feed(feeder, csplice, settings, size=4096, pid=5001, comm="limited", rlimit=0,
                               proc_root=proc)}
     storm = write_settings(tmp / "storm.conf", state / "spool", max_per_exe_per_minute=1)
-    for n in range(3):
+    for n in range(2):  # the second past the rate keeps metadata (a third, past twice the rate, would be shed)
         records["storm"] = feed(feeder, csplice, storm, size=4096, pid=5100 + n, comm="stormy")
-    pending = write_settings(tmp / "pending.conf", state / "spool", max_pending=1)
+    # Three records wait: at max_pending 2 the next keeps metadata only (at twice it, it would be shed).
+    pending = write_settings(tmp / "pending.conf", state / "spool", max_pending=2)
     records["pending"] = feed(feeder, csplice, pending, size=4096, pid=5200, comm="waiting")
     with Running(Settings(state, threads=1, sweep_interval=3600)):
         wait_for(lambda: not [n for n in os.listdir(state / "spool") if n.endswith(".json")])
@@ -67,7 +68,7 @@ def test_list_says_why_each_dump_has_no_core(capsys, refused):
     cells = {line.split()[-1].strip("()"): line for line in out.splitlines()}
     assert "no core: rlimit_core" in cells["limited"]
     assert "no core: max_pending" in cells["waiting"]
-    assert sum("no core: max_per_exe_per_minute" in line for line in out.splitlines()) == 2
+    assert sum("no core: max_per_exe_per_minute" in line for line in out.splitlines()) == 1
     listed = json.loads(cli(capsys, refused, "--json", "list"))
     assert {d["no_core"]["reason"] for d in listed if d["no_core"]} == {"rlimit_core", "max_pending",
                                                                         "max_per_exe_per_minute"}

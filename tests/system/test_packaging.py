@@ -197,12 +197,13 @@ def test_install_crash_remove_purge(deb, clean_host, tmp_path_factory):
     if shutil.which("promtool"):
         assert "SUCCESS" in run("promtool", "check", "rules",
                                 "/usr/share/corehandler/prometheus/corehandler-alerts.yml").stdout
-    security = run("systemd-analyze", "security", "--offline=yes", "--threshold=30", unit, timeout=60)
+    security = run("systemd-analyze", "security", "--offline=yes", "--threshold=31", unit, timeout=60)
     exposure = re.search(r"Overall exposure level for corehandler.service: ([0-9.]+)", security.stdout)
     # 1.9 before the analyser's jail; the daemon now keeps what building it takes (CAP_SYS_ADMIN for its mount
     # namespace, CAP_SETUID/SETGID/SYS_CHROOT to enter it as corehandler-analysis, @mount), so the unwinder of
-    # hostile cores runs as nobody of ours. Still below systemd-coredump@.service's 4.5.
-    assert exposure and float(exposure.group(1)) <= 3.0, security.stdout
+    # hostile cores runs as nobody of ours; each analysis's PID namespace (RestrictNamespaces= pid) adds 0.1.
+    # Still below systemd-coredump@.service's 4.5; docs/packaging.md's figure is checked exactly elsewhere.
+    assert exposure and float(exposure.group(1)) <= 3.1, security.stdout
 
     # -- the daemon, started by the non-systemd path --------------------------------------------------------
     assert not Path("/run/systemd/system").exists(), "this test is for hosts where systemd is not PID 1"

@@ -161,9 +161,10 @@ def test_rlimit_core_zero_and_small(socket_mode, tmp_path):
 
 
 def test_a_storm_is_refused_before_it_is_written(socket_mode, tmp_path):
-    """200 crashes of one executable: the first 16 a minute keep their core (max_per_exe_per_minute), the rest
-    are refused with REJECT, so the kernel writes nothing for them and reports no core; every one is recorded
-    with its reason."""
+    """200 crashes of one executable: the first 16 a minute keep their core (max_per_exe_per_minute), the next
+    are refused with REJECT and recorded with their reason, and past twice the rate each is refused and shed
+    (no record, counted in the spool's .shed): the kernel writes no core for any of them."""
+    from corehandler import spool as spool_mod
     _, spool = socket_mode
     crasher = build_crasher(tmp_path / "bin")
     started = time.monotonic()
@@ -172,16 +173,29 @@ def test_a_storm_is_refused_before_it_is_written(socket_mode, tmp_path):
         results.append(crash([str(crasher), "segv", "1"]))
     took = time.monotonic() - started
     assert took < 60, f"the storm took {took:.0f} s, over the one-minute rate window this test counts in"
-    records = {pid: wait_for_record(spool, pid) for pid, *_ in results}
+
+    def recorded() -> dict[int, dict]:
+        out = {}
+        for p in spool.glob("*.json"):
+            pid = int(p.name.split(".")[0].rsplit("-", 1)[1])
+            out[pid] = json.loads(p.read_text())
+        return out
+    wait_for(lambda: len(recorded()) + sum(spool_mod.shed_counts(spool).values()) >= 200, 60,
+             "every crash recorded or shed")
+    records = recorded()
     kept = [pid for pid, r in records.items() if r["capture"]["complete"]]
     assert len(kept) == 16, len(kept)
     for pid, _, cored, _ in results:
-        cap = records[pid]["capture"]
         if pid in kept:
             assert cored
-        else:
-            assert not cored and cap["socket"]["rejected"] and cap["dropped_reason"] == "max_per_exe_per_minute"
+            continue
+        assert not cored
+        if pid in records:
+            cap = records[pid]["capture"]
+            assert cap["socket"]["rejected"] and cap["dropped_reason"] == "max_per_exe_per_minute", cap
             assert cap["bytes"] == cap["drained_bytes"] == 0
+    assert len(records) == 32  # the rate, then as many again as metadata; the rest shed
+    assert sum(spool_mod.shed_counts(spool).values()) == 200 - 32
     assert len(list(spool.glob("*.core"))) == 16
 
 

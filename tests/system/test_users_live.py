@@ -40,10 +40,12 @@ def _as_user_with_cores():
 
 
 def indexed(state: Path) -> int:
+    """The dumps whose row is final: stored and analysed (a dump is listed before both)."""
     if not (state / "index.sqlite").exists():
         return 0
     with Store(state, readonly=True) as store:
-        return len(store.all())
+        return sum(1 for d in store.all() if d.status != "compressing"
+                   and (analyses.analysis_for(store, d.id) or {}).get("state") not in (None, "pending"))
 
 
 def test_a_user_lists_and_dumps_their_own_real_crash_only(host_core_settings):
