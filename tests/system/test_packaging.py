@@ -167,7 +167,11 @@ def test_install_crash_remove_purge(deb, clean_host, tmp_path_factory):
         _install_crash_remove_purge(deb, crasher, tmp_path_factory)
     finally:
         if had_coredump and package_state("systemd-coredump") != "installed":
+            # Its postinst applies its own pattern: the kernel's settings go back to what they were here.
+            kept = {name: sysctl(name) for name in ("kernel/core_pattern", "kernel/core_pipe_limit")}
             run("apt-get", "install", "-y", "-q", "--no-install-recommends", "systemd-coredump")
+            for name, value in kept.items():
+                Path("/proc/sys", name).write_text(value + "\n")
 
 
 def _install_crash_remove_purge(deb, crasher, tmp_path_factory) -> None:
