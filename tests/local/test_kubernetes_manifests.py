@@ -450,6 +450,27 @@ def test_only_the_scrapers_reach_the_agent_and_only_its_metrics_port(default, ch
 
 # --- the documentation names what is there --------------------------------------------------------------------
 
+def test_values_and_the_doc_give_the_agents_exit_codes_as_the_code_has_them():
+    """The pod's exit code is what an admin sees in `kubectl get pods` (CrashLoopBackOff): each one the chart's
+    values.yaml or docs/kubernetes.md names is errors.py's for what they say it means."""
+    from corehandler import errors
+
+    codes = {v: k for k, v in vars(errors).items() if k.startswith("EXIT_") and isinstance(v, int)}
+    meaning = {"EXIT_CONFLICT": ("refused", "another", "names it", "naming it"),
+               "EXIT_CONFIG": ("invalid configmap", "invalid config")}
+    said = []
+    for path in (render.CHART / "values.yaml", DOC):
+        text = " ".join(path.read_text().replace("#", " ").split())
+        for m in re.finditer(r"\bexits? (\d+)\b", text):
+            code, around = int(m.group(1)), text[max(0, m.start() - 160):m.end() + 60].lower()
+            assert code in codes, f"{path.name} names exit {code}, which corehandler never exits with"
+            wanted = [name for name, words in meaning.items() if any(w in around for w in words)]
+            assert codes[code] in wanted, f"{path.name}: exit {code} ({codes[code]}) said of: {around!r}"
+            said.append((path.name, codes[code]))
+    assert ("values.yaml", "EXIT_CONFLICT") in said and ("kubernetes.md", "EXIT_CONFLICT") in said
+    assert ("kubernetes.md", "EXIT_CONFIG") in said
+
+
 def test_the_kubernetes_doc_names_files_and_values_that_exist():
     text = DOC.read_text()
     named = set(re.findall(r"\b(packaging/kubernetes/[\w./-]+[\w/])", text))
