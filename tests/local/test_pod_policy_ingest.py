@@ -96,7 +96,7 @@ def test_full_metadata_and_none_as_the_namespace_the_default_and_the_pod_decide(
     for pid, (namespace, name, uid, core) in enumerate([
             ("web", "cart", "11111111-2222-3333-4444-555555555555", None),  # full, labels from the API
             ("web", "quiet", None, None),                  # the API's annotation: none
-            ("web", "bundled", None, "none"),              # the bundle's annotation (Podman, containerd's pod_annotations)
+            ("web", "bundled", None, "none"),              # the bundle's annotation (Podman, containerd)
             ("payments", "pay", None, None),               # its namespace: metadata
             ("payments", "greedy", None, "full"),          # narrow: cannot keep more than its namespace
             ("web", "typo", None, "nope"),                 # not a policy: the default, and a warning
