@@ -386,6 +386,64 @@ class ScrubConfig(_Section):
                                                                                 "the store to the next")
 
 
+# What a crash in a pod keeps (corehandler/pods/policy.py): the core, the record only, or nothing.
+CORE_KEEPS = ("full", "metadata", "none")
+# Kubernetes names: a namespace is a DNS label; a label key an optional DNS subdomain prefix and a name.
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_LABEL_KEY = re.compile(r"^(?:[a-z0-9]([-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                        r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+MAX_POD_LABELS = 16
+
+
+def _namespaces(value) -> list:
+    if isinstance(value, list):
+        for name in value:
+            if not isinstance(name, str) or not _NAMESPACE.match(name):
+                raise ValueError(f"{name!r} is not a Kubernetes namespace name")
+    return value
+
+
+def _label_keys(value) -> list:
+    if isinstance(value, list):
+        if len(value) > MAX_POD_LABELS:
+            raise ValueError(f"at most {MAX_POD_LABELS} label keys")
+        for key in value:
+            if not isinstance(key, str) or len(key) > 317 or not _LABEL_KEY.match(key) \
+                    or len(key.rpartition("/")[0]) > 253:
+                raise ValueError(f"{key!r} is not a Kubernetes label key")
+    return value
+
+
+Namespaces = Annotated[list[str], BeforeValidator(_namespaces)]
+
+
+class KubernetesConfig(_Section):
+    core: Literal[CORE_KEEPS] = Field("full", description="what a crash in a pod keeps unless its namespace or "
+                                      "the pod says otherwise: full (the core), metadata (the record, no core) or "
+                                      "none (nothing; counted in corehandler_crashes_excluded_total)")
+    full_namespaces: Namespaces = Field([], description="namespaces whose pods' crashes keep the core")
+    metadata_namespaces: Namespaces = Field([], description="namespaces whose pods' crashes keep the record only")
+    none_namespaces: Namespaces = Field([], description="namespaces whose pods' crashes keep nothing")
+    pod_annotation: Literal["narrow", "any", "ignore"] = Field(
+        "narrow", description="what a pod's corehandler.io/core annotation (full, metadata, none) may do: narrow = "
+        "keep less than its namespace's setting (an opt-out), any = more too (an opt-in), ignore = nothing")
+    pod_labels: Annotated[list[str], BeforeValidator(_label_keys)] = Field(
+        [], description=f"pod label keys recorded with each crash of a pod (at most {MAX_POD_LABELS}; read from "
+        "the Kubernetes API: needs api)")
+    api: bool = Field(False, description="ask the Kubernetes API server for the crashed pod's annotations and "
+                      "labels (in a pod: its service account's token, allowed to get pods)")
+
+    @model_validator(mode="after")
+    def _each_namespace_once(self):
+        seen: dict[str, str] = {}
+        for keep in CORE_KEEPS:
+            for name in getattr(self, f"{keep}_namespaces"):
+                if name in seen and seen[name] != keep:
+                    raise ValueError(f"namespace {name!r} is in both {seen[name]}_namespaces and {keep}_namespaces")
+                seen[name] = keep
+        return self
+
+
 class Config(_Section):
     state_dir: AbsolutePath = Field(DEFAULT_STATE_DIR, description="spool, store and index live here")
     capture: CaptureConfig = CaptureConfig()
@@ -397,6 +455,7 @@ class Config(_Section):
     analysis: AnalysisConfig = AnalysisConfig()
     scrub: ScrubConfig = ScrubConfig()
     upload: UploadConfig = UploadConfig()
+    kubernetes: KubernetesConfig = KubernetesConfig()
 
     def paths(self, base: Paths) -> Paths:
         """base with this config's state_dir."""
