@@ -105,7 +105,14 @@ def dripping(body: bytes, *, headers_too: bool = False, rate: float = 1.0):
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Drip)
+    with _serving(Drip, stop) as address:
+        yield address
+
+
+@contextlib.contextmanager
+def _serving(handler, stop: threading.Event):
+    """handler served on loopback in threads of its own; yields the URL; stop is set before the server shuts."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -158,13 +165,5 @@ def slow(body: bytes | None, delay: float):
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", seen
-    finally:
-        stop.set()
-        server.shutdown()
-        server.server_close()
+    with _serving(Slow, stop) as address:
+        yield address, seen
