@@ -343,7 +343,9 @@ def feed_once(tools: Tools, method: str, mode: str, size: int, settings_path: Pa
     if method in CSPLICE:
         settings_path.write_text(csplice_settings(tools.spool, CSPLICE[method]))
         env["CSPLICE_SETTINGS"] = str(settings_path)
-        argv += [str(os.getpid()), "1", "1", "0", "0", "1", "11", str(int(time.time())), "0", "bench", "bench"]
+        # %c unlimited: RLIMIT_CORE 0 would keep no core (design.md, "RLIMIT_CORE")
+        argv += [str(os.getpid()), "1", "1", "0", "0", "1", "11", str(int(time.time())), "18446744073709551615",
+                 "bench", "bench"]
     proc = subprocess.run([str(tools.feeder), "--size", str(size), "--mode", mode, "--", *argv], env=env,
                           capture_output=True, text=True, check=True)
     stats = json.loads([line for line in proc.stderr.splitlines() if line.startswith("{")][-1])
