@@ -73,6 +73,15 @@ def _size_or_auto(value):
 
 SizeOrAuto = Annotated[int | Literal["auto"], BeforeValidator(_size_or_auto),
                        Human(lambda v: v if v == "auto" else units.format_size(v))]
+def _threads(value):
+    """[compression] threads: "auto", or 1..256 workers; 0, which meant one per CPU but one before, is auto."""
+    if value == "auto" or value == 0:
+        return "auto"
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 256:
+        raise ValueError('must be "auto" or a number of threads from 1 to 256')
+    return value
+
+
 SizeOrPercent = Annotated[units.SizeOrPercent, BeforeValidator(units.SizeOrPercent.parse), Human(str)]
 Count = Annotated[int, Field(ge=0, le=2**31 - 1)]
 
@@ -177,8 +186,10 @@ class CompressionConfig(_Section):
     enabled: bool = Field(True, description="compress dumps with zstd in the store")
     level: int = Field(1, ge=1, le=22, description="zstd level (1..22); 1 stores a dump 1.1-2.3x sooner than 3 "
                        "for 10-33% more bytes (bench/results/compress.md)")
-    threads: int = Field(0, ge=0, le=256, description="zstd worker threads; 0 = one per CPU but one, which hashes "
-                         "and verifies the stream")
+    threads: Annotated[int | Literal["auto"], BeforeValidator(_threads)] = Field(
+        "auto", description="zstd worker threads per dump, 1..256; auto = as many as there are idle CPUs when the "
+        "dump's compression starts (the CPUs the daemon may run on less the 1-minute load average, at least 1); "
+        "a capture that starts pauses the compression whatever the count; 0 = auto")
 
 
 class RetentionConfig(_Section):

@@ -64,7 +64,7 @@ class Settings:
     state_dir: Path
     compression: bool = True
     level: int = 1
-    threads: int = 0
+    threads: int | str = "auto"    # zstd workers per dump: "auto" = idle CPUs (compress.resolve_threads)
     policy: retention.Policy = field(default_factory=retention.Policy)
     retention_interval: float = 3600.0
     sweep_interval: float = 30.0    # also picks up what inotify missed
@@ -409,6 +409,8 @@ class Ingest:
             except compress.CompressError as e:
                 self.report_error("compress", f"{e}; the raw dump stays in the spool", dump.id)
                 raise _Retry() from e
+            log.debug("Stored %s: %d -> %d bytes in %.2f s, %d zstd workers", dump.id, stored.raw_bytes,
+                      stored.stored_bytes, stored.seconds, stored.workers)
         self._checkpoint("stored")
         mini: dict = {}
         seconds = time.monotonic() - start
