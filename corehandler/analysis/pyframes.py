@@ -19,6 +19,7 @@ interpreter, a timeout or a pystack error are a problem string of the analysis, 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import re
@@ -39,6 +40,7 @@ EVAL = frozenset({"_PyEval_EvalFrameDefault", "PyEval_EvalFrameEx", "_PyEval_Eva
 _LIBPYTHON = re.compile(r"^libpython\d+\.\d+[a-z]*\.so")
 _PYTHON_EXE = re.compile(r"^python\d+(?:\.\d+)?[a-z]*$")
 OK, FAILED, TIMEOUT, UNAVAILABLE = "ok", "failed", "timeout", "unavailable"
+CORE_MAPPINGS = 2  # times the core's size added to pystack's address space (read() says why)
 MINI_ONLY = "not read (only the mini core is left, and Python frames live on the heap, which only the full core held)"
 
 
@@ -103,7 +105,11 @@ def read(core: Path, record: dict, result: Mapping[str, Any], limits: Limits = L
         return _outcome(UNAVAILABLE, "pystack is not installed (the package's optional extra: docs/analysis.md, "
                                      "\"Python frames\")")
     site, binds = found
-    run = unwind.Running(Path(core), record, limits, time.monotonic())
+    # pystack maps the core file (libelf, and libdwfl again: measured, it needs about twice the core's size of
+    # address space beyond its own); those pages are the page cache's, not memory of its own, so its
+    # RLIMIT_AS is max_memory plus that.
+    jailed = dataclasses.replace(limits, memory_bytes=limits.memory_bytes + CORE_MAPPINGS * os.stat(core).st_size)
+    run = unwind.Running(Path(core), record, jailed, time.monotonic())
     if os.geteuid() == 0:
         run.user = account.lookup()
         if run.user is None:

@@ -50,6 +50,9 @@ def outer():
     return middle()
 
 
+if "--big" in sys.argv:  # a heap larger than the analysis's max_memory
+    block = bytearray(400 << 20)
+    block[::4096] = b"x" * len(block[::4096])
 if "--thread" in sys.argv:
     threading.Thread(target=time.sleep, args=(600,), name="sleeper", daemon=True).start()
 if "--stop" in sys.argv:  # a shebang script is started by the kernel: gdb attaches while it is stopped
@@ -134,6 +137,18 @@ def test_the_thread_that_held_the_gil_and_the_one_that_crashed(programs):
     assert lines[0] == f"Python traceback of thread {c.tid} (crashing, held the GIL), most recent call last:"
 
 
+def test_a_core_larger_than_max_memory_is_read(programs):
+    """pystack maps the core (twice): its address-space limit is max_memory plus twice the core's size, so a
+    400 MiB heap is read under a 320 MiB max_memory, as eu-stack, which maps less, reads it."""
+    c, record = crash(programs, "interpreter", "--big")
+    limits = findings.Limits(timeout=60, memory_bytes=320 << 20)
+    assert c.core.stat().st_size > 400 << 20
+    r = unwind.analyse(c.core, record, limits)
+    pyframes.add(r, c.core, record, limits)
+    assert r["python"]["state"] == "ok", r["python"]["problems"]
+    assert own_frames(r["python"]["threads"][0], programs / "crash.py")[0][2] == "inner"
+
+
 def test_an_interpreter_replaced_since_the_crash_is_not_read(programs):
     """A venv whose interpreter is a copy (`venv --copies`), read; then that file replaced by another build:
     pystack would read the new file's offsets into the old process's memory, so it is not run."""
@@ -182,10 +197,12 @@ def test_through_the_daemon_info_json_and_journal_before_and_after_retention(pro
     shows_frames(cli("info", f"id={dump_id}"))
     info = json.loads(cli("--json", "info", f"id={dump_id}"))[0]["analysis"]
     assert own_frames(info["python"]["threads"][0], script)[0] == (str(script), LINES["inner"], "inner")
-    entry = journal.dump_entry(record, stored)
-    for name in ("inner", "middle", "outer"):
-        assert f'File "{script}", line {LINES[name]}, in {name}' in entry["MESSAGE"]
-        assert f'line {LINES[name]}, in {name}' in entry["COREHANDLER_PYTHON_STACK"]
+    detail = json.loads(cli("--json", "info", f"id={dump_id}"))[0]
+    # the daemon's own event, and one made of `info --json` as tests/system/test_pyframes_live.py makes it
+    for entry in (journal.dump_entry(record, stored), journal.dump_entry(detail["record"], detail)):
+        for name in ("inner", "middle", "outer"):
+            assert f'File "{script}", line {LINES[name]}, in {name}' in entry["MESSAGE"]
+            assert f'line {LINES[name]}, in {name}' in entry["COREHANDLER_PYTHON_STACK"]
 
     with Store(state) as store:  # what retention does to a dump with a mini core
         assert store.drop_full_core(store.get(dump_id), "max_count") is not None
