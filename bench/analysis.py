@@ -50,7 +50,7 @@ from common import machine, markdown_table, median, publish  # noqa: E402
 
 from corehandler.analysis import debuginfod, findings, minicore, pyframes, unwind  # noqa: E402
 from corehandler.store import compress  # noqa: E402
-from support import debuginfod_server, realcore  # noqa: E402
+from support import debuginfod_server, pycrash, realcore  # noqa: E402
 from support.crash import build_crasher  # noqa: E402
 
 
@@ -147,34 +147,12 @@ def symbols_table(tmp: Path, rounds: int) -> str:
                           rows)
 
 
-PYTHON_PROGRAM = """import ctypes, sys
-heap = bytearray(int(sys.argv[1]) << 20)
-heap[::4096] = b"x" * len(heap[::4096])  # every page written: in the core
-
-
-def inner():
-    return ctypes.string_at(0)
-
-
-def middle():
-    return inner()
-
-
-def outer():
-    return middle()
-
-
-outer()
-"""
-
-
 def python_table(tmp: Path, sizes: list[int], rounds: int) -> str:
     """pystack against eu-stack on CPython cores of each heap size: both in the analysis jail, as the daemon
     runs them one after the other in one worker."""
-    script = tmp / "crash.py"
-    script.write_text(PYTHON_PROGRAM)
     interpreter = Path(sys.executable).resolve()
-    cores = [(mib, realcore.crash(interpreter, tmp / f"core.py{mib}", str(script), str(mib), timeout=1800))
+    script = pycrash.write(tmp / "crash.py", interpreter)
+    cores = [(mib, realcore.crash(interpreter, tmp / f"core.py{mib}", str(script), "--heap", str(mib), timeout=1800))
              for mib in sizes]
     samples = {mib: {"eu-stack": [], "pystack": []} for mib in sizes}
     outcome: dict[int, dict] = {}

@@ -22,47 +22,13 @@ from corehandler.daemon import Settings
 from corehandler.observe import journal
 from corehandler.store import analyses
 from corehandler.store.index import Store
-from support import realcore
+from support import pycrash, realcore
 from support.daemon_harness import Recorder, Running, wait_for
 
 pytestmark = pytest.mark.root
 
 USER = 4242  # the crashing user: its files are vetted as it, no passwd entry needed
 PYTHON = Path(sys.executable).resolve()  # the interpreter pystack's wheel was installed for
-PROGRAM = f"""#!{PYTHON}
-import ctypes
-import os
-import signal
-import sys
-import threading
-import time
-
-
-def inner():
-    return ctypes.string_at(0)
-
-
-def middle():
-    return inner()
-
-
-def outer():
-    return middle()
-
-
-if "--big" in sys.argv:  # a heap larger than the analysis's max_memory
-    block = bytearray(400 << 20)
-    block[::4096] = b"x" * len(block[::4096])
-if "--thread" in sys.argv:
-    threading.Thread(target=time.sleep, args=(600,), name="sleeper", daemon=True).start()
-if "--stop" in sys.argv:  # a shebang script is started by the kernel: gdb attaches while it is stopped
-    os.kill(os.getpid(), signal.SIGSTOP)
-outer()
-"""
-LINES = {name: PROGRAM.splitlines().index(text) + 1 for name, text in (
-    ("inner", "    return ctypes.string_at(0)"), ("middle", "    return inner()"), ("outer", "    return middle()"))}
-
-
 @pytest.fixture(scope="module")
 def programs():
     for tool in ("gdb", "eu-stack"):
@@ -72,9 +38,7 @@ def programs():
         pytest.fail("pystack is missing: it is a runtime dependency (pyproject.toml, packaging/lock/runtime.txt)")
     base = Path(tempfile.mkdtemp(prefix="corehandler-pyframes-"))
     os.chmod(base, 0o755)  # the crashing user's files: readable by anyone, as a user's checkout is
-    script = base / "crash.py"
-    script.write_text(PROGRAM)
-    script.chmod(0o755)
+    pycrash.write(base / "crash.py", PYTHON)
     subprocess.run([str(PYTHON), "-m", "venv", "--without-pip", str(base / "venv")], check=True)
     yield base
     shutil.rmtree(base)
@@ -118,9 +82,7 @@ def test_three_python_frames_with_file_and_line_come_out_of_the_jail(programs, k
     t = py["threads"][0]
     assert t["tid"] == c.tid == r["crashing_tid"] and t["crashing"] and t["gil"]
     script = programs / "crash.py"
-    assert own_frames(t, script)[:3] == [(str(script), LINES["inner"], "inner"),
-                                         (str(script), LINES["middle"], "middle"),
-                                         (str(script), LINES["outer"], "outer")]
+    assert own_frames(t, script)[:3] == pycrash.expected(script)
     assert t["frames"][0]["function"] == "string_at"  # ctypes' own, innermost
     assert "crash.py:inner < crash.py:middle < crash.py:outer" in r["signature"], r["signature"]
     assert r["signature"].startswith(f"{PYTHON.name} SIGSEGV strlen | ")
@@ -139,8 +101,8 @@ def test_the_thread_that_held_the_gil_and_the_one_that_crashed(programs):
 
 def test_a_core_larger_than_max_memory_is_read(programs):
     """pystack maps the core (twice): its address-space limit is max_memory plus twice the core's size, so a
-    400 MiB heap is read under a 320 MiB max_memory, as eu-stack, which maps less, reads it."""
-    c, record = crash(programs, "interpreter", "--big")
+    400 MiB heap is read under a 320 MiB max_memory."""
+    c, record = crash(programs, "interpreter", "--heap", "400")
     limits = findings.Limits(timeout=60, memory_bytes=320 << 20)
     assert c.core.stat().st_size > 400 << 20
     r = unwind.analyse(c.core, record, limits)
@@ -178,6 +140,7 @@ def test_through_the_daemon_info_json_and_journal_before_and_after_retention(pro
     assert rec.of("error") == []
     stored = next(e[2] for e in rec.of("stored") if e[1] == dump_id)
     script = programs / "crash.py"
+    at = pycrash.lines(script)
 
     def cli(*argv):
         code = main(["--config-dir", str(tmp_path / "etc"), "--state-dir", str(state), *argv])
@@ -186,8 +149,8 @@ def test_through_the_daemon_info_json_and_journal_before_and_after_retention(pro
         return out
 
     def shows_frames(out: str) -> None:
-        for name in ("inner", "middle", "outer"):
-            assert f'File "{script}", line {LINES[name]}, in {name}' in out, out
+        for name in pycrash.FRAMES:
+            assert f'File "{script}", line {at[name]}, in {name}' in out, out
         # interleaved: the Python frames follow the eval frame that ran them
         lines = out.splitlines()
         first = next(i for i, line in enumerate(lines) if "in string_at" in line)
@@ -196,13 +159,13 @@ def test_through_the_daemon_info_json_and_journal_before_and_after_retention(pro
 
     shows_frames(cli("info", f"id={dump_id}"))
     info = json.loads(cli("--json", "info", f"id={dump_id}"))[0]["analysis"]
-    assert own_frames(info["python"]["threads"][0], script)[0] == (str(script), LINES["inner"], "inner")
+    assert own_frames(info["python"]["threads"][0], script)[0] == pycrash.expected(script)[0]
     detail = json.loads(cli("--json", "info", f"id={dump_id}"))[0]
     # the daemon's own event, and one made of `info --json` as tests/system/test_pyframes_live.py makes it
     for entry in (journal.dump_entry(record, stored), journal.dump_entry(detail["record"], detail)):
-        for name in ("inner", "middle", "outer"):
-            assert f'File "{script}", line {LINES[name]}, in {name}' in entry["MESSAGE"]
-            assert f'line {LINES[name]}, in {name}' in entry["COREHANDLER_PYTHON_STACK"]
+        for name in pycrash.FRAMES:
+            assert f'File "{script}", line {at[name]}, in {name}' in entry["MESSAGE"]
+            assert f'line {at[name]}, in {name}' in entry["COREHANDLER_PYTHON_STACK"]
 
     with Store(state) as store:  # what retention does to a dump with a mini core
         assert store.drop_full_core(store.get(dump_id), "max_count") is not None

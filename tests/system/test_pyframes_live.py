@@ -17,40 +17,20 @@ import pytest
 from test_daemon_live import live, serve, stop  # noqa: F401 (live is a fixture)
 
 from corehandler.observe import journal
+from support import pycrash
 from support.daemon_harness import wait_for
 from support.journald import PrivateJournald, field_bytes
 
 pytestmark = [pytest.mark.root, pytest.mark.live_kernel, pytest.mark.journald]
 
 PYTHON = Path(sys.executable).resolve()
-PROGRAM = f"""#!{PYTHON}
-import ctypes
-
-
-def inner():
-    return ctypes.string_at(0)
-
-
-def middle():
-    return inner()
-
-
-def outer():
-    return middle()
-
-
-outer()
-"""
-LINES = {name: PROGRAM.splitlines().index(text) + 1 for name, text in (
-    ("inner", "    return ctypes.string_at(0)"), ("middle", "    return inner()"), ("outer", "    return middle()"))}
-
-
 def _allow_core():
     resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
 
 
 def _frames_shown(text: str, script: Path) -> bool:
-    return all(f'File "{script}", line {LINES[n]}, in {n}' in text for n in ("inner", "middle", "outer"))
+    at = pycrash.lines(script)
+    return all(f'File "{script}", line {at[n]}, in {n}' in text for n in pycrash.FRAMES)
 
 
 def _own(analysis: dict, script: Path) -> list[tuple]:
@@ -63,9 +43,7 @@ def test_python_frames_of_real_crashes_before_and_after_retention(live, tmp_path
     state, etc, cli, base = live
     programs = tmp_path / "programs"
     programs.mkdir()
-    script = programs / "crash.py"
-    script.write_text(PROGRAM)
-    script.chmod(0o755)
+    script = pycrash.write(programs / "crash.py", PYTHON)
     subprocess.run([str(PYTHON), "-m", "venv", "--without-pip", str(programs / "venv")], check=True)
     runs = {"interpreter": [str(PYTHON), str(script)], "venv": [str(programs / "venv/bin/python"), str(script)],
             "shebang": [str(script)]}
@@ -81,7 +59,7 @@ def test_python_frames_of_real_crashes_before_and_after_retention(live, tmp_path
         log = stop(daemon)
     assert "Traceback" not in log
     dumps = json.loads(cli("--json", "list").stdout)
-    expected = [(str(script), LINES[n], n) for n in ("inner", "middle", "outer")]
+    expected = pycrash.expected(script)
     before = {}
     for d in dumps:
         analysis = json.loads(cli("--json", "info", f"id={d['id']}").stdout)[0]["analysis"]
