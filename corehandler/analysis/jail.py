@@ -1,7 +1,8 @@
 """The analyser's jail: run as `python -I -S jail.py SPEC_FD` by unwind.py, as root, it vets the files the core
 says were mapped, builds the unwinder a private read-only view of the system, drops every privilege and execs
-the unwinder. Standard library only: it runs without the venv's site-packages, and as a fresh process rather
-than a preexec hook of the daemon's threaded process.
+the unwinder (eu-stack; for the Python frames, pyframes.py's reader: this interpreter running pystack).
+Standard library only: it runs without the venv's site-packages, and as a fresh process rather than a preexec
+hook of the daemon's threaded process.
 
 In order, each step with why:
 1. Vet the core's NT_FILE paths as the crashing user (its uid, gid and groups as effective ids; a crash of a
@@ -17,7 +18,8 @@ In order, each step with why:
 2. A mount, network, IPC and PID namespace of its own. A tmpfs becomes its root, holding: the system's
    program trees read-only (/usr and the merged-/usr links: the unwinder's own libraries and /usr/lib/debug),
    /etc/ld.so.cache, a /proc of its PID namespace showing its own processes only (the core is its inherited
-   fd, opened as /proc/self/fd/N), the debug files the daemon fetched (<state>/debuginfo, read-only), and
+   fd, opened as /proc/self/fd/N), the debug files the daemon fetched (<state>/debuginfo, read-only), the
+   analyser's own files outside those trees (spec `binds`: pystack's package and the script that runs it), and
    each vetted file at its own path (bound read-only, or copied when the analysis's uid could not read it: a
    user's private binary, up to a cap). Nothing else of the state dir, /home, /tmp or /dev is there, so an
    unvetted path names nothing. The tmpfs is mounted over /tmp first, so each source is an fd taken before (a

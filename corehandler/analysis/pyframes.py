@@ -168,6 +168,12 @@ def parse(raw: bytes, crashing_tid: int | None, limits: Limits = Limits()) -> di
         data = boundedjson.loads(raw, max_bytes=limits.output_bytes, max_depth=8)
     except (boundedjson.BoundedJSONError, ValueError) as e:
         return _outcome(FAILED, f"pystack's output is not bounded JSON: {str(e)[:200]}")
+    return checked(data, crashing_tid, limits)
+
+
+def checked(data: Any, crashing_tid: int | None, limits: Limits = Limits()) -> dict:
+    """The `python` result of what pyreader wrote (or what a sidecar, another host's word, says it read), each
+    field of its type or left out, cut to the limits."""
     if not isinstance(data, dict):
         return _outcome(FAILED, "pystack's output is not a JSON object")
     if data.get("error"):
@@ -327,7 +333,7 @@ def summary(result: Mapping[str, Any], full_core: bool | None = None) -> str | N
             return None
         if full_core is False:
             return f"CPython, frames {MINI_ONLY}"
-        return "CPython, frames not read (analysed before Python frames were; `corehandler analyze` reads them)"
+        return "CPython, frames not read (`corehandler analyze` reads them from the full core)"
     if py.get("state") != OK:
         why = "; ".join(str(p) for p in py.get("problems") or []) or py.get("state")
         return f"CPython{' ' + py['version'] if py.get('version') else ''}, frames not read: {why}"

@@ -162,3 +162,13 @@ def test_a_failure_is_a_problem_and_a_partial_result_never_an_exception(monkeypa
     pyframes.add(r, "/nonexistent", RECORD)
     assert r["state"] == "partial" and r["python"]["state"] == "failed"
     assert r["problems"] == ["Python frames not read: Python frames failed: RuntimeError: pystack blew up"]
+
+
+def test_a_sidecars_python_frames_are_checked_as_another_hosts_word():
+    """fleet info shows a sidecar's Python traceback only as checked() passes it (cli/fleet.py)."""
+    stored = pyframes.parse(out(threads=[thread(9, [pyf("inner", line=5), pyf("outer", line=13)], gil=True)]), 9)
+    again = pyframes.checked(json.loads(json.dumps(stored)), 9)
+    assert again["threads"] == stored["threads"] and again["state"] == "ok"
+    forged = pyframes.checked({"threads": [{"tid": 9, "frames": [pyf("x" * 100_000)] * 10_000}]}, 9)
+    assert len(forged["threads"][0]["frames"]) == 64 and len(forged["threads"][0]["frames"][0]["function"]) < 600
+    assert pyframes.traceback_lines(pyframes.crashing({"python": again}))[-1] == '  File "/srv/app/crash.py", line 5, in inner'
