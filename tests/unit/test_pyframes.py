@@ -5,6 +5,8 @@ and what a second analysis keeps. The reader in the jail on real cores: tests/lo
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from corehandler.analysis import findings, pyframes
 
@@ -171,4 +173,24 @@ def test_a_sidecars_python_frames_are_checked_as_another_hosts_word():
     assert again["threads"] == stored["threads"] and again["state"] == "ok"
     forged = pyframes.checked({"threads": [{"tid": 9, "frames": [pyf("x" * 100_000)] * 10_000}]}, 9)
     assert len(forged["threads"][0]["frames"]) == 64 and len(forged["threads"][0]["frames"][0]["function"]) < 600
-    assert pyframes.traceback_lines(pyframes.crashing({"python": again}))[-1] == '  File "/srv/app/crash.py", line 5, in inner'
+    last = pyframes.traceback_lines(pyframes.crashing({"python": again}))[-1]
+    assert last == '  File "/srv/app/crash.py", line 5, in inner'
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=80),
+                     lambda inner: st.lists(inner, max_size=6) | st.dictionaries(
+                         st.sampled_from(["tid", "frames", "file", "line", "function", "entry", "gil", "name",
+                                          "threads", "threads_seen", "frames_seen", "version", "error", "x"]),
+                         inner, max_size=6), max_leaves=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON)
+def test_any_json_is_checked_never_raises_and_stays_bounded(data):
+    p = pyframes.checked(data, 1, LIMITS)
+    assert p["state"] in ("ok", "failed") and len(p["threads"]) <= LIMITS.threads
+    for t in p["threads"]:
+        assert isinstance(t["tid"], int) and len(t["frames"]) <= LIMITS.frames
+        for f in t["frames"]:
+            assert all(v is None or isinstance(v, str) and len(v) <= 48 for v in (f["file"], f["function"]))
+        pyframes.traceback_lines(t)
