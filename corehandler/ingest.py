@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from corehandler import analysisqueue, elfcore, paths, spool, steps
-from corehandler.analysis import debuginfod, findings, identity, minicore, resymbolise, symbols, unwind
+from corehandler.analysis import debuginfod, findings, identity, minicore, pyframes, resymbolise, symbols, unwind
 from corehandler.config import KubernetesConfig
 from corehandler.observer import Observer, Stored
 from corehandler.pods import apiserver, policy
@@ -543,6 +543,11 @@ class Ingest:
         if result is None:
             unwind.cancel(running)
             result = findings.skipped(record, failed[0], state=findings.FAILED)
+        elif not self._stop.is_set():
+            # From the same raw core, which stays in the spool until this job ends (compression writes the
+            # store's copy beside it): the Python frames live on its heap (pyframes.py).
+            pyframes.add(result, raw, record, self._analysis_limits(),
+                         started=lambda run: setattr(job, "interrupt", lambda: unwind.interrupt(run)))
         symbols.annotate(result, self.settings.state_dir)
         return result
 
@@ -594,6 +599,7 @@ class Ingest:
                 continue
             if self.settings.analysis_enabled and raw.exists() and dump.status in ("ok", "truncated"):
                 result = unwind.analyse(raw, dump.record, self._analysis_limits())
+                pyframes.add(result, raw, dump.record, self._analysis_limits())
             else:
                 why = "killed mid-analysis" if state == analyses.PENDING else "indexed before analysis existed"
                 result = findings.skipped(dump.record, f"raw core gone before it was analysed ({why})")

@@ -11,6 +11,7 @@ import sqlite3
 import sys
 from pathlib import Path
 
+from corehandler.analysis import pyframes
 from corehandler.cli.common import emit, load, table, write_output
 from corehandler.cli.progress import Progress
 from corehandler.errors import CorehandlerError, NoMatchError, UsageError
@@ -255,6 +256,11 @@ def run_info(args: argparse.Namespace) -> int:
         lines.append(f"Stack of thread {display(crashing.get('tid'))} (docs/analysis.md):")
         lines += [f"  #{display(f.get('index'))} {display(f.get('function')) or '??'} "
                   f"({display(f.get('module')) or '?'}+{display(f.get('offset'))})" for f in frames]
+    analysis = sc.get("analysis") if isinstance(sc.get("analysis"), dict) else {}
+    if isinstance(analysis.get("python"), dict) and analysis["python"].get("state") == "ok" and crashing:
+        python = pyframes.crashing({"python": pyframes.checked(analysis["python"], crashing.get("tid"))})
+        if python:
+            lines += pyframes.traceback_lines(python)
     print("\n".join(lines))
     return 0
 
