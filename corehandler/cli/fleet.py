@@ -148,7 +148,7 @@ def _core_cell(r: dict) -> str:
 def run_list(args: argparse.Namespace) -> int:
     view, target, days, client = _view(args)
     try:
-        con = view.connect()
+        con = fleetview.link(view.connect()) if args.group else view.connect()
         columns, values = fleetview.rows(con, fleetview.GROUP_SQL if args.group else fleetview.LIST_SQL)
     finally:
         view.close()

@@ -52,19 +52,23 @@ FROM dumps ORDER BY crashed_at, id"""
 # Signature v2 (docs/analysis.md, "Grouping keys") linked to v1: the dumps of hosts still on v1 (or uploaded
 # before their host's upgrade) are grouped with the v2 signature whose dumps carry their v1 id as
 # signature_v1_id (with the most dumps of the window, when several do), so an upgrade makes no group "new" and
-# splits none in two. `linked` is `dumps` with signature and signature_id those of the group, and
+# splits none in two. link(con) makes `links` (v1 id -> that signature; a table: the queries of a report use it
+# three times) and the view `linked`: `dumps` with signature and signature_id those of the group, and
 # own_signature_id the dump's own.
-LINKED = """
-v2 AS (SELECT signature_v1_id AS v1, signature, signature_id, count(*) AS n FROM dumps
-       WHERE signature_v1_id IS NOT NULL AND signature_id IS DISTINCT FROM signature_v1_id GROUP BY ALL),
-links AS (SELECT v1, first(signature ORDER BY n DESC, signature) AS signature,
-                 first(signature_id ORDER BY n DESC, signature) AS signature_id FROM v2 GROUP BY v1),
-linked AS (SELECT d.* REPLACE (coalesce(l.signature, d.signature) AS signature,
-                               coalesce(l.signature_id, d.signature_id) AS signature_id),
-                  d.signature_id AS own_signature_id
-           FROM dumps d LEFT JOIN links l ON l.v1 = d.signature_id)"""
-GROUP_SQL = f"""
-WITH {LINKED}
+LINKS_SQL = """
+CREATE OR REPLACE TEMP TABLE links AS
+WITH v2 AS (SELECT signature_v1_id AS v1, signature_id, any_value(signature) AS signature, count(*) AS n
+            FROM dumps WHERE signature_v1_id IS NOT NULL AND signature_id IS DISTINCT FROM signature_v1_id
+            GROUP BY 1, 2)
+SELECT v1, first(signature ORDER BY n DESC, signature) AS signature,
+       first(signature_id ORDER BY n DESC, signature) AS signature_id FROM v2 GROUP BY v1"""
+LINKED_SQL = """
+CREATE OR REPLACE TEMP VIEW linked AS
+SELECT d.* REPLACE (coalesce(l.signature, d.signature) AS signature,
+                    coalesce(l.signature_id, d.signature_id) AS signature_id),
+       d.signature_id AS own_signature_id
+FROM dumps d LEFT JOIN links l ON l.v1 = d.signature_id"""
+GROUP_SQL = """
 SELECT signature, any_value(signature_id) AS signature_id, count(*) AS count,
        count(*) FILTER (WHERE has_core) AS cores, list_sort(list(DISTINCT host)) AS hosts,
        min(epoch_us(crashed_at)) / 1e6 AS first_seen, max(epoch_us(crashed_at)) / 1e6 AS last_seen,
@@ -72,6 +76,13 @@ SELECT signature, any_value(signature_id) AS signature_id, count(*) AS count,
        list_sort(list(DISTINCT signature_v1_id) FILTER (WHERE signature_v1_id IS NOT NULL)) AS signature_v1_ids,
        count(*) FILTER (WHERE own_signature_id IS DISTINCT FROM signature_id) AS linked_v1
 FROM linked GROUP BY signature ORDER BY count DESC, signature"""
+
+
+def link(con):
+    """Adds `links` and the view `linked` (above) to a connection of View.connect(); returns it."""
+    con.execute(LINKS_SQL)
+    con.execute(LINKED_SQL)
+    return con
 
 
 def _old_rows_filled() -> str:

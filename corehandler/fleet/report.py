@@ -5,7 +5,7 @@ Built on the fleet view (fleetview.py): two queries on the embedded engine over 
 scales as `fleet list --group` does. Per signature: the count, a bar per day of the window, first and last
 seen within the window, the hosts and executables, the share kept as metadata only (no core in the bucket:
 the fleet budget, the host's limits), and the `fleet get` command of its latest dump. A v2 signature
-counts the dumps of the v1 signatures it links (fleetview.LINKED). "New" is a signature first seen on or
+counts the dumps of the v1 signatures it links (fleetview.link). "New" is a signature first seen on or
 after --new-since (a release's date) while the window reaches back before it; without the window reaching
 back, nothing can be called new and the page says so.
 
@@ -20,13 +20,12 @@ import html
 from collections.abc import Sequence
 
 from corehandler import __version__
-from corehandler.fleet.fleetview import LINKED
+from corehandler.fleet.fleetview import link
 from corehandler.printable import display
 
-# Over `linked` (fleetview.LINKED): a v2 signature counts the dumps of the v1 signature it links, so one of
+# Over `linked` (fleetview.link): a v2 signature counts the dumps of the v1 signature it links, so one of
 # before an upgrade makes it not new.
-TOP_SQL = f"""
-WITH {LINKED}
+TOP_SQL = """
 SELECT coalesce(signature, '(none)') AS signature, any_value(signature_id) AS signature_id, count(*) AS count,
        count(*) FILTER (WHERE has_core) AS cores, count(DISTINCT host) AS host_count,
        list_sort(list(DISTINCT host))[1:5] AS hosts, count(DISTINCT exe) AS exe_count,
@@ -36,12 +35,10 @@ SELECT coalesce(signature, '(none)') AS signature, any_value(signature_id) AS si
        list_sort(list(DISTINCT signature_v1_id) FILTER (WHERE signature_v1_id IS NOT NULL)) AS signature_v1_ids,
        count(*) FILTER (WHERE own_signature_id IS DISTINCT FROM signature_id) AS linked_v1
 FROM linked GROUP BY 1 ORDER BY count DESC, signature LIMIT ?"""
-DAILY_SQL = f"""
-WITH {LINKED}
+DAILY_SQL = """
 SELECT coalesce(signature, '(none)') AS signature, CAST(crashed_at AS DATE) AS day, count(*) AS count
 FROM linked WHERE list_contains(?, coalesce(signature, '(none)')) GROUP BY 1, 2"""
-TOTALS_SQL = f"""
-WITH {LINKED}
+TOTALS_SQL = """
 SELECT count(*) AS dumps, count(DISTINCT host) AS hosts, count(DISTINCT coalesce(signature, '(none)'))
        AS signatures, count(*) FILTER (WHERE NOT has_core) AS without_core FROM linked"""
 FLEET_DAILY_SQL = "SELECT CAST(crashed_at AS DATE) AS day, count(*) AS count FROM dumps GROUP BY 1"
@@ -55,6 +52,7 @@ def collect(con, days: Sequence[dt.date], top: int, new_since: dt.date | None, s
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row)) for row in cur.fetchall()]
 
+    link(con)
     [totals] = query(TOTALS_SQL)
     signatures = query(TOP_SQL, top)
     per_day: dict[str, dict[dt.date, int]] = {}

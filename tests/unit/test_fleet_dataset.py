@@ -19,7 +19,7 @@ duckdb = pytest.importorskip("duckdb")
 def view_rows(client, target, sql=fleetview.LIST_SQL, days=(DAY,), hosts=()):
     view = fleetview.collect(client, target, list(days), hosts)
     try:
-        return fleetview.as_dicts(*fleetview.rows(view.connect(), sql)), view.skipped
+        return fleetview.as_dicts(*fleetview.rows(fleetview.link(view.connect()), sql)), view.skipped
     finally:
         view.close()
 
