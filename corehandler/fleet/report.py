@@ -89,6 +89,14 @@ def _when(ts: float | None) -> str:
     return "-" if ts is None else dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
 
 
+def _linked(s: dict) -> str:
+    """The v1 signatures a v2 one links, as the page says them (and how many of its dumps were theirs)."""
+    if not s["linked_v1"]:
+        return ""
+    ids = ", ".join(_text(i) for i in s["signature_v1_ids"][:3]) + (" ..." if len(s["signature_v1_ids"]) > 3 else "")
+    return f"; v1: {ids} ({s['linked_v1']} of its dumps)"
+
+
 BAR, GAP, HEIGHT = 6, 2, 28
 NEW = '<span class="new">new</span>'
 
@@ -143,7 +151,7 @@ def page(data: dict) -> str:
         exes = _text(s["exe"]) + (f" and {s['exe_count'] - 1} more" if s["exe_count"] > 1 else "")
         rows.append(
             f"<tr><td class=\"n\">{rank}</td><td><code>{_text(s['signature'])}</code>"
-            f"{' ' + NEW if s['new'] else ''}<br><small>{_text(s['signature_id'])}"
+            f"{' ' + NEW if s['new'] else ''}<br><small>{_text(s['signature_id'])}{_linked(s)}"
             f"</small></td><td class=\"n\">{s['count']}</td><td>{bars(s['per_day'], days, s['signature'])}</td>"
             f"<td>{_when(s['first_seen'])}</td><td>{_when(s['last_seen'])}</td>"
             f"<td class=\"n\">{s['host_count']}</td><td>{hosts}</td><td>{exes}</td>"

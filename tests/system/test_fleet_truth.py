@@ -226,6 +226,10 @@ def test_an_upgrade_to_signature_v2_makes_no_group_new(tmp_path, s3, capsys):
     assert parse["first_seen"] < dt.datetime.combine(d[1], dt.time(), dt.timezone.utc).timestamp()
     assert sigs["app SIGSEGV fresh"]["new"] is True and sigs[v1_gone]["new"] is False
     assert data["totals"]["signatures"] == 3
+    page = tmp_path / "report.html"
+    code, _, err = alpha.cli(capsys, "fleet", "report", *window, "--new-since", str(d[2]), "-o", str(page))
+    row = next(r for r in page.read_text().split("<tr>") if "app SIGSEGV parse" in r)
+    assert code == 0 and "v1: s1-aaaa (3 of its dumps)" in row and 'class="new"' not in row, err
 
     groups, _ = _json(alpha, capsys, "list", "--group", *window)
     assert [(g["signature"], g["count"], g["signature_v1_ids"]) for g in groups] == \
