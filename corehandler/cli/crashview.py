@@ -187,6 +187,7 @@ def info_fields(result: dict | None) -> list[tuple[str, str | None]]:
     fields: list[tuple[str, str | None]] = [
         ("Analysis", f"{state}" + (f" in {result['seconds'] * 1000:.0f} ms" if result.get("seconds") else "")),
         ("Reason", (result.get("reason") or {}).get("text")),
+        *journal_fields(result.get("reason")),
         ("Signature", result.get("signature")),
         ("Signature ID", result.get("signature_id")),
         ("Signature v1 ID", result.get("signature_v1_id")),
@@ -218,6 +219,13 @@ def info_fields(result: dict | None) -> list[tuple[str, str | None]]:
     for p in result.get("problems") or []:
         fields.append(("Analysis Problem", p))
     return fields
+
+
+def journal_fields(why: dict | None) -> list[tuple[str, str]]:
+    """The block the process wrote to the journal before it died (crashjournal.py): its first line labelled, the
+    rest as continuation lines (an empty label)."""
+    lines = ((why or {}).get("journal") or {}).get("lines") or []
+    return [("Journal" if i == 0 else "", str(line)) for i, line in enumerate(lines)]
 
 
 def result(dumps: Dumps, d: Dump) -> dict | None:
