@@ -5,7 +5,8 @@ csplice records the reason a dump was dropped or truncated (the record's `captur
 `truncated_reason`: admit.c, capture.c, csplice.c) and the facts around it (`rlimit_core`, `capture.error`,
 `capture.socket.error`); this module turns each into words for `info`, `list`, the journal and `--json`. A
 process the kernel never hands to us (not dumpable: PR_SET_DUMPABLE 0, or setuid with `fs.suid_dumpable=0`)
-leaves no record at all, so nothing here can speak of it.
+leaves no record at all, so nothing here can speak of it (`corehandler why PID` does while it runs:
+host/coreready.py).
 """
 
 from __future__ import annotations
@@ -20,22 +21,30 @@ from corehandler.units import format_size
 CONFIG = "/etc/corehandler/corehandler.toml"
 
 
+def rlimit_where(unit: str | None) -> str:
+    """Where a process's RLIMIT_CORE came from, as far as its unit tells (this module and `corehandler why`)."""
+    return (f"LimitCORE= of {unit}, or a `ulimit -c` in what started it" if unit and unit != "init.scope"
+            else "a `ulimit -c` in what started it, or its service's LimitCORE=")
+
+
+def rlimit_fix(unit: str | None) -> str:
+    return (f"`systemctl edit {unit}` and set LimitCORE=infinity under [Service]" if unit and unit.endswith(".service")
+            else "run it with `ulimit -c unlimited`, or LimitCORE=infinity in its unit (DefaultLimitCORE= in "
+            "/etc/systemd/system.conf for every unit)")
+
+
 def _rlimit(record: Mapping[str, Any], kind: str) -> tuple[str, str]:
     ident = identity.identify(dict(record))
     unit = ident.get("user_unit") or ident.get("unit")
     value = record.get("rlimit_core")
     limit = "0" if value in ("0", "1", None) else format_size(int(value)) if str(value).isdigit() else str(value)
-    where = (f"LimitCORE= of {unit}, or a `ulimit -c` in what started it" if unit and unit != "init.scope"
-             else "a `ulimit -c` in what started it, or its service's LimitCORE=")
+    where = rlimit_where(unit)
     why = (f"the process's RLIMIT_CORE was {limit} ({where}): it asked for no core" if kind == "dropped" else
            f"the core was cut at the process's RLIMIT_CORE of {limit} ({where})")
-    fix = (f"`systemctl edit {unit}` and set LimitCORE=infinity under [Service]" if unit and unit.endswith(".service")
-           else "run it with `ulimit -c unlimited`, or LimitCORE=infinity in its unit (DefaultLimitCORE= in "
-           "/etc/systemd/system.conf for every unit)")
-    return why, fix
+    return why, rlimit_fix(unit)
 
 
-def _config(key: str) -> str:
+def config_fix(key: str) -> str:
     return f"[capture] {key} in {CONFIG}, then `systemctl reload corehandler`"
 
 
@@ -47,25 +56,26 @@ def _sentences(reason: str, kind: str, record: Mapping[str, Any]) -> tuple[str, 
     if reason == "max_dump_size":
         return (("the dump was larger than [capture] max_dump_size: " +
                  ("refused before it was written" if kind == "dropped" else "the core was cut there")),
-                f"raise {_config('max_dump_size')}")
+                f"raise {config_fix('max_dump_size')}")
     if reason == "min_free":
         return ("the spool's filesystem was down to its free-space floor ([capture] min_free)",
                 "free space on the state directory's filesystem (`corehandler vacuum`, `df`), or lower "
-                + _config("min_free"))
+                + config_fix("min_free"))
     if reason == "max_pending":
         return ("[capture] max_pending dumps were already waiting in the spool for the daemon",
-                "check the daemon is running and keeping up (`corehandler status`), or raise " + _config("max_pending"))
+                "check the daemon is running and keeping up (`corehandler status`), or raise "
+                + config_fix("max_pending"))
     if reason == "max_pending_per_uid":
         return ("this user already had [capture] max_pending_per_uid dumps waiting in the spool (a crash storm of "
                 "their own processes; other users' and root's crashes keep their cores)",
                 "check the daemon keeps up (`corehandler status`) and stop the user's crash loop, or raise "
-                + _config("max_pending_per_uid"))
+                + config_fix("max_pending_per_uid"))
     if reason == "max_per_exe_per_minute":
         return ("crash storm: this user's executable crashed more than [capture] max_per_exe_per_minute times "
                 "within a minute; the first ones of the minute have their cores",
-                "fix the crash loop (its unit's Restart=), or raise " + _config("max_per_exe_per_minute"))
+                "fix the crash loop (its unit's Restart=), or raise " + config_fix("max_per_exe_per_minute"))
     if reason == "timeout":
-        return ("the capture ran into [capture] timeout", "raise " + _config("timeout"))
+        return ("the capture ran into [capture] timeout", "raise " + config_fix("timeout"))
     if reason == "write_error" and error and "space" in str(error).lower():
         return ("disk full: writing the core into the spool failed (" + str(error) + ")",
                 "free space on the state directory's filesystem (`corehandler vacuum`, `df`)")

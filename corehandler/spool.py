@@ -210,6 +210,69 @@ def shed_counts(spool_dir: Path) -> dict[int, int]:
     return counts
 
 
+# csplice's admission reads these two (admit.c); `corehandler why` reads them the same way to say whether the next
+# crash would pass (host/coreready.py).
+_RECORD_HEAD = 256  # SPOOL_RECORD_HEAD: a record names its uid within its first bytes
+_HEAD_UID = re.compile(rb'"uid":([0-9]+)')
+
+
+@dataclass(frozen=True)
+class Pending:
+    """Committed records waiting for the daemon, as csplice counts them (spool_count_pending): all, the
+    given uid's and root's (a record whose head names no uid is uid -1's)."""
+    all: int
+    mine: int
+    root: int
+
+
+def count_pending(spool_dir: Path, uid: int) -> Pending:
+    """The backlog csplice's admission counts; raises OSError when the spool cannot be listed (it is root's)."""
+    counts = [0, 0, 0]
+    for name in os.listdir(spool_dir):
+        if name.startswith(".") or not name.endswith(".json") or len(name) <= 5:
+            continue
+        try:
+            with open(spool_dir / name, "rb", buffering=0) as f:
+                m = _HEAD_UID.search(f.read(_RECORD_HEAD))
+        except OSError:
+            m = None
+        owner = int(m.group(1)) if m else -1
+        counts[0] += 1
+        counts[1] += owner == uid
+        counts[2] += owner == 0
+    return Pending(*counts)
+
+
+def _fnv1a64(data: bytes) -> int:
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def rate_path(spool_dir: Path, uid: int, key: str) -> Path:
+    """csplice's per-minute crash counter of (uid, executable) (spool_rate_hit: the key hashed, as it is the
+    crashed process's to choose)."""
+    return spool_dir / RATE_DIR / f"{uid if uid >= 0 else -1}-{_fnv1a64(os.fsencode(key)):016x}"
+
+
+def rate_count(spool_dir: Path, uid: int, key: str, now: float | None = None) -> int:
+    """Crashes of (uid, key) counted in the current one-minute window; 0 when none or the window is over.
+    Raises OSError when the spool cannot be read (it is root's)."""
+    now = time.time() if now is None else now
+    try:
+        words = rate_path(spool_dir, uid, key).read_bytes()[:64].split()
+    except FileNotFoundError:
+        if not spool_dir.is_dir():
+            raise
+        return 0
+    try:
+        window, count = int(words[0]), int(words[1])
+    except (IndexError, ValueError):
+        return 0
+    return count if 0 <= now - window < RATE_WINDOW_SEC else 0
+
+
 def find_orphans(spool_dir: Path, now: float | None = None, min_age: float = ORPHAN_MIN_AGE_SEC) -> list[Orphan]:
     """Cores whose csplice died before committing: an unlocked .tmp.<id>.core, or an unlocked <id>.core
     without <id>.json. Files younger than min_age are left alone (their lock may not be taken yet)."""

@@ -46,6 +46,7 @@ class Limits:
     line_chars: int = 512               # a symbol, module or source path longer is cut
     source_lines: bool = False          # eu-stack -s: file:line per frame (costs 50-300 ms with debug info)
     debuginfo_path: str | None = None   # eu-stack --debuginfo-path: where separate debug files are (debuginfod.py)
+    journal_dir: str | None = None      # the crash's journal lines (crashjournal.py): None = the system journal
 
 
 def _cut(text: str, limit: int) -> str:

@@ -6,7 +6,9 @@ line; malloc's "free(): double free detected in tcache 2"; fortify's "*** buffer
 message's address is libc's `__abort_msg` symbol, which the analysis jail reads from the .dynsym of libc's file
 as it vets that path as the crashing user (the daemon opens no path a core names), used only when that file's
 build-id is the one the core recorded; the message's bytes are read from the core's memory, bounded.
-Everything here is the crashed process's: the line is escaped where it is printed (printable.py), never here.
+A Rust panic's message or a `Fatal Python error` block is not in the core but in the journal (crashjournal.py);
+with_journal puts it in front. Everything here is the crashed process's: the line is escaped where it is printed
+(printable.py), never here.
 """
 
 from __future__ import annotations
@@ -175,11 +177,28 @@ def of_core(core: Path | str, record: Mapping[str, Any], modules: list[dict], pr
             si.get("code")), "addr": si.get("addr"), "sender_pid": si.get("pid"), "abort_message": message}
 
 
+def with_journal(why: dict | None, found: Mapping[str, Any] | None) -> dict | None:
+    """The reason with what the crashed process wrote to the journal just before (analysis/crashjournal.py): its
+    summary leads the line, the core's words follow unless they only say the process aborted itself (what a Rust
+    panic or Py_FatalError does next)."""
+    if not found:
+        return why
+    why = dict(why or {"text": None, "signal": None, "code": None, "addr": None, "sender_pid": None,
+                       "abort_message": None})
+    core = why.get("text")
+    redundant = not core or core.startswith("abort() called by the process itself")
+    why["text"] = found["summary"] if redundant else f"{found['summary']}; {core}"
+    why["journal"] = dict(found)
+    return why
+
+
 def carry_over(before: Mapping[str, Any] | None, result: dict) -> None:
-    """An analysis done again (from the mini core, which rarely holds the abort message's page) keeps the
-    first analysis's reason when that one knew more: the first read the full core."""
+    """An analysis done again (from the mini core, which rarely holds the abort message's page; later, when the
+    journal may have rotated the crash's lines away) keeps the first analysis's reason when that one knew more:
+    the first read the full core and the journal right after the crash."""
     old = (before or {}).get("reason")
     new = result.get("reason")
     if isinstance(old, dict) and old.get("text") and (not isinstance(new, dict) or not new.get("text")
-                                                      or old.get("abort_message") and not new.get("abort_message")):
+                                                      or old.get("abort_message") and not new.get("abort_message")
+                                                      or old.get("journal") and not new.get("journal")):
         result["reason"] = old

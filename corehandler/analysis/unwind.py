@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from corehandler import elfcore, fields, steps
-from corehandler.analysis import account, coremodules, identity, jail, reason
+from corehandler.analysis import account, coremodules, crashjournal, identity, jail, reason
 from corehandler.analysis.findings import Limits, apply_errors, build_result, parse_stack
 
 log = logging.getLogger(__name__)
@@ -350,9 +350,19 @@ def finish(run: Running) -> dict:
     result = build_result(run.record, stack, modules, modules_cut, problems, timed_out, available=run.available,
                           seconds=seconds, exe_vetting=report.get("exe"))
     result["sandbox"] = report.get("applied") or []
-    result["reason"] = why
+    result["reason"] = reason.with_journal(why, _journal_words(run.record, result, limits))
     _disk_facts(result["modules"], report)
     return result
+
+
+def _journal_words(record: dict, result: dict, limits: Limits) -> dict | None:
+    """A Rust panic or Fatal Python error the process wrote to the journal before it died (crashjournal.py); a
+    journal that cannot be read is a problem of the analysis, never a stopped one."""
+    try:
+        return crashjournal.of_crash(record, result.get("identity") or {}, limits.journal_dir)
+    except Exception as e:  # the journal's files and the process's bytes in them: nothing stops the analysis
+        result.setdefault("problems", []).append(steps.problem("journal lines", e))
+        return None
 
 
 def _disk_facts(modules: list[dict], report: dict) -> None:

@@ -26,11 +26,11 @@ import sqlite3
 import sys
 
 from corehandler import __version__
-from corehandler.cli import agent, analyze, config, doctor, dumps, fleet, install, migrate, serve
+from corehandler.cli import agent, analyze, config, doctor, dumps, fleet, install, migrate, serve, why
 from corehandler.cli.common import Commands, coredumpctl_argv, global_options
 from corehandler.errors import EXIT_PERMISSION, EXIT_SYSTEM, EXIT_USAGE, CorehandlerError
 
-COMMAND_MODULES = (install, config, dumps, analyze, serve, migrate, doctor, fleet, agent)
+COMMAND_MODULES = (install, config, dumps, analyze, serve, migrate, doctor, why, fleet, agent)
 DEFAULT_COMMAND = "list"
 
 

@@ -193,6 +193,7 @@ def info_fields(result: dict | None, full_core: bool | None = None) -> list[tupl
     fields: list[tuple[str, str | None]] = [
         ("Analysis", f"{state}" + (f" in {result['seconds'] * 1000:.0f} ms" if result.get("seconds") else "")),
         ("Reason", (result.get("reason") or {}).get("text")),
+        *journal_fields(result.get("reason")),
         ("Python", pyframes.summary(result, full_core)),
         ("Signature", result.get("signature")),
         ("Signature ID", result.get("signature_id")),
@@ -225,6 +226,13 @@ def info_fields(result: dict | None, full_core: bool | None = None) -> list[tupl
     for p in result.get("problems") or []:
         fields.append(("Analysis Problem", p))
     return fields
+
+
+def journal_fields(why: dict | None) -> list[tuple[str, str]]:
+    """The block the process wrote to the journal before it died (crashjournal.py): its first line labelled, the
+    rest as continuation lines (an empty label)."""
+    lines = ((why or {}).get("journal") or {}).get("lines") or []
+    return [("Journal" if i == 0 else "", str(line)) for i, line in enumerate(lines)]
 
 
 def result(dumps: Dumps, d: Dump) -> dict | None:

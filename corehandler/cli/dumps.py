@@ -266,7 +266,8 @@ def _info_lines(dumps: Dumps, d: Dump, state: str, problem: str | None, all_thre
     width = max(len(k) for k, _ in fields)
     trace = crashview.trace_lines(result, all_threads) if result else []
     # Every value through display: the process chose its comm, cmdline, exe, cgroup and hostname.
-    return [f"{k.rjust(width)}: {display(v)}" for k, v in fields if v is not None] + \
+    return [f"{k.rjust(width)}: {display(v)}" if k else " " * (width + 2) + display(v)
+            for k, v in fields if v is not None] + \
         ([""] + [" " * (width + 2) + line if line else "" for line in trace] if trace else [])
 
 

@@ -45,7 +45,7 @@ SPECIFIER_MEANINGS = {
 # What each exit code of the CLI means (errors.py's EXIT_* constants); a test keeps them equal.
 EXIT_MEANINGS = {
     errors.EXIT_OK: "success",
-    errors.EXIT_NOMATCH: "nothing matched",
+    errors.EXIT_NOMATCH: "nothing matched; for why: a crash now would not keep a full core (or the dump has none)",
     errors.EXIT_USAGE: "usage: a bad option, argument or MATCH word",
     errors.EXIT_CONFIG: "the configuration is invalid (the message names the file, key and value)",
     errors.EXIT_PERMISSION: "permission: not root, a store the user may not read, or a csplice path someone "

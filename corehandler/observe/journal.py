@@ -315,6 +315,10 @@ def analysis_fields(f: Fields, result: Mapping[str, Any] | None) -> None:
     if why:  # the crashed process's words (an assert's text): escaped, on one line
         f["MESSAGE"] += f"\n\nReason: {display(why)}"
         _put(f, "COREHANDLER_REASON", why)
+    said = ((result.get("reason") or {}).get("journal") or {}).get("lines")
+    if said:  # what it wrote to the journal before it died: a line each, escaped
+        f["MESSAGE"] += "\n\nIn the journal before the crash:\n" + "\n".join(display(line) for line in said)
+        _put_lines(f, "COREHANDLER_REASON_JOURNAL", said)
     python = pyframes.crashing(result)
     if threads:  # the crashing thread, its Python frames under the eval frames that ran them (pyframes.py)
         trace = "\n".join(pyframes.thread_lines(threads[0], pyframes.python_of(result, threads[0].get("tid"))))
