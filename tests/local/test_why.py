@@ -298,29 +298,6 @@ def test_names_are_escaped(fake_host, processes):
     assert "\x1b" not in text and "x\\x1b[31my" in text
 
 
-@pytest.mark.systemd
-def test_a_transient_unit_with_limitcore_zero(fake_host):
-    """A unit of PID 1's with LimitCORE=0: why UNIT names the unit's limit and the process's, and nothing else."""
-    unit = f"corehandler-why-{os.getpid()}.service"
-    subprocess.run(["systemd-run", "--unit", unit, "-p", "LimitCORE=0", "sleep", "300"], check=True,
-                   capture_output=True, timeout=60)
-    try:
-        code, got = run(fake_host, unit)
-        assert code == 1 and got["kind"] == "unit" and got["name"] == unit
-        [entry] = got["processes"]
-        found = checks(entry)
-        assert {n for n, c in found.items() if c["verdict"] == "stops"} == {"rlimit_core", "unit_limit_core"}
-        assert f"{unit} has LimitCORE=0" in found["unit_limit_core"]["detail"]
-        assert f"LimitCORE= of {unit}" in found["rlimit_core"]["detail"]
-        assert f"systemctl edit {unit}" in found["rlimit_core"]["fix"]
-        # By its PID too: the unit comes from its cgroup.
-        code, got = run(fake_host, str(entry["pid"]))
-        assert code == 1 and checks(got["processes"][0])["unit_limit_core"]["verdict"] == "stops"
-    finally:
-        subprocess.run(["systemctl", "stop", unit], capture_output=True, timeout=60)
-        subprocess.run(["systemctl", "reset-failed", unit], capture_output=True, timeout=60)
-
-
 @pytest.mark.root
 def test_a_stored_dump_says_why_it_has_no_core(fake_host):
     """why ID: nocore.py's sentence for a dump csplice kept as metadata only (RLIMIT_CORE 0); exit 0 for one
