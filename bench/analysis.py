@@ -102,6 +102,7 @@ SYMBOLS_ROUNDS = 4  # per round of the rest: each of these takes a tenth of a se
 def symbols_inside(core: str, record: str, state: str, build_id: str, rounds: str) -> None:
     """Run beside the server in its namespace: prints the seconds of each kind per round, as JSON."""
     settings, cache = debuginfod.Settings(urls=(debuginfod_server.url(),)), debuginfod.cache_dir(Path(state))
+    Path(state).mkdir(mode=0o711, exist_ok=True)  # the daemon's state dir, in which the fetch makes its cache
     limits = debuginfod.reading_cache(findings.Limits(), Path(state))
     rec = json.loads(Path(record).read_text())
     out: dict[str, list[float]] = {"cold": [], "cold fetch": [], "warm": [], "without symbols": []}
@@ -112,9 +113,10 @@ def symbols_inside(core: str, record: str, state: str, build_id: str, rounds: st
     def cold() -> None:
         shutil.rmtree(cache, ignore_errors=True)
         started = time.monotonic()
-        fetched = debuginfod.fetch(settings, cache, [build_id]).fetched
+        report = debuginfod.fetch(settings, cache, [build_id])
         out["cold fetch"].append(time.monotonic() - started)
-        assert fetched == [build_id] and symbolised() == "crash_segv", "cold: not symbolised"
+        top = symbolised()
+        assert report.fetched == [build_id] and top == "crash_segv", f"cold: {report}, top frame {top}"
         out["cold"].append(time.monotonic() - started)
 
     def warm() -> None:
