@@ -188,7 +188,7 @@ class CompressionConfig(_Section):
                        "for 10-33% more bytes (bench/results/compress.md)")
     threads: Annotated[int | Literal["auto"], BeforeValidator(_threads)] = Field(
         "auto", description="zstd worker threads per dump, 1..256; auto = as many as there are idle CPUs when the "
-        "dump's compression starts (the CPUs the daemon may run on less the 1-minute load average, at least 1); "
+        "dump's compression starts (the CPUs the daemon may run on less the tasks runnable at that moment, at least 1); "
         "a capture that starts pauses the compression whatever the count; 0 = auto")
 
 
