@@ -1,7 +1,7 @@
 """How soon is a crash stored, against zstd alone on the same core, and does a big compression slow a capture?
 
 `corehandler serve` runs with the default config (`[compression] threads = "auto"`: as many zstd workers as
-there are idle CPUs when a dump's compression starts) on a state dir of its own, with --debug so that its log
+there are CPUs, at the daemon's lower priority: idlecpus.py) on a state dir of its own, with --debug so that its log
 says how many workers each dump got.
 
 1. Crash to stored: a dense crasher dies through core_pattern into csplice; the hold runs from the crash trigger
@@ -14,7 +14,7 @@ says how many workers each dump got.
    the store growing); the small crash's hold busy ÷ idle per run (goal ≤ 1.15). A round counts only when the
    big compression was still running when the small crash was reaped: the table says in how many it was.
 
-The machine's state (load, page cache, idle CPUs) is read at every crash and stated beside the tables.
+The machine's state (load, page cache) is read at every crash and stated beside the tables.
 
 Live (root; borrows core_pattern and csplice.conf, puts them back on every exit):
     python -P bench/stored.py [--runs 5] [--sizes 256,1024,4096] [--small 256] [--big 4096]
@@ -228,9 +228,7 @@ def zstd_alone(daemon: Daemon, stored: str, work: Path) -> float:
 
 
 def state_now() -> dict:
-    s = page_cache_state()
-    s["idle_cpus"] = idlecpus.idle_cpus()
-    return s
+    return page_cache_state()
 
 
 def crash_to_stored(daemon: Daemon, crashes: Crashes, sizes: list[int], runs: int, work: Path) -> tuple[str, list]:
@@ -255,13 +253,13 @@ def crash_to_stored(daemon: Daemon, crashes: Crashes, sizes: list[int], runs: in
         loads = [s["load"] for s in states]
         rows.append([f"{mib} MiB dense", sec(holds), sec(stored), sec(alone), median(ratios),
                      f"{min(ratios):.2f}–{max(ratios):.2f}", "yes" if median(ratios) <= STORED_GOAL else "no",
-                     spread_int(workers), spread_int([s["idle_cpus"] for s in states]),
+                     spread_int(workers),
                      f"{min(loads):.2f}–{max(loads):.2f}"])
         if median(ratios) > STORED_GOAL:
             misses.append(f"{mib} MiB: stored {median(ratios):.2f}× zstd -1 -T1 (goal ≤ {STORED_GOAL})")
     header = ["crash", "hold s", "release → stored s", "zstd -1 -T1 alone, same core s",
               "stored ÷ zstd alone (median)", "min–max", f"≤ {STORED_GOAL}", "zstd workers (auto)",
-              "idle CPUs at the crash", "load at the crash"]
+              "load at the crash"]
     return markdown_table(header, rows), misses
 
 
@@ -349,8 +347,8 @@ def main() -> int:
              f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC"
              + (", **feeder, not the kernel: a smoke test**" if a.feeder else ", live kernel (core_pipe_limit 16)")
              + ".\n",
-             f"Machine: {machine()}; CPU affinity {idlecpus.affinity()}; state dir on {filesystem_of(a.work)}.",
-             f"Before: {describe_cache(before)}, {idlecpus.idle_cpus()} idle CPUs.\n"]
+             f"Machine: {machine()}; CPU affinity {idlecpus.workers()}; state dir on {filesystem_of(a.work)}.",
+             f"Before: {describe_cache(before)}.\n"]
     misses: list[str] = []
     try:
         if a.feeder:
@@ -388,8 +386,8 @@ NOTES = """\
 - "release → stored" includes everything the daemon does after the reaping: validation, the analysis (in its
   workers, beside the compression), the zstd frame, the sha256, the verifying decompression, fsync and rename,
   the index row. zstd alone does the compression only, from the page cache.
-- The zstd workers are the count `threads = "auto"` gave the dump: the CPUs the daemon may run on less the
-  1-minute load average at the dump's start (corehandler/idlecpus.py). On a machine others share, that is fewer.
+- The zstd workers are the count `threads = "auto"` gave the dump: one per CPU the daemon may run on, at its
+  lower priority (nice 5), so that they take only what the host's other work leaves (corehandler/idlecpus.py).
 - A hold during a compression is the capture's priority at work: the daemon pauses its feed while csplice's
   `.tmp.ID.core` grows (corehandler/capture.py), so its zstd workers idle after the few MiB they hold.
 """

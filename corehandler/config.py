@@ -187,8 +187,8 @@ class CompressionConfig(_Section):
     level: int = Field(1, ge=1, le=22, description="zstd level (1..22); 1 stores a dump 1.1-2.3x sooner than 3 "
                        "for 10-33% more bytes (bench/results/compress.md)")
     threads: Annotated[int | Literal["auto"], BeforeValidator(_threads)] = Field(
-        "auto", description="zstd worker threads per dump, 1..256; auto = as many as there are idle CPUs when the "
-        "dump's compression starts (the CPUs the daemon may run on less the tasks runnable at that moment, at least 1); "
+        "auto", description="zstd worker threads per dump, 1..256; auto = one per CPU the daemon may run on, at "
+        "its lower priority (nice 5), so that they take only the CPUs the host's own work leaves idle; "
         "a capture that starts pauses the compression whatever the count; 0 = auto")
 
 

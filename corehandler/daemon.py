@@ -14,7 +14,7 @@ import time
 from dataclasses import replace
 from typing import Callable, Sequence
 
-from corehandler import analysisqueue, capture, daemonlock, spool
+from corehandler import analysisqueue, capture, daemonlock, idlecpus, spool
 from corehandler.analysis import resymbolise, unwind
 from corehandler.ingest import Ingest, Settings, settings_from_config  # noqa: F401 (serve, tests)
 from corehandler.inotify import IN_Q_OVERFLOW, Watch
@@ -225,6 +225,7 @@ class Daemon:
     def run(self) -> int:
         s = self.settings
         s.spool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        idlecpus.lower_priority()  # storage takes a worker per CPU and only what the host's own work leaves
         lock = self._lock()
         # The one place (with `corehandler migrate`) an index an older version wrote is migrated; one a newer
         # version wrote stops us here with EXIT_INDEX_NEWER, which neither systemd nor the supervisor restarts.

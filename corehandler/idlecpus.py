@@ -1,26 +1,29 @@
-"""How many CPUs are idle now, for the work that may take every CPU the capture does not need (compression's zstd
-workers, `[compression] threads = "auto"`).
+"""The CPUs storage may take: compression's zstd workers for `[compression] threads = "auto"`, and the priority
+that makes them take only the idle ones.
 
-Idle CPUs = the CPUs this process may run on (its affinity: a cpuset or `taskset` narrows it) less the tasks that
-are runnable right now besides the one asking, at least 1. "Right now" is the kernel's instantaneous count (the
-fourth field of /proc/loadavg, `running/total`), read SAMPLES times a few milliseconds apart and the median taken,
-so one task waking for a moment does not count. Not the load average: it lags by a minute, and right after a crash
-it still holds the crashed process, the kernel's dump writer and the daemon's own last compression, so an idle
-machine would be given one worker for the dump that follows a big one. A host that turns busy during a dump's
-compression costs the others little: the daemon runs at a lower priority (Nice=5 in its unit), and a capture that
-starts pauses the compression altogether (capture.py).
+Which CPUs are idle is the scheduler's to know, moment by moment; no count read at a dump's start can say it for
+the seconds the dump takes. The 1-minute load average lags a minute (right after a crash it still counts the
+crashed process, the kernel's dump writer and the last compression, so an idle machine got one worker), and the
+kernel's instantaneous count of runnable tasks counts the daemon's own analysis of the same crash, which runs for
+a few tens of milliseconds beside the compression. So the daemon gives each dump a worker for every CPU it may
+run on (its affinity: a cpuset or `taskset` narrows it) and runs at a lower priority than the host's own work
+(NICE, as corehandler.service's Nice=): a CPU that anything else wants, the capture's csplice and the kernel's
+dump writer first, is theirs, and the workers get what is left. A capture that starts pauses the compression
+altogether (capture.py).
 """
 
 from __future__ import annotations
 
+import logging
 import os
-import time
-from pathlib import Path
 
-SAMPLES, INTERVAL = 5, 0.004
+log = logging.getLogger(__name__)
+
+# The daemon's niceness: corehandler.service's Nice= (tests/local/test_units_files.py holds them equal).
+NICE = 5
 
 
-def affinity() -> int:
+def workers() -> int:
     """The CPUs this process may run on."""
     try:
         return len(os.sched_getaffinity(0)) or 1
@@ -28,25 +31,14 @@ def affinity() -> int:
         return os.cpu_count() or 1
 
 
-def running_others(proc: Path = Path("/proc")) -> int | None:
-    """Tasks runnable now besides the reader (which the kernel's count includes); None when it cannot be read."""
-    try:
-        running = int((proc / "loadavg").read_text().split()[3].split("/")[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    return max(0, running - 1)
-
-
-def idle_cpus(proc: Path = Path("/proc"), cpus: int | None = None, sleep=time.sleep) -> int:
-    """The CPUs free for background work now (see the module's docstring); when the count cannot be read, all."""
-    cpus = affinity() if cpus is None else cpus
-    counts = []
-    for i in range(SAMPLES):
-        if i:
-            sleep(INTERVAL)
-        others = running_others(proc)
-        if others is None:
-            return max(1, cpus)
-        counts.append(others)
-    busy = sorted(counts)[len(counts) // 2]
-    return max(1, min(cpus, cpus - busy))
+def lower_priority(nice: int = NICE) -> int:
+    """Makes this process at least `nice` (systemd's Nice= did already; the supervisor and a `serve` run by hand
+    did not); never raises the priority. Returns the niceness now."""
+    current = os.getpriority(os.PRIO_PROCESS, 0)
+    if current < nice:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+        except OSError as e:  # a seccomp'd or odd environment: compression still works, at the priority it has
+            log.warning("cannot lower the daemon's priority to nice %d: %s", nice, e.strerror)
+            return current
+    return max(current, nice)

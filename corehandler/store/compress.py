@@ -82,12 +82,13 @@ class _Hasher:
 
 
 def resolve_threads(threads: int | str) -> int:
-    """zstd's workers for [compression] threads: a number as it is; "auto" (or 0, its older spelling) as many as
-    there are idle CPUs now (idlecpus.py), asked afresh for every dump, since a worker count is fixed for a
-    frame. The hashing runs beside them in a thread of its own, the verifying decompression in store_file's."""
+    """zstd's workers for [compression] threads: a number as it is; "auto" (or 0, its older spelling) one per CPU
+    the daemon may run on, which at its lower priority take only the CPUs nothing else wants (idlecpus.py); asked
+    afresh for every dump, since a worker count is fixed for a frame. The hashing runs beside them in a thread of
+    its own, the verifying decompression in store_file's."""
     if isinstance(threads, int) and threads > 0:
         return threads
-    return idlecpus.idle_cpus()
+    return idlecpus.workers()
 
 
 def stored_name(dump_id: str, compressed: bool) -> str:

@@ -167,8 +167,8 @@ def test_missing_source_is_a_compress_error(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_auto_threads_are_the_idle_cpus(monkeypatch):
-    monkeypatch.setattr(idlecpus, "idle_cpus", lambda: 7)
+def test_auto_threads_are_a_worker_per_cpu(monkeypatch):
+    monkeypatch.setattr(idlecpus, "workers", lambda: 7)
     assert compress.resolve_threads("auto") == compress.resolve_threads(0) == 7
     assert compress.resolve_threads(3) == 3
 
