@@ -95,13 +95,17 @@ def test_the_uploader_keeps_uploads_off_and_the_queue_and_says_why(no_fleet, tmp
 
 
 def test_a_reload_after_the_package_came_turns_uploads_on(monkeypatch, tmp_path):
+    present = {name: sys.modules.get(name) for name in available.MODULES}
     for name in available.MODULES:
         monkeypatch.setitem(sys.modules, name, None)
     section = UploadConfig.model_validate({"url": "s3://fleet-bucket/p", "host": "h1"})
     uploader = upload.Uploader(section, tmp_path)
     assert uploader.target is None
-    for name in available.MODULES:  # the package installed: its modules importable again
-        monkeypatch.delitem(sys.modules, name)
+    for name, module in present.items():  # the package installed: its modules importable again
+        if module is None:
+            monkeypatch.delitem(sys.modules, name)
+        else:
+            monkeypatch.setitem(sys.modules, name, module)
     uploader.reconfigure(section)
     assert uploader._take_reconfigured()
     assert uploader.unavailable is None and uploader.target is not None and uploader.target.bucket == "fleet-bucket"
