@@ -20,7 +20,14 @@ reading the fetched file), warm (the file cached: the fetch finds it, the analys
 symbols (no cache in the path), all with the analyser jailed as the daemon runs it; SYMBOLS_ROUNDS of these
 per round of the rest, their order turning.
 
-    python -P bench/analysis.py [--rounds 3] [--big-mib 256,1024] [--out bench/results/analysis.md]
+Python frames (analysis/pyframes.py), a third table: a CPython process that fills a heap of --python-mib MiB
+and then segfaults through ctypes three calls deep, cored by gcore; per core and round, the unwinder alone
+(unwind.analyse, as above) and pystack reading the Python frames in the same jail (pyframes.read), the order
+turning round by round. --native-only / --python-only run one part (a smoke run: `--python-only --python-mib 16
+--rounds 1 --out /tmp/x.md`).
+
+    python -P bench/analysis.py [--rounds 3] [--big-mib 256,1024] [--python-mib 64,256,1024,4096]
+                                [--out bench/results/analysis.md]
 """
 
 from __future__ import annotations
@@ -41,9 +48,9 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 from common import machine, markdown_table, median, publish  # noqa: E402
 
-from corehandler.analysis import debuginfod, findings, minicore, unwind  # noqa: E402
+from corehandler.analysis import debuginfod, findings, minicore, pyframes, unwind  # noqa: E402
 from corehandler.store import compress  # noqa: E402
-from support import debuginfod_server, realcore  # noqa: E402
+from support import debuginfod_server, pycrash, realcore  # noqa: E402
 from support.crash import build_crasher  # noqa: E402
 
 
@@ -140,6 +147,36 @@ def symbols_table(tmp: Path, rounds: int) -> str:
                           rows)
 
 
+def python_table(tmp: Path, sizes: list[int], rounds: int) -> str:
+    """pystack against eu-stack on CPython cores of each heap size: both in the analysis jail, as the daemon
+    runs them one after the other in one worker."""
+    interpreter = Path(sys.executable).resolve()
+    script = pycrash.write(tmp / "crash.py", interpreter)
+    cores = [(mib, realcore.crash(interpreter, tmp / f"core.py{mib}", str(script), "--heap", str(mib), timeout=1800))
+             for mib in sizes]
+    samples = {mib: {"eu-stack": [], "pystack": []} for mib in sizes}
+    outcome: dict[int, dict] = {}
+    for round_ in range(rounds):
+        for mib, c in cores:
+            record = realcore.record_for(c, "bench", exe=str(interpreter))
+            analysed = unwind.analyse(c.core, record)
+            for kind in (("eu-stack", "pystack") if round_ % 2 == 0 else ("pystack", "eu-stack")):
+                if kind == "eu-stack":
+                    samples[mib][kind].append(timed(lambda: unwind.analyse(c.core, record)))
+                else:
+                    samples[mib][kind].append(timed(lambda: outcome.__setitem__(
+                        mib, pyframes.read(c.core, record, analysed))))
+    rows = []
+    for mib, c in cores:
+        s, py = samples[mib], outcome[mib]
+        frames = len((py["threads"] or [{}])[0].get("frames") or [])
+        rows.append([str(mib), f"{c.core.stat().st_size / 2**20:.0f}", py["state"] + (
+            f" ({py['problems'][0][:60]})" if py["problems"] else ""), str(frames), spread(s["eu-stack"]),
+            spread(s["pystack"]), f"{median(s['pystack']) / median(s['eu-stack']):.1f}x"])
+    return markdown_table(["heap MiB", "core MiB", "pystack state", "Python frames", "eu-stack ms",
+                           "pystack ms", "pystack / eu-stack"], rows)
+
+
 def main() -> int:
     if sys.argv[1:2] == ["--symbols-inside"]:
         symbols_inside(*sys.argv[2:])
@@ -147,15 +184,20 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--big-mib", default="256,1024")
+    ap.add_argument("--python-mib", default="64,256,1024,4096")
+    ap.add_argument("--python-only", action="store_true", help="the Python frames' table alone")
+    ap.add_argument("--native-only", action="store_true", help="every table but the Python frames'")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "analysis.md")
     args = ap.parse_args()
-    big = [int(x) for x in args.big_mib.split(",") if x]
+    big = [int(x) for x in args.big_mib.split(",") if x] if not args.python_only else []
+    python_sizes = [int(x) for x in args.python_mib.split(",") if x] if not args.native_only else []
     before = state()
     with tempfile.TemporaryDirectory(prefix="bench-analysis-", dir="/var/tmp") as tmpdir:
         tmp = Path(tmpdir)
         store = tmp / "store"
         store.mkdir()
-        cores = make_cores(tmp, big)
+        python = python_table(tmp, python_sizes, args.rounds) if python_sizes else ""
+        cores = make_cores(tmp, big) if not args.python_only else []
         kinds = ("analysis", "gdb", "compress", "ingest", "mini")
         samples: dict[str, dict[str, list[float]]] = {name: {k: [] for k in kinds} for name, _ in cores}
         results: dict[str, dict] = {}
@@ -171,7 +213,7 @@ def main() -> int:
                 order = ("compress", "ingest") if round_ % 2 == 0 else ("ingest", "compress")
                 for kind in order:
                     s[kind].append(timed(lambda: ingest(c.core, store, record if kind == "ingest" else None)))
-        symbols = symbols_table(tmp, args.rounds)
+        symbols = symbols_table(tmp, args.rounds) if not args.python_only else ""
         after = state()
         rows = []
         for name, c in cores:
@@ -201,7 +243,10 @@ def main() -> int:
             + table + "\n"
             f"Symbols from a local debuginfod (cold: cache emptied, fetch + analysis; warm: cached; \"cold fetch\": "
             f"the fetch alone), median (min-max) of {args.rounds * SYMBOLS_ROUNDS} rounds, the order turning "
-            f"round by round:\n\n" + symbols + "\n")
+            f"round by round:\n\n" + symbols + "\n"
+            f"Python frames: pystack (in the analysis jail, after the unwinder, in the same worker) against the "
+            f"unwinder on CPython cores of a heap of each size, median (min-max) of {args.rounds} rounds, the order "
+            f"turning:\n\n" + python + "\n")
     publish(args.out, text)
     return 0
 

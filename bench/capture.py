@@ -15,10 +15,13 @@ at all and the bare drain. --quick (before every change to csplice): 64 MiB to 1
 Feeder (no root): the same csplice strategies behind the feeder's write() path (a stock kernel) and vmsplice()
 path (a COREDUMP_USE_PIPE kernel); the clock runs from the first byte pushed to the handler's exit.
 
-Rounds interleave every workload and handler (a different order per round); ratios are medians of round-by-round
-ratios against the same round's floors. Writes bench/results/capture.md and capture.png.
+Rounds interleave every workload and handler (a different order per round); ratios are round-by-round ratios
+against the same round's floors, given as p50, p90 and the worst of the rounds (10 by default), and the
+default's worst round per crash is broken down by csplice's own trace of it (its record's capture.phases: the
+kernel's part before csplice started, each of csplice's steps, the kernel's part after the release). Writes
+bench/results/capture.md and capture.png.
 
-    python -P bench/capture.py [--runs 5] [--quick] [--no-busy] [--no-live] [--no-feeder]
+    python -P bench/capture.py [--runs 10] [--quick] [--no-busy] [--no-live] [--no-feeder]
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import math
 import os
 import resource
 import shutil
@@ -55,7 +59,7 @@ from sdcd import systemd_coredump  # noqa: E402
 
 from corehandler import paths  # noqa: E402
 from corehandler.config import CaptureConfig  # noqa: E402
-from corehandler.csplice_contract import PIDFD_SPECIFIER, SPECIFIERS, settings_values  # noqa: E402
+from corehandler.csplice_contract import PHASES, PIDFD_SPECIFIER, SPECIFIERS, settings_values  # noqa: E402
 from corehandler.host import handler, writerates  # noqa: E402
 from corehandler.paths import Host  # noqa: E402
 from support import cbuild  # noqa: E402
@@ -172,10 +176,11 @@ class Tools:
             shutil.rmtree(d, ignore_errors=True)
         self.out.mkdir()
 
-    def check(self, method: str, size: int, pid: int) -> str | None:
+    def check(self, method: str, size: int, pid: int) -> tuple[list | None, dict | None]:
         """The handler really captured the dump of pid (a benchmark of a failing handler measures nothing; any
         other process crashing on this shared machine meanwhile lands in the spool too); returns the strategy
-        csplice ran and the MiB from which rw handed the dump to direct (None if it did not)."""
+        csplice ran and the MiB from which rw handed the dump to direct (None if it did not), and csplice's own
+        trace of the hold (its record's capture.phases, the longest read and write, its start)."""
         if method in CSPLICE:
             def mine():
                 for f in self.spool.glob("*.json"):
@@ -184,16 +189,19 @@ class Tools:
                         return record
                 return None
 
-            cap = wait_for(mine, 30, f"{method}'s record", interval=0.002)["capture"]
+            record = wait_for(mine, 30, f"{method}'s record", interval=0.002)
+            cap = record["capture"]
             if not cap["complete"] or cap["bytes"] < size:
                 raise SystemExit(f"{method}: capture incomplete: {cap}")
             at = cap.get("direct_from")
-            return [cap["strategy"], None if at is None else at // MiB]
+            trace = {k: cap.get(k) for k in ("phases", "longest_read_ns", "longest_write_ns")}
+            trace["started_realtime_ns"] = record["handler"]["started_realtime_ns"]
+            return [cap["strategy"], None if at is None else at // MiB], trace
         if method in (RW_LOOP, SPLICE_DIRECT):
             files = list(self.out.iterdir())
             if not files or files[0].stat().st_size < size:
                 raise SystemExit(f"{method}: core missing or short: {files}")
-        return None
+        return None, None
 
     def fill_page_cache(self, total: int) -> None:
         """A busy server's page cache: `total` bytes of other files, the last of them still dirty."""
@@ -224,9 +232,10 @@ def forbid_core():
 
 
 def crash_once(tools: Tools, mib: int, half: bool, dump: bool = True, alongside: list[str] | None = None
-               ) -> tuple[float, int]:
-    """Seconds from the crash trigger to the reaping of the crashed process, and its PID; with alongside, to the
-    later of that and the exit of alongside, a command started with the trigger."""
+               ) -> tuple[float, int, int]:
+    """Seconds from the crash trigger to the reaping of the crashed process, its PID, and the trigger's
+    CLOCK_REALTIME ns (csplice's record tells its own start on that clock); with alongside, to the later of the
+    reaping and the exit of alongside, a command started with the trigger."""
     argv = [str(tools.crasher), "segv", str(mib), "--wait"] + (["--untouched-half"] if half else [])
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             preexec_fn=allow_core if dump else forbid_core)
@@ -234,6 +243,7 @@ def crash_once(tools: Tools, mib: int, half: bool, dump: bool = True, alongside:
     # Started before the clock: a Popen takes ~4 ms here, which would count against the floor; the write's
     # head start (from its exec to the trigger) counts for it instead, the stricter side for a baseline.
     other = subprocess.Popen(alongside, stdout=subprocess.DEVNULL) if alongside else None
+    trigger_ns = time.time_ns()
     t0 = time.perf_counter()
     proc.stdin.write(b"\n")
     proc.stdin.flush()
@@ -246,7 +256,7 @@ def crash_once(tools: Tools, mib: int, half: bool, dump: bool = True, alongside:
     proc.stdout.close()
     if not os.WIFSIGNALED(status) or os.WTERMSIG(status) != 11:
         raise SystemExit(f"crasher did not die of SIGSEGV: status {status:#x}")
-    return elapsed, proc.pid
+    return elapsed, proc.pid, trigger_ns
 
 
 def odirect_once(tools: Tools, size: int) -> float:
@@ -255,23 +265,24 @@ def odirect_once(tools: Tools, size: int) -> float:
     return float(out)
 
 
-def measure(tools: Tools, lent, method: str, mib: int, half: bool, sdcd) -> tuple[float, str | None]:
-    """One crash of method's; lent: the borrowed handler (host/handler.py borrow()) that points the kernel."""
+def measure(tools: Tools, lent, method: str, mib: int, half: bool, sdcd) -> tuple[float, list | None, dict | None]:
+    """One crash of method's: its hold, and for csplice the strategy it ran and its trace of the hold (the
+    trigger's time added); lent: the borrowed handler (host/handler.py borrow()) that points the kernel."""
     written = mib * MiB // 2 if half else mib * MiB  # half untouched: the rest is zeros, holes in the file
     if method == ODIRECT:
-        return odirect_once(tools, written), None
+        return odirect_once(tools, written), None, None
     if method == BOTH:
         lent.point("|" + " ".join(tools.handler_argv(FLOOR, "")), CORE_PIPE_LIMIT)
         dd = [str(tools.baselines), "odirect", str(tools.out / "odirect"), str(written)]
-        return crash_once(tools, mib, half, alongside=dd)[0], None
+        return crash_once(tools, mib, half, alongside=dd)[0], None, None
     if method == SDCD:
         lent.point(sdcd.pattern, CORE_PIPE_LIMIT)
         hold = crash_once(tools, mib, half)[0]
         sdcd.wait_stored()
-        return hold, None
+        return hold, None, None
     if method == NODUMP:
         lent.point("core", CORE_PIPE_LIMIT)
-        return crash_once(tools, mib, half, dump=False)[0], None
+        return crash_once(tools, mib, half, dump=False)[0], None, None
     argv = tools.handler_argv(method, str(tools.out / "core.%P"))
     if method in CSPLICE:
         lent.write_settings(csplice_settings(tools.spool, CSPLICE[method]))
@@ -279,8 +290,11 @@ def measure(tools: Tools, lent, method: str, mib: int, half: bool, sdcd) -> tupl
     pattern = "|" + " ".join(argv)
     assert len(pattern) <= 127, pattern
     lent.point(pattern, CORE_PIPE_LIMIT)
-    hold, pid = crash_once(tools, mib, half)
-    return hold, tools.check(method, written, pid)
+    hold, pid, trigger_ns = crash_once(tools, mib, half)
+    ran, trace = tools.check(method, written, pid)
+    if trace is not None:
+        trace["trigger_realtime_ns"] = trigger_ns
+    return hold, ran, trace
 
 
 def live(tools: Tools, workloads, methods, runs: int, tiny_runs: int, states) -> dict:
@@ -291,7 +305,8 @@ def live(tools: Tools, workloads, methods, runs: int, tiny_runs: int, states) ->
         for state in states:
             if state == "busy":
                 tools.fill_page_cache(page_cache_state()["ram_bytes"])
-            res = results[state] = {"cache_before": page_cache_state(), "workloads": {}, "strategies": {}}
+            res = results[state] = {"cache_before": page_cache_state(), "workloads": {}, "strategies": {},
+                                    "traces": {}}
             if tiny_runs:
                 tiny = res["workloads"]["tiny (1 MiB)"] = {m: [] for m in TINY_METHODS}
                 with borrowed("bench/capture.py") as lent:
@@ -304,10 +319,12 @@ def live(tools: Tools, workloads, methods, runs: int, tiny_runs: int, states) ->
                     for label, mib, half in rotated(workloads, run):
                         samples = res["workloads"].setdefault(label, {m: [] for m in methods})
                         for method in rotated(methods, run):
-                            hold, strategy = measure(tools, lent, method, mib, half, sdcd)
+                            hold, strategy, trace = measure(tools, lent, method, mib, half, sdcd)
                             samples[method].append(hold)
                             if strategy:
                                 res["strategies"].setdefault(label, {}).setdefault(method, []).append(strategy)
+                            if method == DEFAULT:  # one per round, in the rounds' order, beside the holds
+                                res["traces"].setdefault(label, []).append(trace)
                             tools.clean()
                 res.setdefault("round_loads", []).append(round(os.getloadavg()[0], 2))
                 print(f"live {state} round {run + 1}/{runs} done, load {os.getloadavg()[0]:.2f}", file=sys.stderr)
@@ -326,7 +343,9 @@ def feed_once(tools: Tools, method: str, mode: str, size: int, settings_path: Pa
     if method in CSPLICE:
         settings_path.write_text(csplice_settings(tools.spool, CSPLICE[method]))
         env["CSPLICE_SETTINGS"] = str(settings_path)
-        argv += [str(os.getpid()), "1", "1", "0", "0", "1", "11", str(int(time.time())), "0", "bench", "bench"]
+        # %c unlimited: RLIMIT_CORE 0 would keep no core (design.md, "RLIMIT_CORE")
+        argv += [str(os.getpid()), "1", "1", "0", "0", "1", "11", str(int(time.time())), "18446744073709551615",
+                 "bench", "bench"]
     proc = subprocess.run([str(tools.feeder), "--size", str(size), "--mode", mode, "--", *argv], env=env,
                           capture_output=True, text=True, check=True)
     stats = json.loads([line for line in proc.stderr.splitlines() if line.startswith("{")][-1])
@@ -402,7 +421,7 @@ def live_table(res: dict, methods, workloads, direct_above: int) -> tuple[str, l
     experiments say of its cause: how far both floors at once are from the larger alone (the machine's own
     contention) and how much shorter than systemd-coredump a hold at the physical floor itself would be."""
     header = ["crash"] + [SHORT.get(m, m) + " ms (min–max)" for m in methods] + [
-        "physical floor ms", "default × physical floor: median", "worst round", "default × drain floor"]
+        "physical floor ms", "default × physical floor: p50", "p90", "worst round", "default × drain floor"]
     if BOTH in methods:
         header += ["both floors at once × physical floor", "default × both floors at once"]
     header += ["systemd-coredump ÷ default", "systemd-coredump ÷ physical floor", "default ran"]
@@ -414,13 +433,13 @@ def live_table(res: dict, methods, workloads, direct_above: int) -> tuple[str, l
         d = samples[DEFAULT]
         physical = physical_floor(samples)
         ratios = [a / b for a, b in zip(d, physical, strict=True)]
-        x_physical, worst = median(ratios), max(ratios)
+        x_physical, p90, worst = median(ratios), percentile(ratios, 0.9), max(ratios)
         x_floor = paired_ratio(d, samples[FLOOR])
         nan = float("nan")
         vs_sdcd = paired_ratio(samples[SDCD], d) if SDCD in samples else nan
         sdcd_ceiling = paired_ratio(samples[SDCD], physical) if SDCD in samples else nan
         ran = ran_summary(res["strategies"].get(label, {}).get(DEFAULT, []))
-        row = [label] + [ms(samples[m]) for m in methods] + [ms(physical), x_physical, worst, x_floor]
+        row = [label] + [ms(samples[m]) for m in methods] + [ms(physical), x_physical, p90, worst, x_floor]
         contention = ""
         if BOTH in samples:
             both_x, over_both = paired_ratio(samples[BOTH], physical), paired_ratio(d, samples[BOTH])
@@ -437,8 +456,51 @@ def live_table(res: dict, methods, workloads, direct_above: int) -> tuple[str, l
                           f"physical floor itself would be {sdcd_ceiling:.1f}× shorter")
     legend = "".join(f"- {SHORT.get(m, m)}: {LABELS[m]}\n" for m in methods)
     legend += ("- physical floor: per round the larger of the drain floor and the O_DIRECT floor; the ratios are "
-               "per round, median and worst.\n")
-    return markdown_table(header, rows) + "\n" + legend, misses
+               "per round: p50 (median), p90 and the worst.\n")
+    return markdown_table(header, rows) + "\n" + legend + worst_rounds(res), misses
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank percentile: the value that q of the rounds are at or below."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def breakdown(hold: float, trace: dict) -> str:
+    """Where a hold's time went, in ms, by csplice's own trace (its record's capture.phases, ns after its start):
+    the kernel's part before csplice ran (the trigger to csplice's start: the dump's set-up, the exec), each step
+    of csplice's until the release, and the part after it (the kernel's tear-down until the reaping)."""
+    ph = trace["phases"]
+    start = (trace["started_realtime_ns"] - trace["trigger_realtime_ns"]) / 1e6
+    parts, last = [f"before csplice {start:.1f}"], 0
+    for name in PHASES:
+        if name == "published" or not ph.get(name):
+            continue
+        parts.append(f"{name.replace('_', ' ')} +{(ph[name] - last) / 1e6:.1f}")
+        last = ph[name]
+    parts.append(f"after the release {hold * 1e3 - start - last / 1e6:.1f}")
+    return (" → ".join(parts) + f"; longest read {trace['longest_read_ns'] / 1e6:.1f}, longest write "
+            f"{trace['longest_write_ns'] / 1e6:.1f}")
+
+
+def worst_rounds(res: dict) -> str:
+    """The default's worst round per workload (by its ratio to the round's physical floor), broken down."""
+    lines = []
+    for label, samples in res["workloads"].items():
+        traces = res.get("traces", {}).get(label, [])
+        d = samples.get(DEFAULT, [])
+        if label.startswith("tiny") or not d or len(traces) != len(d):
+            continue
+        physical = physical_floor(samples)
+        worst = max(range(len(d)), key=lambda i: d[i] / physical[i])
+        if traces[worst] is None or not traces[worst].get("phases"):
+            continue
+        lines.append(f"- {label}: round {worst + 1}, {d[worst] * 1e3:.0f} ms ({d[worst] / physical[worst]:.2f}× its "
+                     f"floor of {physical[worst] * 1e3:.0f} ms): {breakdown(d[worst], traces[worst])}")
+    if not lines:
+        return ""
+    return ("\nThe default's worst round per crash, by csplice's own trace of it (ms; each step's share, "
+            "`capture.phases` of its record):\n" + "\n".join(lines) + "\n")
 
 
 def tiny_table(samples: dict) -> str:
@@ -539,7 +601,7 @@ def measure_write_rates(args) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=10, help="rounds per size and state (p90 needs 10)")
     parser.add_argument("--tiny-runs", type=int, default=15)
     parser.add_argument("--quick", action="store_true", help="before every change to csplice (under 10 minutes "
                         "on a quiet machine): 3 rounds of 64 MiB to 1 GiB on a quiet page cache, 9 tiny rounds, no "

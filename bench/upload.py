@@ -255,9 +255,9 @@ PER_HOST_READ_MAX = 20_000
 
 def fleet_group(server: S3Server, work: Path, creds: Path, dumps: int, days: int, hosts: int,
                 rounds: int, report_too: bool = False) -> list[list]:
-    """`fleet list --group` over the whole synthetic fleet: what the CLI runs (fleetview.collect, GROUP_SQL),
-    over the hosts' files as they are (one round: O(files) GETs cold), then after `fleet compact` of every
-    day (`rounds` rounds). With report_too, `fleet report` (its three queries and the HTML page) instead of
+    """`fleet list --group` over the whole synthetic fleet: what the CLI runs (fleetview.collect, fleetview.link,
+    GROUP_SQL), over the hosts' files as they are (one round: O(files) GETs cold), then after `fleet compact`
+    of every day (`rounds` rounds). With report_too, `fleet report` (its three queries and the HTML page) instead of
     GROUP_SQL."""
     from corehandler.fleet import dataset, fleetview, report
 
@@ -278,7 +278,7 @@ def fleet_group(server: S3Server, work: Path, creds: Path, dumps: int, days: int
                     report.page(data)
                     total = data["totals"]["dumps"]
                 else:
-                    _, groups = fleetview.rows(view.connect(), fleetview.GROUP_SQL)
+                    _, groups = fleetview.rows(fleetview.link(view.connect()), fleetview.GROUP_SQL)
                     total = sum(g[1] for g in groups)
                 times.append(time.monotonic() - t)
                 view.close()

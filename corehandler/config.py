@@ -73,6 +73,15 @@ def _size_or_auto(value):
 
 SizeOrAuto = Annotated[int | Literal["auto"], BeforeValidator(_size_or_auto),
                        Human(lambda v: v if v == "auto" else units.format_size(v))]
+def _threads(value):
+    """[compression] threads: "auto", or 1..256 workers; 0, which meant one per CPU but one before, is auto."""
+    if value == "auto" or value == 0:
+        return "auto"
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 256:
+        raise ValueError('must be "auto" or a number of threads from 1 to 256')
+    return value
+
+
 SizeOrPercent = Annotated[units.SizeOrPercent, BeforeValidator(units.SizeOrPercent.parse), Human(str)]
 Count = Annotated[int, Field(ge=0, le=2**31 - 1)]
 
@@ -177,8 +186,10 @@ class CompressionConfig(_Section):
     enabled: bool = Field(True, description="compress dumps with zstd in the store")
     level: int = Field(1, ge=1, le=22, description="zstd level (1..22); 1 stores a dump 1.1-2.3x sooner than 3 "
                        "for 10-33% more bytes (bench/results/compress.md)")
-    threads: int = Field(0, ge=0, le=256, description="zstd worker threads; 0 = one per CPU but one, which hashes "
-                         "and verifies the stream")
+    threads: Annotated[int | Literal["auto"], BeforeValidator(_threads)] = Field(
+        "auto", description="zstd worker threads per dump, 1..256; auto = as many as there are idle CPUs when the "
+        "dump's compression starts (the CPUs the daemon may run on less the 1-minute load average, at least 1); "
+        "a capture that starts pauses the compression whatever the count; 0 = auto")
 
 
 class RetentionConfig(_Section):
@@ -391,6 +402,64 @@ class ScrubConfig(_Section):
                                                                                 "the store to the next")
 
 
+# What a crash in a pod keeps (corehandler/pods/policy.py): the core, the record only, or nothing.
+CORE_KEEPS = ("full", "metadata", "none")
+# Kubernetes names: a namespace is a DNS label; a label key an optional DNS subdomain prefix and a name.
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_LABEL_KEY = re.compile(r"^(?:[a-z0-9]([-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                        r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+MAX_POD_LABELS = 16
+
+
+def _namespaces(value) -> list:
+    if isinstance(value, list):
+        for name in value:
+            if not isinstance(name, str) or not _NAMESPACE.match(name):
+                raise ValueError(f"{name!r} is not a Kubernetes namespace name")
+    return value
+
+
+def _label_keys(value) -> list:
+    if isinstance(value, list):
+        if len(value) > MAX_POD_LABELS:
+            raise ValueError(f"at most {MAX_POD_LABELS} label keys")
+        for key in value:
+            if not isinstance(key, str) or len(key) > 317 or not _LABEL_KEY.match(key) \
+                    or len(key.rpartition("/")[0]) > 253:
+                raise ValueError(f"{key!r} is not a Kubernetes label key")
+    return value
+
+
+Namespaces = Annotated[list[str], BeforeValidator(_namespaces)]
+
+
+class KubernetesConfig(_Section):
+    core: Literal[CORE_KEEPS] = Field("full", description="what a crash in a pod keeps unless its namespace or "
+                                      "the pod says otherwise: full (the core), metadata (the record, no core) or "
+                                      "none (nothing; counted in corehandler_crashes_excluded_total)")
+    full_namespaces: Namespaces = Field([], description="namespaces whose pods' crashes keep the core")
+    metadata_namespaces: Namespaces = Field([], description="namespaces whose pods' crashes keep the record only")
+    none_namespaces: Namespaces = Field([], description="namespaces whose pods' crashes keep nothing")
+    pod_annotation: Literal["narrow", "any", "ignore"] = Field(
+        "narrow", description="what a pod's corehandler.io/core annotation (full, metadata, none) may do: narrow = "
+        "keep less than its namespace's setting (an opt-out), any = more too (an opt-in), ignore = nothing")
+    pod_labels: Annotated[list[str], BeforeValidator(_label_keys)] = Field(
+        [], description=f"pod label keys recorded with each crash of a pod (at most {MAX_POD_LABELS}; read from "
+        "the Kubernetes API: needs api)")
+    api: bool = Field(False, description="ask the Kubernetes API server for the crashed pod's annotations and "
+                      "labels (in a pod: its service account's token, allowed to get pods)")
+
+    @model_validator(mode="after")
+    def _each_namespace_once(self):
+        seen: dict[str, str] = {}
+        for keep in CORE_KEEPS:
+            for name in getattr(self, f"{keep}_namespaces"):
+                if name in seen and seen[name] != keep:
+                    raise ValueError(f"namespace {name!r} is in both {seen[name]}_namespaces and {keep}_namespaces")
+                seen[name] = keep
+        return self
+
+
 class Config(_Section):
     state_dir: AbsolutePath = Field(DEFAULT_STATE_DIR, description="spool, store and index live here")
     capture: CaptureConfig = CaptureConfig()
@@ -402,6 +471,7 @@ class Config(_Section):
     analysis: AnalysisConfig = AnalysisConfig()
     scrub: ScrubConfig = ScrubConfig()
     upload: UploadConfig = UploadConfig()
+    kubernetes: KubernetesConfig = KubernetesConfig()
 
     def paths(self, base: Paths) -> Paths:
         """base with this config's state_dir."""

@@ -72,6 +72,15 @@ SPECIFIERS = "%P %i %I %u %g %d %s %t %c %h %e"
 PIDFD_SPECIFIER = "%F"
 
 
+# The steps of a hold that csplice traces into its record's capture.phases (record.c, write_phases): each one's
+# end in ns after csplice's start, 0 where it did not happen; set-up in this order, then the copy's steps (rw's
+# hand-off to direct maps its ring after the first byte), the release, the core's publishing. Beside them the record
+# keeps capture.longest_read_ns and capture.longest_write_ns. bench/capture.py breaks its worst rounds down by
+# them; a test holds a real record's keys to this list.
+PHASES = ("settings", "metadata", "admitted", "created", "ring", "first_byte", "handoff", "eof", "released",
+          "published")
+
+
 def csplice_version(path: Path) -> str:
     try:
         result = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=10)

@@ -43,8 +43,10 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from corehandler import analysisqueue, elfcore, paths, spool, steps
-from corehandler.analysis import debuginfod, findings, minicore, resymbolise, symbols, unwind
+from corehandler.analysis import debuginfod, findings, identity, minicore, pyframes, resymbolise, symbols, unwind
+from corehandler.config import KubernetesConfig
 from corehandler.observer import Observer, Stored
+from corehandler.pods import apiserver, policy
 from corehandler.store import analyses, attempts, compress, retention, userview
 from corehandler.store.dumprow import COMPRESSING, Dump, row_from_record
 from corehandler.store.index import Store
@@ -62,7 +64,7 @@ class Settings:
     state_dir: Path
     compression: bool = True
     level: int = 1
-    threads: int = 0
+    threads: int | str = "auto"    # zstd workers per dump: "auto" = idle CPUs (compress.resolve_threads)
     policy: retention.Policy = field(default_factory=retention.Policy)
     retention_interval: float = 3600.0
     sweep_interval: float = 30.0    # also picks up what inotify missed
@@ -75,6 +77,8 @@ class Settings:
     analysis_workers: int = 2       # threads analysing at once (analysisqueue.py)
     analysis_uid_budget: float = 0.0  # analysis seconds per uid per window; 0: no cap
     analysis_uid_window: float = 600.0
+    pods: KubernetesConfig = field(default_factory=KubernetesConfig)  # what a crash in a pod keeps
+    pod_lookup: apiserver.PodLookup | None = None  # the API server's view of pods ([kubernetes] api)
 
     @property
     def spool_dir(self) -> Path:
@@ -96,7 +100,8 @@ def settings_from_config(config, paths, **overrides) -> Settings:
                     if config.analysis.mini_core else None,
                     debuginfod=debuginfod_settings(config), analysis_workers=config.analysis.workers,
                     analysis_uid_budget=config.analysis.uid_budget, analysis_uid_window=config.analysis.uid_window,
-                    **overrides)
+                    pods=config.kubernetes,
+                    pod_lookup=apiserver.PodLookup.in_cluster() if config.kubernetes.api else None, **overrides)
 
 
 def analysis_limits(config) -> findings.Limits:
@@ -315,6 +320,8 @@ class Ingest:
             return None
         if given_up is not None:  # what failed may be anything the record says: only the core is kept
             record = _stand_in(self.settings.spool_dir, dump_id, given_up.reason, given_up=True)
+        elif not self._pod_policy(record):
+            return None
         raw, info, status, problems = self._validate(dump_id, record, given_up)
         if self._analysable(status) and self.settings.analysis_enabled:
             analyses.mark_pending(self.store, dump_id)
@@ -333,6 +340,42 @@ class Ingest:
             self._submit(self._parked.setdefault(dump_id, _Parked()), dump, raw, "analysis")
         self._checkpoint("visible")
         return dump
+
+    def _pod_policy(self, record: dict) -> bool:
+        """What a crash in a pod keeps (pods/policy.py), applied to its spool files before anything reads its
+        core; False when nothing is (`none`). Decided once: the record keeps the decision (its `kubernetes`
+        section), rewritten before the core goes, so a kill in between leaves a record without a core."""
+        if record.get("unreadable") or record.get("orphan") or isinstance(record.get("kubernetes"), dict):
+            return True
+        ident = identity.identify(record)
+        namespace = ident.get("pod_namespace")
+        if not namespace:
+            return True  # not a pod's (or a pod the runtime did not name): capture's outcome stands
+        s = self.settings
+        pod = None
+        if s.pod_lookup is not None and ident.get("pod_name"):
+            pod = s.pod_lookup.pod(namespace, ident["pod_name"], ident.get("pod_uid"))
+        annotation = ident.get("core_annotation")
+        if annotation is None and pod is not None:
+            annotation = pod["annotations"].get(policy.ANNOTATION)
+        decision = policy.decide(s.pods, namespace, annotation)
+        if decision.warning:
+            log.warning("%s: %s", record["id"], decision.warning)
+        spool_dir = s.spool_dir
+        if decision.keep == policy.NONE:
+            spool.remove_record(spool_dir, record["id"])
+            log.debug("Excluded %s (pod policy, %s): nothing kept", record["id"], decision.source)
+            self._notify("on_excluded", lambda obs: obs.on_excluded(record, decision.source))
+            return False
+        record["kubernetes"] = decision.section(policy.chosen_labels(pod and pod["labels"], s.pods.pod_labels))
+        if decision.keep == policy.METADATA and record.get("core") is not None:
+            record["core"] = None
+            record["capture"] = {**(record.get("capture") or {}), "dropped": True,
+                                 "dropped_reason": policy.DROPPED_REASON}
+        spool.rewrite_record(spool_dir, record)
+        if record.get("core") is None:
+            spool.core_path(spool_dir, record["id"]).unlink(missing_ok=True)
+        return True
 
     def _make_stored(self, dump: Dump, start: float, given_up: attempts.GiveUp | None = None) -> Dump | None:
         """Stage stored: the raw core into the store, verified, and, once its analysis is done too, the row's
@@ -366,6 +409,8 @@ class Ingest:
             except compress.CompressError as e:
                 self.report_error("compress", f"{e}; the raw dump stays in the spool", dump.id)
                 raise _Retry() from e
+            log.debug("Stored %s: %d -> %d bytes in %.2f s, %d zstd workers", dump.id, stored.raw_bytes,
+                      stored.stored_bytes, stored.seconds, stored.workers)
         self._checkpoint("stored")
         mini: dict = {}
         seconds = time.monotonic() - start
@@ -498,6 +543,11 @@ class Ingest:
         if result is None:
             unwind.cancel(running)
             result = findings.skipped(record, failed[0], state=findings.FAILED)
+        elif not self._stop.is_set():
+            # From the same raw core, which stays in the spool until this job ends (compression writes the
+            # store's copy beside it): the Python frames live on its heap (pyframes.py).
+            pyframes.add(result, raw, record, self._analysis_limits(),
+                         started=lambda run: setattr(job, "interrupt", lambda: unwind.interrupt(run)))
         symbols.annotate(result, self.settings.state_dir)
         return result
 
@@ -549,6 +599,7 @@ class Ingest:
                 continue
             if self.settings.analysis_enabled and raw.exists() and dump.status in ("ok", "truncated"):
                 result = unwind.analyse(raw, dump.record, self._analysis_limits())
+                pyframes.add(result, raw, dump.record, self._analysis_limits())
             else:
                 why = "killed mid-analysis" if state == analyses.PENDING else "indexed before analysis existed"
                 result = findings.skipped(dump.record, f"raw core gone before it was analysed ({why})")

@@ -78,6 +78,14 @@ def _sentences(reason: str, kind: str, record: Mapping[str, Any]) -> tuple[str, 
     if reason == "empty":
         return ("the kernel sent no byte of the core (its coredump_filter or the kernel's own limits left "
                 "nothing to write)", "check /proc/PID/coredump_filter of such processes (0x33 is the default)")
+    if reason == "pod_policy":
+        kube = record.get("kubernetes") if isinstance(record.get("kubernetes"), Mapping) else {}
+        by = {"annotation": "the pod's corehandler.io/core annotation",
+              "namespace": "its namespace's setting ([kubernetes] metadata_namespaces)"}.get(
+            kube.get("core_source"), "the default for pods ([kubernetes] core)")
+        return (f"the pod's crashes keep metadata only, by {by}: the core was deleted before it was read",
+                "annotate the pod corehandler.io/core: full where [kubernetes] pod_annotation allows it, or "
+                "change the chart's corePolicy values")
     if reason == "socket_error":
         sock = cap.get("socket")
         detail = sock.get("error") if isinstance(sock, Mapping) else None

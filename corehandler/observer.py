@@ -55,6 +55,9 @@ class Observer(Protocol):
     # A dump announced `compressing` is stored and verified: stored has its final status and figures.
     def on_stored(self, record: Mapping[str, Any], stored: Stored) -> None: ...
     def on_deleted(self, dump_id: str, exe: str | None, rule: str, freed_bytes: int) -> None: ...
+    # A crash whose pod's policy keeps nothing (pods/policy.py): its spool files are gone, no row was made.
+    # source: what decided it (default, namespace, annotation).
+    def on_excluded(self, record: Mapping[str, Any], source: str) -> None: ...
     def on_error(self, kind: str, message: str, dump_id: str | None) -> None: ...
     def on_state(self, backlog: int, store_bytes: int, store_count: int) -> None: ...
     def close(self) -> None: ...
@@ -73,6 +76,9 @@ class Quiet:
         pass
 
     def on_deleted(self, dump_id: str, exe: str | None, rule: str, freed_bytes: int) -> None:
+        pass
+
+    def on_excluded(self, record: Mapping[str, Any], source: str) -> None:
         pass
 
     def on_error(self, kind: str, message: str, dump_id: str | None) -> None:

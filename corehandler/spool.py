@@ -259,11 +259,17 @@ def adopt_orphan(spool_dir: Path, orphan: Orphan) -> dict:
                     "dropped": False, "dropped_reason": None},
         "errors": [message],
     }
-    # The temp name is csplice's, so clean_stale_tmp removes what a kill here leaves.
-    write_atomic(record_path(spool_dir, orphan.id), json.dumps(record).encode(), 0o600,
-                 tmp=spool_dir / f".tmp.{orphan.id}.json")
+    rewrite_record(spool_dir, record)
     log.warning("Adopted orphaned dump %s: %s", orphan.id, orphan.reason)
     return record
+
+
+def rewrite_record(spool_dir: Path, record: dict) -> None:
+    """Replaces the record of record["id"] in the spool (the daemon's own changes: an orphan adopted, a pod's
+    policy applied), atomically."""
+    # The temp name is csplice's, so clean_stale_tmp removes what a kill here leaves.
+    write_atomic(record_path(spool_dir, record["id"]), json.dumps(record).encode(), 0o600,
+                 tmp=spool_dir / f".tmp.{record['id']}.json")
 
 
 def remove_record(spool_dir: Path, dump_id: str) -> None:

@@ -105,7 +105,23 @@ static int write_at(int fd, const char *buf, size_t len, uint64_t off, bool spar
         return 0;
 }
 
-static ssize_t read_some(int fd, void *buf, size_t len) {
+/* Keeps the longest of the calls timed into *longest; writers run in several threads. */
+static void note_longest(uint64_t *longest, uint64_t since) {
+        uint64_t took = now_ns(CLOCK_MONOTONIC) - since, seen = __atomic_load_n(longest, __ATOMIC_RELAXED);
+
+        while (took > seen &&
+               !__atomic_compare_exchange_n(longest, &seen, took, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+                ;
+}
+
+/* After a call that took n bytes of the dump, started at since: the trace's first byte and longest read. */
+static void note_read(Capture *c, uint64_t since, ssize_t n) {
+        note_longest(&c->longest_read_ns, since);
+        if (n > 0 && c->first_byte_ns == 0)
+                c->first_byte_ns = now_ns(CLOCK_MONOTONIC);
+}
+
+static ssize_t read_fd(int fd, void *buf, size_t len) {
         for (;;) {
                 ssize_t n = read(fd, buf, len);
                 if (n >= 0 || errno != EINTR)
@@ -113,6 +129,22 @@ static ssize_t read_some(int fd, void *buf, size_t len) {
                 if (capture_timed_out)
                         return -ETIMEDOUT;
         }
+}
+
+static ssize_t read_some(Capture *c, void *buf, size_t len) {
+        uint64_t since = now_ns(CLOCK_MONOTONIC);
+        ssize_t n = read_fd(c->in_fd, buf, len);
+
+        note_read(c, since, n);
+        return n;
+}
+
+static int write_timed(Capture *c, const char *buf, size_t len, uint64_t off, size_t *ret_done) {
+        uint64_t since = now_ns(CLOCK_MONOTONIC);
+        int r = write_at(c->out_fd, buf, len, off, c->settings->sparse, ret_done);
+
+        note_longest(&c->longest_write_ns, since);
+        return r;
 }
 
 /* The first failure wins. rw2, direct and splice2 fail from several threads, hence the lock: reason and errno stay a pair. */
@@ -172,14 +204,14 @@ static void rw_loop(Capture *c, char *buf, bool adapt, bool *ret_handoff) {
                         set_failure(c, stop, 0);
                         break;
                 }
-                n = read_some(c->in_fd, buf, want);
+                n = read_some(c, buf, want);
                 if (n == 0)
                         break;
                 if (n < 0) {
                         set_failure(c, n == -ETIMEDOUT ? "timeout" : "read_error", (int) n);
                         break;
                 }
-                r = write_at(c->out_fd, buf, (size_t) n, c->raw_bytes, c->settings->sparse, &done);
+                r = write_timed(c, buf, (size_t) n, c->raw_bytes, &done);
                 c->raw_bytes += done;
                 if (r < 0) {
                         set_failure(c, "write_error", r);
@@ -210,7 +242,10 @@ static int capture_rw(Capture *c) {
         rw_loop(c, buf, c->settings->direct_rate > 0, &handoff);
         if (handoff) {
                 uint64_t from = c->raw_bytes;
-                int r = capture_direct(c);
+                int r;
+
+                c->handoff_ns = now_ns(CLOCK_MONOTONIC);
+                r = capture_direct(c);
 
                 c->strategy = strategy_to_string(STRATEGY_RW);
                 if (r >= 0)
@@ -235,6 +270,7 @@ static int capture_splice(Capture *c) {
         for (;;) {
                 size_t want = next_len(c, c->raw_bytes, chunk);
                 const char *stop = stop_reason(c, c->raw_bytes, &next_check, want);
+                uint64_t since = now_ns(CLOCK_MONOTONIC);
                 ssize_t n;
 
                 if (stop) {
@@ -242,6 +278,7 @@ static int capture_splice(Capture *c) {
                         break;
                 }
                 n = splice(c->in_fd, NULL, c->out_fd, NULL, want, SPLICE_F_MOVE);
+                note_read(c, since, n);
                 if (n == 0)
                         break;
                 if (n < 0) {
@@ -326,18 +363,16 @@ static bool ring_refuse_direct(Ring *ring) {
  * 4 GiB dense, quiet machine, right after its O_DIRECT floor had written 4 GiB: 10.6-12.3 s with that detour,
  * 2.4-3.7 s without. */
 static int ring_write(Ring *ring, unsigned i, size_t *ret_done) {
-        const Settings *s = ring->c->settings;
-        int out_fd = ring->c->out_fd;
         int r;
 
         if (__atomic_load_n(&ring->direct, __ATOMIC_RELAXED)) {
-                r = write_at(out_fd, ring->slot[i], (ring->len[i] + BLOCK - 1) / BLOCK * BLOCK, ring->off[i],
-                             s->sparse, ret_done);
+                r = write_timed(ring->c, ring->slot[i], (ring->len[i] + BLOCK - 1) / BLOCK * BLOCK, ring->off[i],
+                                ret_done);
                 *ret_done = MIN(*ret_done, ring->len[i]);
                 if (r != -EINVAL || *ret_done > 0 || !ring_refuse_direct(ring))
                         return r;
         }
-        return write_at(out_fd, ring->slot[i], ring->len[i], ring->off[i], s->sparse, ret_done);
+        return write_timed(ring->c, ring->slot[i], ring->len[i], ring->off[i], ret_done);
 }
 
 static void *ring_writer(void *userdata) {
@@ -422,6 +457,7 @@ static int ring_capture(Capture *c, Ring *ring) {
                 ring_free(ring);
                 return r;
         }
+        c->ring_ns = now_ns(CLOCK_MONOTONIC);
 
         for (bool done = false; !done;) {
                 unsigned i;
@@ -449,7 +485,7 @@ static int ring_capture(Capture *c, Ring *ring) {
                                 done = true;
                                 break;
                         }
-                        n = read_some(c->in_fd, ring->slot[i] + fill, want);
+                        n = read_some(c, ring->slot[i] + fill, want);
                         if (n <= 0) {
                                 if (n < 0)
                                         set_failure(c, n == -ETIMEDOUT ? "timeout" : "read_error", (int) n);
@@ -546,6 +582,7 @@ static void *relay_writer(void *userdata) {
 
         for (;;) {
                 const char *stop;
+                uint64_t since;
                 ssize_t n;
 
                 if (!relay->failed) {
@@ -556,8 +593,10 @@ static void *relay_writer(void *userdata) {
                         }
                 }
                 /* Once failed, keep emptying the private pipe, or the first hop would block forever. */
+                since = now_ns(CLOCK_MONOTONIC);
                 n = splice(relay->pipe_rd, NULL, relay->failed ? relay->sink : c->out_fd, NULL, chunk,
                            SPLICE_F_MOVE);
+                note_longest(&c->longest_write_ns, since);
                 if (n == 0)
                         break;
                 if (n < 0) {
@@ -606,6 +645,7 @@ static int capture_splice2(Capture *c) {
         c->strategy = strategy_to_string(STRATEGY_SPLICE2);
         for (;;) {
                 size_t want = next_len(c, queued, chunk);
+                uint64_t since;
                 ssize_t n;
 
                 if (relay.failed)
@@ -618,7 +658,9 @@ static int capture_splice2(Capture *c) {
                         set_failure(c, "timeout", 0);
                         break;
                 }
+                since = now_ns(CLOCK_MONOTONIC);
                 n = splice(c->in_fd, NULL, p[1], NULL, want, SPLICE_F_MOVE);
+                note_read(c, since, n);
                 if (n == 0)
                         break;
                 if (n < 0) {
@@ -671,7 +713,7 @@ uint64_t capture_drain(int in_fd, bool *ret_eof) {
         if (sink >= 0)
                 (void) close(sink);
         while (!capture_timed_out && now_ns(CLOCK_MONOTONIC) < deadline) {
-                ssize_t n = read_some(in_fd, buf, sizeof buf);
+                ssize_t n = read_fd(in_fd, buf, sizeof buf);
                 if (n <= 0) {
                         *ret_eof = n == 0;
                         break;
@@ -705,6 +747,7 @@ void capture_run(Capture *c) {
                                  strategy_to_string(strategy));
                 r = capture_rw(c);
         }
+        c->eof_ns = now_ns(CLOCK_MONOTONIC);
         if (r < 0)
                 set_failure(c, "write_error", r);
 

@@ -23,6 +23,15 @@ typedef struct Capture {
         const char *strategy;   /* the strategy that really ran */
         const char *truncated;  /* why the capture stopped before EOF, or NULL */
         int error;              /* -errno behind a "read_error"/"write_error" truncation */
+
+        /* The capture's own trace, for the record's capture.phases (CLOCK_MONOTONIC; 0: did not happen): a tail
+         * round of a benchmark says where its time went. */
+        uint64_t ring_ns;          /* rw2/direct: the buffers mapped and the writer threads started */
+        uint64_t first_byte_ns;    /* the first bytes of the dump read */
+        uint64_t handoff_ns;       /* rw moved the rest to direct */
+        uint64_t eof_ns;           /* the strategy done: every byte kept is written (before the drain) */
+        uint64_t longest_read_ns;  /* the longest single call that took bytes from the dump (read, splice) */
+        uint64_t longest_write_ns; /* the longest single write into the core file (pwrite, the relay's splice) */
 } Capture;
 
 /* Set from the SIGALRM handler; every loop checks it so a stalled capture ends. */

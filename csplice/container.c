@@ -25,7 +25,9 @@
 /* Components tried as a container id: a cgroup path of a real container holds one or two. */
 #define CANDIDATES_MAX 8
 
-/* identity.py's names for pod, namespace, pod uid, container and image (CRI, CRI-O and Podman, nerdctl).
+/* identity.py's names for pod, namespace, pod uid, container and image (CRI, CRI-O and Podman, nerdctl), and
+ * the pod's own choice of what its crashes keep (corehandler/pods/policy.py), where the runtime passes pod
+ * annotations into the bundle (Podman's kube play; containerd's pod_annotations).
  * `csplice --list-annotations` prints them; tests/local/test_csplice_contract.py holds the two sides together. */
 const char *const container_annotation_keys[CONTAINER_ANNOTATION_KEYS] = {
         "io.kubernetes.cri.sandbox-name",
@@ -41,6 +43,7 @@ const char *const container_annotation_keys[CONTAINER_ANNOTATION_KEYS] = {
         "io.kubernetes.cri.image-name",
         "io.kubernetes.cri-o.ImageName",
         "org.opencontainers.image.ref.name",
+        "corehandler.io/core",
 };
 
 typedef enum Store {

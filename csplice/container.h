@@ -4,7 +4,7 @@
 #include <stddef.h>
 
 /* The annotations of an OCI bundle that name a container: the only part of config.json csplice keeps. */
-#define CONTAINER_ANNOTATION_KEYS 13
+#define CONTAINER_ANNOTATION_KEYS 14
 extern const char *const container_annotation_keys[CONTAINER_ANNOTATION_KEYS];
 /* Longer values are dropped: Kubernetes names are at most 253 bytes, image references rarely longer. */
 #define CONTAINER_VALUE_MAX 256

@@ -281,6 +281,7 @@ static int commit(Crash *c, int spool_fd, int core_fd, SpoolRecord *record) {
                         (void) log_errno(LOG_ERR, r, "Failed to publish core %s: %m", c->id);
                         return EXIT_IOERR;
                 }
+                c->published_ns = now_ns(CLOCK_MONOTONIC);
         }
         r = commit_record(c, spool_fd, record);
         if (r < 0) {
@@ -329,17 +330,20 @@ int main(int argc, char *argv[]) {
                 argc = 1;
         }
         c.started_ns = now_ns(CLOCK_REALTIME);
+        c.started_mono_ns = now_ns(CLOCK_MONOTONIC);
         in_fd = make_safe();
         c.socket_mode = socket_is_connection(in_fd);
         r = setup(&c, argc, argv, in_fd, &proc_root);
         if (r != 0)
                 return r;
+        c.settings_ns = now_ns(CLOCK_MONOTONIC);
 
         /* Metadata before the dump: once the pipe is drained the kernel may reap the process. */
         r = identity_collect(&c, proc_root);
         if (r < 0)
                 (void) log_errno(LOG_WARNING, r, "Failed to read /proc/%s, recording the dump without it: %m",
                                  c.argv[ARG_PID] ?: "?");
+        c.metadata_ns = now_ns(CLOCK_MONOTONIC);
         /* Now that the process's size is known: the time limit set up with the settings was only the ceiling. */
         c.timeout = admit_timeout(&c);
         if (c.timeout > 0)
@@ -371,6 +375,7 @@ int main(int argc, char *argv[]) {
         if (c.socket.error)
                 log_full(LOG_WARNING, "Coredump socket exchange with PID %s failed (%s)", c.argv[ARG_PID] ?: "?",
                          c.socket.error);
+        c.admitted_ns = now_ns(CLOCK_MONOTONIC);
 
         core_fd = capture_core(&c, in_fd, spool_fd);
         log_outcome(&c);

@@ -8,6 +8,7 @@
 #include "record.h"
 #include "json.h"
 #include "log.h"
+#include "util.h"
 
 #define RECORD_SCHEMA 1
 
@@ -139,6 +140,37 @@ static void write_socket(Json *j, const Crash *c) {
         json_end(j);
 }
 
+/* capture.phases: when each step of the hold ended, in ns after csplice's start (the copy's own steps in the
+ * order its strategy takes them: rw's hand-off to direct maps the ring after the first byte); 0 where a step
+ * did not happen (no ring for rw, no hand-off, nothing published for a dropped dump). A few fixed
+ * integers, whatever the dump: enough to say where a slow round's time went. csplice_contract.PHASES is this
+ * list on the Python side. */
+static void write_phases(Json *j, const Crash *c) {
+        const Capture *cap = &c->capture;
+        const struct {
+                const char *name;
+                uint64_t at;
+        } phases[] = {
+                { "settings", c->settings_ns },
+                { "metadata", c->metadata_ns },
+                { "admitted", c->admitted_ns },
+                { "created", c->capture_begin_ns },     /* the core file made: the copy starts */
+                { "ring", cap->ring_ns },
+                { "first_byte", cap->first_byte_ns },
+                { "handoff", cap->handoff_ns },
+                { "eof", cap->eof_ns },
+                { "released", c->capture_end_ns },      /* drained and closed: the process let go */
+                { "published", c->published_ns },
+        };
+
+        json_begin(j, "phases");
+        for (size_t i = 0; i < ELEMENTSOF(phases); i++)
+                json_u64(j, phases[i].name, phases[i].at > c->started_mono_ns ? phases[i].at - c->started_mono_ns : 0);
+        json_end(j);
+        json_u64(j, "longest_read_ns", cap->longest_read_ns);
+        json_u64(j, "longest_write_ns", cap->longest_write_ns);
+}
+
 static void write_capture(Json *j, const Crash *c) {
         const Capture *cap = &c->capture;
         uint64_t ns = c->capture_end_ns - c->capture_begin_ns;
@@ -164,6 +196,7 @@ static void write_capture(Json *j, const Crash *c) {
         json_bool(j, "dropped", c->dropped != NULL);
         json_string(j, "dropped_reason", c->dropped);
         json_bool(j, "elf_magic", c->elf_magic);
+        write_phases(j, c);
         json_end(j);
 }
 

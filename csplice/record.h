@@ -43,6 +43,13 @@ typedef struct Crash {
         const char *dropped;       /* why the dump was dropped, or NULL */
         bool shed;                 /* not even a record fits its user's budget (admit.c): nothing is stored */
         uint64_t started_ns;       /* CLOCK_REALTIME at csplice's start */
+        /* The hold's steps on CLOCK_MONOTONIC, for capture.phases (with Capture's own): csplice's start, then when
+         * each step ended; 0 where one did not happen. */
+        uint64_t started_mono_ns;
+        uint64_t settings_ns;      /* arguments, settings, the caller checked */
+        uint64_t metadata_ns;      /* /proc/PID read */
+        uint64_t admitted_ns;      /* spool open, record reserved, admission decided (socket mode: answered) */
+        uint64_t published_ns;     /* the core fsynced (as configured) and renamed into place */
         uint64_t capture_begin_ns; /* CLOCK_MONOTONIC around the copy */
         uint64_t capture_end_ns;
         uint64_t released_ns;      /* CLOCK_REALTIME once the pipe is drained: the process is let go */

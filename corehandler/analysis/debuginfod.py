@@ -5,12 +5,13 @@ The cache is `<state>/debuginfo/.build-id/xx/rest.debug`, the separate-debuginfo
 build-id under each absolute directory of its debuginfo path (eu-stack `--debuginfo-path`, search_path()); the
 debuginfod client library itself is not used (it would need the network and a writable cache in the sandbox).
 
-Bounded every way: a deadline per request and one per dump, each enforced by shutting the socket down when it
-passes (a socket's timeout bounds one read only, and a server sending a byte a second never lets it expire), a
-size cap per file and for the whole cache (oldest used first out), negative results (404 from every server)
-remembered for `negative_ttl` and at most NEGATIVE_MAX of them, a server that is down remembered for nothing (the
-next dump asks again). What is fetched is an ELF file or nothing: a server's answer is written to a temp file,
-checked, and renamed into place; a temp file left by a process that died is swept by the next fetch.
+Bounded every way: a deadline per request and one per dump, each enforced by shutting the socket down when it passes
+(a socket's timeout bounds one read only, and a server sending a byte a second never lets it expire), a size cap per
+file and for the whole cache (oldest used first out), negative results (404 from every server) remembered for
+`negative_ttl` and at most NEGATIVE_MAX of them, a server that is down (timed out, refused) remembered for the rest
+of the pass only (the next dump asks again), at most POOL build-ids asked at once. What is fetched is an ELF file or
+nothing: a server's answer is written to a temp file, checked, and renamed into place; a temp file left by a process
+that died is swept by the next fetch.
 
 The cache says which build-ids crashed here: its directories are root's, crossable but not listable (0711), so
 each analysis, which runs under a uid of its own (jail.py), opens a debug file by the build-id it already knows
@@ -20,6 +21,7 @@ the server is on loopback or `[analysis] debuginfod_allow_http` says so: a debug
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import http.client
 import logging
@@ -45,6 +47,7 @@ CACHE_DIR = "debuginfo"
 _BUILD_ID = re.compile(r"[0-9a-f]{8,128}")
 _CHUNK = 1 << 20
 NEGATIVE_MAX = 4096
+POOL = 4                      # build-ids fetched at once in one pass
 _TMP = re.compile(r"\.tmp\..*\.(\d+)")
 
 
@@ -171,11 +174,14 @@ def tidy(cache: Path, negative_ttl: float) -> None:
 
 
 def fetch(settings: Settings, cache: Path, build_ids, *, now=time.monotonic) -> Report:
-    """Fetches the debug files of build_ids that are neither cached nor known missing, within the budget."""
+    """Fetches the debug files of build_ids that are neither cached nor known missing, within the budget: at most
+    POOL at once, and a server that did not answer (a timeout, a refused connection) is not asked again in this
+    pass, so a stuck server costs its timeout once, not once per build-id."""
     started = now()
     report = Report()
     tidy(cache, settings.negative_ttl)
     deadline = started + settings.budget
+    wanted = []
     for build_id in dict.fromkeys(b for b in build_ids if b and _BUILD_ID.fullmatch(b)):
         path = cached(cache, build_id)
         if path.exists():
@@ -189,29 +195,56 @@ def fetch(settings: Settings, cache: Path, build_ids, *, now=time.monotonic) -> 
             pass
         if not settings.urls:
             break
-        if now() >= deadline:
-            report.cut = True
-            break
-        _fetch_one(settings, cache, build_id, deadline, report, now)
+        wanted.append(build_id)
+    if wanted:
+        down = _Down()
+        with concurrent.futures.ThreadPoolExecutor(min(POOL, len(wanted)), thread_name_prefix="debuginfod") as pool:
+            parts = list(pool.map(lambda b: _fetch_one(settings, cache, b, deadline, down, now), wanted))
+        for part in parts:  # in the build-ids' order, whichever finished first
+            report.fetched += part.fetched
+            report.missing += part.missing
+            report.failed += part.failed
+            report.cut |= part.cut
     if report.fetched:
         evict(cache, settings.cache_max)
     report.seconds = now() - started
     return report
 
 
-def _fetch_one(settings: Settings, cache: Path, build_id: str, deadline: float, report: Report, now) -> None:
+class _Down:
+    """The servers that did not answer in this pass, and why (shared by the pass's threads)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._why: dict[str, str] = {}
+
+    def why(self, url: str) -> str | None:
+        with self._lock:
+            return self._why.get(url)
+
+    def mark(self, url: str, why: str) -> None:
+        with self._lock:
+            self._why.setdefault(url, why)
+
+
+def _fetch_one(settings: Settings, cache: Path, build_id: str, deadline: float, down: _Down, now) -> Report:
+    """One build-id asked of each server in turn, until one has it; what came of it."""
+    report = Report()
     not_found = 0
     why = None
     for url in settings.urls:
+        if (was := down.why(url)) is not None:
+            why = f"{url}: not asked, it did not answer in this pass ({was})"
+            continue
         remaining = deadline - now()
         if remaining <= 0:
             report.cut = True
-            return
+            return report
+        limit = min(settings.timeout, remaining)
         try:
-            if _download(f"{url}/buildid/{build_id}/debuginfo", cached(cache, build_id), settings,
-                         min(settings.timeout, remaining)):
+            if _download(f"{url}/buildid/{build_id}/debuginfo", cached(cache, build_id), settings, limit):
                 report.fetched.append(build_id)
-                return
+                return report
             why = "not an ELF file"
         except urllib.error.HTTPError as e:
             if e.code == 404:
@@ -223,6 +256,10 @@ def _fetch_one(settings: Settings, cache: Path, build_id: str, deadline: float, 
         except (OSError, ValueError, http.client.HTTPException) as e:  # refused, timeout, TLS, bad URL or reply
             reason = getattr(e, "reason", None) or e
             why = f"{url}: {reason}"
+            if isinstance(e, TimeoutError) and limit < settings.timeout:
+                report.cut = True  # the dump's budget, not the server, ended it
+            elif isinstance(e, OSError) and not isinstance(e, urllib.error.HTTPError):
+                down.mark(url, str(reason))
     if not_found == len(settings.urls):
         report.missing.append(build_id)
         negative = _negative(cache, build_id)
@@ -231,6 +268,7 @@ def _fetch_one(settings: Settings, cache: Path, build_id: str, deadline: float, 
         negative.touch()
     elif why:
         report.failed.append(f"{build_id}: {why}")
+    return report
 
 
 class _TooBig(Exception):

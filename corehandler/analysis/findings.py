@@ -189,6 +189,8 @@ def check_exe(exe_path: str | None, core_build_id: str | None, vetting: dict | N
     if not isinstance(vetting, dict):
         return out
     refused, disk_id = vetting.get("refused"), vetting.get("build_id")
+    if vetting.get("python") is True:  # a CPython interpreter by its symbols (jail._exe_facts): pyframes.py
+        out["python"] = True
     if refused:
         out["state"], out["problem"] = "unreadable", str(refused)
         return out

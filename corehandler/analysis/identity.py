@@ -48,6 +48,9 @@ ANNOTATIONS = {
     "pod_uid": ("io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid"),
     "container_name": ("io.kubernetes.cri.container-name", "io.kubernetes.container.name", "nerdctl/name"),
     "image": ("io.kubernetes.cri.image-name", "io.kubernetes.cri-o.ImageName", "org.opencontainers.image.ref.name"),
+    # The pod's own choice of what its crashes keep (corehandler/pods/policy.py), where the runtime passes pod
+    # annotations into the bundle: Podman's kube play does, containerd with pod_annotations = ["corehandler.io/*"].
+    "core_annotation": ("corehandler.io/core",),
 }
 MAX_FIELD = 256
 

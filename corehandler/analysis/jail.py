@@ -1,7 +1,8 @@
 """The analyser's jail: run as `python -I -S jail.py SPEC_FD` by unwind.py, as root, it vets the files the core
 says were mapped, builds the unwinder a private read-only view of the system, drops every privilege and execs
-the unwinder. Standard library only: it runs without the venv's site-packages, and as a fresh process rather
-than a preexec hook of the daemon's threaded process.
+the unwinder (eu-stack; for the Python frames, pyframes.py's reader: this interpreter running pystack).
+Standard library only: it runs without the venv's site-packages, and as a fresh process rather than a preexec
+hook of the daemon's threaded process.
 
 In order, each step with why:
 1. Vet the core's NT_FILE paths as the crashing user (its uid, gid and groups as effective ids; a crash of a
@@ -17,7 +18,8 @@ In order, each step with why:
 2. A mount, network, IPC and PID namespace of its own. A tmpfs becomes its root, holding: the system's
    program trees read-only (/usr and the merged-/usr links: the unwinder's own libraries and /usr/lib/debug),
    /etc/ld.so.cache, a /proc of its PID namespace showing its own processes only (the core is its inherited
-   fd, opened as /proc/self/fd/N), the debug files the daemon fetched (<state>/debuginfo, read-only), and
+   fd, opened as /proc/self/fd/N), the debug files the daemon fetched (<state>/debuginfo, read-only), the
+   analyser's own files outside those trees (spec `binds`: pystack's package and the script that runs it), and
    each vetted file at its own path (bound read-only, or copied when the analysis's uid could not read it: a
    user's private binary, up to a cap). Nothing else of the state dir, /home, /tmp or /dev is there, so an
    unvetted path names nothing. The tmpfs is mounted over /tmp first, so each source is an fd taken before (a
@@ -159,13 +161,14 @@ def vet_all(spec: dict, report: dict) -> dict[str, int]:
             else:
                 _refuse(report, path, why)
             if path == exe:
-                report["exe"] = {"refused": why, "build_id": _build_id(report, path)}
+                report["exe"] = _exe_facts(report, path, fd, why)
         if exe and "exe" not in report:
             fd, why = vet(exe)
             if fd is not None:
                 _read_facts(report, exe, fd)
+            report["exe"] = _exe_facts(report, exe, fd, why)
+            if fd is not None:
                 os.close(fd)
-            report["exe"] = {"refused": why, "build_id": _build_id(report, exe)}
     finally:
         if as_user:
             os.seteuid(0)
@@ -188,6 +191,18 @@ def _read_facts(report: dict, path: str, fd: int) -> None:
     except OSError:  # an I/O error of the file: nothing is said of it
         return
     report["files"][path] = facts
+
+
+def _exe_facts(report: dict, path: str, fd: int | None, why: str | None) -> dict:
+    """The exe's vetting and build-id, and whether it is a CPython interpreter (exports `_PyRuntime`, 3.7 on,
+    or `Py_Initialize`): pyframes.py reads its Python frames then, whatever the file is called."""
+    python = False
+    if fd is not None:
+        try:
+            python = any(elffile.dynsym_value(fd, name) for name in (b"_PyRuntime", b"Py_Initialize"))
+        except OSError:
+            pass
+    return {"refused": why, "build_id": _build_id(report, path), "python": python}
 
 
 def _build_id(report: dict, path: str) -> str | None:
@@ -236,9 +251,11 @@ def _readable_by_analyser(st: os.stat_result, uid: int | None) -> bool:
 def build_view(spec: dict, vetted: dict[str, int], report: dict) -> str:
     root = MOUNT_POINT
     copy_budget = int(spec.get("copy_bytes", 0))
-    tool = spec["argv"][0]
-    # A test's stand-in unwinder, outside the system trees: held open now, as the tmpfs may cover its path.
-    tool_fd = None if _under_system_tree(tool) else os.open(tool, os.O_PATH | os.O_CLOEXEC)
+    # The analyser's own files outside the system trees (a test's stand-in unwinder; pystack's package in the
+    # daemon's venv and the script that runs it): held open now, as the tmpfs may cover their paths.
+    programs = {path: os.open(path, os.O_PATH | os.O_CLOEXEC)
+                for path in dict.fromkeys([spec["argv"][0], *(spec.get("binds") or [])])
+                if not _under_system_tree(path)}
     debug_dirs = _hold((spec.get("debuginfo") or "").split(":"), report)
     _mount("corehandler-analysis", root, "tmpfs", MS_NOSUID | MS_NODEV,
            f"mode=0755,size={copy_budget + (4 << 20)}")
@@ -268,10 +285,13 @@ def build_view(spec: dict, vetted: dict[str, int], report: dict) -> str:
             report["notes"].append(f"debug directory {directory} not shown to the unwinder: {e.strerror}")
         finally:
             os.close(fd)
-    if tool_fd is not None:
-        open(_place(root, tool), "w").close()
-        _bind_ro(f"/proc/self/fd/{tool_fd}", root + tool)
-        os.close(tool_fd)
+    for path, fd in programs.items():
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            _place(root, path, directory=True)
+        else:
+            open(_place(root, path), "w").close()
+        _bind_ro(f"/proc/self/fd/{fd}", root + path)
+        os.close(fd)
     analyser_uid = (spec.get("user") or {}).get("uid")  # this analysis's own
     for path, fd in vetted.items():
         if _under_system_tree(path):
@@ -483,7 +503,7 @@ def run(spec: dict, report: dict) -> None:
     report["applied"].append("no-new-privs")
     limit(spec, report)
     filter_syscalls(report)
-    argv = [spec["argv"][0], f"--core=/proc/self/fd/{core_fd}", *spec["argv"][1:]]
+    argv = spec["argv"]  # it names the core as /proc/self/fd/CORE_FD, the fd it inherits
     _write_report(spec, report)
     try:
         os.execve(argv[0], argv, spec.get("env") or {})

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from corehandler import spool
-from corehandler.analysis import debuginfod, findings, reason, symbols, unwind
+from corehandler.analysis import debuginfod, findings, pyframes, reason, symbols, unwind
 from corehandler.store import analyses, userview
 
 log = logging.getLogger(__name__)
@@ -207,6 +207,7 @@ class Resymboliser:
                 f"{before['exact_key']}, is kept")
             result["exact_key"], result["exact_version"] = before["exact_key"], before.get("exact_version")
         reason.carry_over(before, result)
+        pyframes.carry_over(before, result, dump.record)
         result["resymbolised_at"] = time.time()
         analyses.put(store, dump_id, result)
         if not symbols.wanted(result):

@@ -9,7 +9,8 @@ signature (SIGNATURE_VERSION): the same bug, even in a rebuilt binary or on anot
     last such frame among the top NOISE_DEPTH), each frame's function normalised (no __GI_ prefix, symbol
     version, argument list, clone suffix or Rust hash; libc's CPU-specific ifunc variants under their public
     name: __strlen_evex -> strlen), start and thread-entry frames dropped, consecutive repeats collapsed
-    (recursion), unsymbolised frames as their module's file name alone. libc's string, memory and allocator
+    (recursion), unsymbolised frames as their module's file name alone, and for a Python crash the innermost
+    Python frames (`file:function`) after the native crash frame. libc's string, memory and allocator
     functions on top are a prefix (Socorro's "prefix" list): kept as context, joined by ` | `, and the
     SIGNATURE_FRAMES frames counted from their caller. `signature_id` is its short hash, safe in a file name
     or an object key.
@@ -174,10 +175,22 @@ def _collapsed(texts: Iterable[str]) -> list[str]:
     return out
 
 
+def python_frame_text(frame: Mapping[str, Any]) -> str:
+    """A Python frame as the signature spells it (rule 9): `file:function`, the file by its name alone (a
+    package's `__init__.py`/`__main__.py` with its directory), so the same code crashes alike from any venv,
+    checkout or interpreter's prefix; the line, which moves with every edit, is left out."""
+    parts = str(frame.get("file") or "?").split("/")
+    name = "/".join(parts[-2:]) if parts[-1] in ("__init__.py", "__main__.py") and len(parts) > 1 else parts[-1]
+    text = f"{name}:{frame.get('function') or '?'}"
+    return text if len(text) <= MAX_FRAME_CHARS else text[:MAX_FRAME_CHARS] + "..."
+
+
 def signature_frames(frames: Sequence[Mapping[str, Any]], count: int = SIGNATURE_FRAMES,
-                     version: int = SIGNATURE_VERSION) -> list[str]:
+                     version: int = SIGNATURE_VERSION, python: Sequence[Mapping[str, Any]] = ()) -> list[str]:
     """The signature's frames, innermost first; in version 2 the libc prefix frames come first, each ending
-    in ` |` (so the text reads `strlen | caller < main`)."""
+    in ` |` (so the text reads `strlen | caller < main`). `python`: the crashing thread's Python frames,
+    innermost first (pyframes.py): in version 2 they follow the native crash frame, in place of the
+    interpreter's own frames, which every Python crash shares."""
     texts = [frame_text(f, version) for f in frames]
     start = _start(frames, texts)
     if version < 2:
@@ -190,7 +203,10 @@ def signature_frames(frames: Sequence[Mapping[str, Any]], count: int = SIGNATURE
     while prefix < len(kept) - 1 and is_prefix(*kept[prefix]):
         prefix += 1
     head = _collapsed(t for f, t in kept[:prefix] if not is_noise(t))[:PREFIX_FRAMES]
-    return [f"{t} |" for t in head] + _collapsed(t for _, t in kept[prefix:])[:count]
+    rest = _collapsed(t for _, t in kept[prefix:])
+    if python:
+        rest = rest[:1] + _collapsed(python_frame_text(f) for f in python)
+    return [f"{t} |" for t in head] + rest[:count]
 
 
 def _join(parts: list[str]) -> str:
@@ -201,9 +217,9 @@ def _join(parts: list[str]) -> str:
 
 
 def signature(exe: str | None, signal_name: str | None, frames: Sequence[Mapping[str, Any]],
-              version: int = SIGNATURE_VERSION) -> str:
+              version: int = SIGNATURE_VERSION, python: Sequence[Mapping[str, Any]] = ()) -> str:
     name = os.path.basename(exe.removesuffix(" (deleted)")) if exe else "?"
-    parts = signature_frames(frames, version=version)
+    parts = signature_frames(frames, version=version, python=python if version >= 2 else ())
     return f"{name} {signal_name or '?'} " + (_join(parts) if parts else "(no frames)")
 
 
@@ -225,10 +241,11 @@ def exact_key(exe_build_id: str | None, signal: int | None, frames: Iterable[Map
 
 
 def keys(exe: str | None, exe_build_id: str | None, signal: int | None, signal_name: str | None,
-         frames: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Both keys of a crashing thread's frames, as the analysis row stores them, and the version 1 signature's
-    id (`signature_v1_id`): what hosts and dumps of before version 2 group by, so the two can be linked."""
-    text = signature(exe, signal_name, frames)
+         frames: Sequence[Mapping[str, Any]], python: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """Both keys of a crashing thread's frames (and its Python frames, if any), as the analysis row stores
+    them, and the version 1 signature's id (`signature_v1_id`): what hosts and dumps of before version 2 group
+    by, so the two can be linked. The exact key is the native frames' alone."""
+    text = signature(exe, signal_name, frames, python=python)
     return {"signature": text, "signature_id": signature_id(text), "signature_version": SIGNATURE_VERSION,
             "signature_v1_id": signature_id(signature(exe, signal_name, frames, 1), 1),
             "exact_key": exact_key(exe_build_id, signal, frames), "exact_version": EXACT_VERSION}

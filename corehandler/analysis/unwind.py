@@ -73,7 +73,7 @@ class _Child:
         self.ended = time.monotonic()
 
 
-def _memfd(name: str) -> BinaryIO:
+def memfd(name: str) -> BinaryIO:
     return os.fdopen(os.memfd_create(name, os.MFD_CLOEXEC), "w+b")
 
 
@@ -113,15 +113,18 @@ def _exe_path(record: dict) -> str | None:
     return exe if isinstance(exe, str) and not exe.endswith(" (deleted)") else None
 
 
-def _spawn(run: "Running", argv: list[str], files: list[str]) -> _Child:
-    out, err = _memfd("corehandler-analysis-out"), _memfd("corehandler-analysis-err")
-    spec = _memfd("corehandler-analysis-spec")
+def spawn(run: "Running", argv: list[str], files: list[str], binds: tuple[str, ...] = ()) -> _Child:
+    """Starts the jail (jail.py) that vets `files` as the crashing user, builds the view (with `binds`, the
+    program's own files outside the system trees) and execs argv, which names the core as
+    /proc/self/fd/<run.core_fd>."""
+    out, err = memfd("corehandler-analysis-out"), memfd("corehandler-analysis-err")
+    spec = memfd("corehandler-analysis-spec")
     try:
         limits = run.limits
         spec.write(json.dumps({
             "argv": argv, "core_fd": run.core_fd, "report_fd": run.report.fileno(), "user": run.user,
             "crashing": _crashing_user(run.record), "files": files, "exe": _exe_path(run.record),
-            "copy_bytes": COPY_BYTES, "env": _ENV, "debuginfo": limits.debuginfo_path,
+            "copy_bytes": COPY_BYTES, "env": _ENV, "debuginfo": limits.debuginfo_path, "binds": list(binds),
             "limits": {"memory_bytes": limits.memory_bytes, "cpu_seconds": limits.cpu_seconds,
                        "output_bytes": limits.output_bytes}}).encode())
         spec.flush()
@@ -162,7 +165,7 @@ class Running:
     report: BinaryIO | None = None
 
 
-def _open_core(run: Running) -> None:
+def open_core(run: Running) -> None:
     """The core as an fd for the jail, readable by the analyser's group while it runs (the spool is 0700, so
     only this fd reaches it)."""
     run.core_fd = os.open(run.core, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -171,6 +174,15 @@ def _open_core(run: Running) -> None:
         run.core_access = (st.st_mode & 0o7777, st.st_gid)
         os.fchown(run.core_fd, -1, run.user["gid"])
         os.fchmod(run.core_fd, 0o640)
+
+
+def core_arg(run: Running) -> str:
+    """eu-stack's --core: the core as the fd the jail's analyser inherits."""
+    return "--core=" + core_path(run)
+
+
+def core_path(run: Running) -> str:
+    return f"/proc/self/fd/{run.core_fd}"
 
 
 def start(core: Path, record: dict, limits: Limits = Limits()) -> Running:
@@ -194,16 +206,16 @@ def start(core: Path, record: dict, limits: Limits = Limits()) -> Running:
         argv.append(f"--debuginfo-path={limits.debuginfo_path}")
     try:
         files = elfcore.inspect_core(run.core).files
-        _open_core(run)
-        run.report = _memfd("corehandler-analysis-report")
-        run.stack = _spawn(run, argv, files)
+        open_core(run)
+        run.report = memfd("corehandler-analysis-report")
+        run.stack = spawn(run, [argv[0], core_arg(run), *argv[1:]], files)
     except OSError as e:
         run.problems.append(f"cannot start the analyser: {e.strerror}")
         cancel(run)
     return run
 
 
-def _wait(child: _Child | None, deadline: float) -> bool:
+def wait_child(child: _Child | None, deadline: float) -> bool:
     """True if the child exited by the deadline; else it is killed (its whole session)."""
     if child is None:
         return True
@@ -246,7 +258,7 @@ def cancel(run: Running) -> None:
     """Kills and reaps the child (ingest gave up on this dump, or the daemon is stopping), and gives the core
     back its own access."""
     if run.stack is not None:
-        _wait(run.stack, 0)
+        wait_child(run.stack, 0)
         run.stack.stdout.close()
         run.stack.stderr.close()
     run.stack = None
@@ -263,7 +275,7 @@ def cancel(run: Running) -> None:
         run.report = None
 
 
-def _jail_report(run: Running) -> dict:
+def jail_report(run: Running) -> dict:
     if run.report is None:
         return {}
     run.report.seek(0)
@@ -274,7 +286,7 @@ def _jail_report(run: Running) -> dict:
     return report if isinstance(report, dict) else {}
 
 
-def _jail_problems(report: dict) -> list[str]:
+def jail_problems(report: dict) -> list[str]:
     out = [f"analyser not started: {report['error']}"] if report.get("error") else []
     out += [str(n) for n in report.get("notes") or []]
     refused = report.get("refused") or []
@@ -285,7 +297,7 @@ def _jail_problems(report: dict) -> list[str]:
     return out
 
 
-def _exit_problem(name: str, child: _Child) -> str | None:
+def exit_problem(name: str, child: _Child) -> str | None:
     rc = child.proc.returncode
     if rc < 0:
         sig = fields.signal_name(-rc)
@@ -299,7 +311,7 @@ def finish(run: Running) -> dict:
     `result` column of the analysis row (docs/analysis.md)."""
     limits = run.limits
     deadline = run.started + limits.timeout
-    timed_out = not _wait(run.stack, deadline)
+    timed_out = not wait_child(run.stack, deadline)
     parse_started = time.monotonic()
     ended = run.stack.ended if run.stack is not None and run.stack.ended is not None else parse_started
     problems = list(run.problems)
@@ -311,11 +323,11 @@ def finish(run: Running) -> dict:
             f.seek(0)
         stack = parse_stack(run.stack.stdout, limits)
         problems += apply_errors(stack, run.stack.stderr, limits)
-        p = _exit_problem("eu-stack", run.stack)
+        p = exit_problem("eu-stack", run.stack)
         if p:
             problems.append(p)
-    report = _jail_report(run)
-    problems += _jail_problems(report)
+    report = jail_report(run)
+    problems += jail_problems(report)
     cancel(run)
     try:
         modules, modules_cut = coremodules.modules(run.core, problems=problems)

@@ -11,7 +11,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from corehandler.analysis import debuginfod, findings, reason, symbols, unwind
+from corehandler.analysis import debuginfod, findings, pyframes, reason, symbols, unwind
 from corehandler.cli.common import emit, load
 from corehandler.cli.selection import add_match_options, select
 from corehandler.errors import NoMatchError, NotRootError
@@ -40,6 +40,8 @@ def _analyse(store: Store, d: Dump, limits: findings.Limits, tmp: Path) -> dict:
         return dict(findings.skipped(d.record, "no core left to analyse"), core=None)
     try:
         result = unwind.analyse(core, d.record, limits)
+        if which == "full":  # a mini core cannot give Python frames: carry_over keeps the first analysis's
+            pyframes.add(result, core, d.record, limits)
     finally:
         if which == "full":
             core.unlink()
@@ -75,6 +77,7 @@ def run_analyze(args: argparse.Namespace) -> int:
                                              cut=report.cut or more.cut)
             result["debuginfod"] = report.as_dict()
             reason.carry_over(before, result)
+            pyframes.carry_over(before, result, d.record)
             analyses.put(store, d.id, result)
             if userview.visible(d):
                 userview.refresh(store, [d.uid])

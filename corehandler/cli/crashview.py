@@ -8,7 +8,7 @@ import argparse
 import datetime as dt
 
 from corehandler import nocore
-from corehandler.analysis import findings
+from corehandler.analysis import pyframes
 from corehandler.cli import common
 from corehandler.printable import display
 from corehandler.store.dumprow import Dump
@@ -154,10 +154,16 @@ def group_table(gs: list[dict], legend: bool = True) -> str:
 # -- info ---------------------------------------------------------------------------------------------------
 
 def trace_lines(result: dict, all_threads: bool) -> list[str]:
+    """The crashing thread's trace (every thread's with all_threads), each with its Python frames under the
+    eval frames that ran them (pyframes.py); a Python thread the unwinder did not give is shown alone."""
     out = []
     threads = result.get("threads") or []
     for t in threads if all_threads else threads[:1]:
-        out += findings.thread_lines(t) + [""]
+        out += pyframes.thread_lines(t, pyframes.python_of(result, t.get("tid"))) + [""]
+    native = {t.get("tid") for t in threads}
+    for py in (result.get("python") or {}).get("threads") or []:
+        if py.get("tid") not in native and (all_threads or (py.get("crashing") and not threads)):
+            out += pyframes.traceback_lines(py) + [""]
     if not all_threads and len(threads) > 1:
         out.append(f"({len(threads) - 1} more threads: --all-threads shows them)")
     modules = result.get("modules") or []
@@ -177,8 +183,8 @@ def _package(result: dict, module: str) -> dict:
     return {k: p[k] for k in ("name", "version", "architecture", "osDistribution") if k in p}
 
 
-def info_fields(result: dict | None) -> list[tuple[str, str | None]]:
-    """(label, value) lines for info's header block."""
+def info_fields(result: dict | None, full_core: bool | None = None) -> list[tuple[str, str | None]]:
+    """(label, value) lines for info's header block; full_core: whether the full core is still stored."""
     if result is None:
         return [("Analysis", "none")]
     state = result.get("state")
@@ -187,6 +193,7 @@ def info_fields(result: dict | None) -> list[tuple[str, str | None]]:
     fields: list[tuple[str, str | None]] = [
         ("Analysis", f"{state}" + (f" in {result['seconds'] * 1000:.0f} ms" if result.get("seconds") else "")),
         ("Reason", (result.get("reason") or {}).get("text")),
+        ("Python", pyframes.summary(result, full_core)),
         ("Signature", result.get("signature")),
         ("Signature ID", result.get("signature_id")),
         ("Signature v1 ID", result.get("signature_v1_id")),

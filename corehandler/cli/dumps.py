@@ -262,7 +262,7 @@ def _info_lines(dumps: Dumps, d: Dump, state: str, problem: str | None, all_thre
     for e in r.get("errors") or []:
         fields.append(("Error", str(e)))
     result = crashview.result(dumps, d)
-    fields += crashview.info_fields(result)
+    fields += crashview.info_fields(result, full_core=path is not None)
     width = max(len(k) for k, _ in fields)
     trace = crashview.trace_lines(result, all_threads) if result else []
     # Every value through display: the process chose its comm, cmdline, exe, cgroup and hostname.

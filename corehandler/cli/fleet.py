@@ -11,10 +11,11 @@ import sqlite3
 import sys
 from pathlib import Path
 
+from corehandler.analysis import pyframes
 from corehandler.cli.common import emit, load, table, write_output
 from corehandler.cli.progress import Progress
 from corehandler.errors import CorehandlerError, NoMatchError, UsageError
-from corehandler.fleet import available, bucket, dataset, fleetview, reader, report, seal
+from corehandler.fleet import available, bucket, dataset, fleetview, reader, report, seal, withoutcore
 from corehandler.printable import display
 from corehandler.units import human_size
 
@@ -131,18 +132,26 @@ def _view(args: argparse.Namespace):
             cache.close()
     for why in view.skipped:
         print(f"corehandler: skipped {display(why)}", file=sys.stderr)
-    return view, target, days
+    return view, target, days, client
 
 
 def _text(value) -> str:
     return "-" if value is None else display(str(value))
 
 
+def _core_cell(r: dict) -> str:
+    if r["core_missing"]:
+        return "MISSING"
+    if r["core"]:
+        return human_size(r["core_bytes"] or 0) + (" age" if r["encrypted"] else "")
+    return _text(withoutcore.label(r["no_core_reason"]))
+
+
 @_escaped
 def run_list(args: argparse.Namespace) -> int:
-    view, target, days = _view(args)
+    view, target, days, client = _view(args)
     try:
-        con = view.connect()
+        con = fleetview.link(view.connect()) if args.group else view.connect()
         columns, values = fleetview.rows(con, fleetview.GROUP_SQL if args.group else fleetview.LIST_SQL)
     finally:
         view.close()
@@ -152,10 +161,13 @@ def run_list(args: argparse.Namespace) -> int:
         rows += [(str(g["count"]), str(g["cores"]), str(len(g["hosts"])), _when(g["first_seen"]),
                   _when(g["last_seen"]), _text(g["latest"]), _text(g["signature"])) for g in found]
     else:
+        # The index says a core went up; whether it is still there, one listing per host's day shown tells.
+        missing = reader.missing_cores(client, target, found)
+        for r in found:
+            r["core_missing"] = r["key"] in missing
         rows = [("TIME (UTC)", "HOST", "ID", "CORE", "EXE")]
-        rows += [(_when(r["crashed_at"]), _text(r["host"]), _text(r["id"]),
-                  (human_size(r["core_bytes"] or 0) + (" age" if r["encrypted"] else "")) if r["core"]
-                  else "sidecar only", _text(r["exe"] or r["comm"])) for r in found]
+        rows += [(_when(r["crashed_at"]), _text(r["host"]), _text(r["id"]), _core_cell(r),
+                  _text(r["exe"] or r["comm"])) for r in found]
     emit(args, found, table(rows) if found else "")
     if not found:
         raise NoMatchError(f"no dumps in s3://{target.bucket}/{target.prefix} for "
@@ -167,7 +179,7 @@ def run_list(args: argparse.Namespace) -> int:
 def run_query(args: argparse.Namespace) -> int:
     import duckdb
 
-    view, _, _ = _view(args)
+    view, _, _, _ = _view(args)
     try:
         try:
             columns, values = fleetview.rows(view.connect(), args.sql)
@@ -184,7 +196,7 @@ def run_query(args: argparse.Namespace) -> int:
 def run_report(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise UsageError("--top must be at least 1")
-    view, target, days = _view(args)
+    view, target, days, _ = _view(args)
     try:
         data = report.collect(view.connect(), days, args.top, args.new_since, f"s3://{target.bucket}/{target.prefix}",
                               view.skipped)
@@ -231,10 +243,12 @@ def run_info(args: argparse.Namespace) -> int:
     sc = reader.find(client, target, args.id, args.host)
     if identities:
         sc = seal.unseal(sc, identities)
-    if args.json:
-        emit(args, sc, "")
-        return 0
     r = reader.row(sc)
+    missing = reader.core_missing(client, target, r)
+    if args.json:
+        emit(args, dict(sc, core_missing=missing, no_core_reason=r["no_core_reason"], no_core_why=r["no_core_why"]),
+             "")
+        return 0
     # A sidecar is any host's word, and its names a crashed process's: every value escaped (printable.py),
     # every size and shape taken only as the index row types it (dataset.row).
     lines = [f"ID:        {display(r['id'])}", f"Host:      {display(r['host'])}",
@@ -243,8 +257,9 @@ def run_info(args: argparse.Namespace) -> int:
              f"Signature: {display(r['signature'])} ({display(sc.get('signature_source'))})",
              "Core:      " + (f"s3://{target.bucket}/{display(sc['core'].get('key'))} "
                                f"({human_size(r['core_bytes'] or 0)}, {human_size(r['raw_bytes'] or 0)} decompressed)"
+                               + (": MISSING from the bucket (deleted since it was uploaded)" if missing else "")
                                if r["core"] and isinstance(sc["core"], dict) else
-                               f"none (budget: {display(sc.get('budget'))})"),
+                               f"none: {display(r['no_core_why'])} ({display(r['no_core_reason'])})"),
              f"Sidecar:   s3://{target.bucket}/{display(sc['_key'])}"]
     sealed = sc.get("sealed")
     if isinstance(sealed, dict):
@@ -257,6 +272,11 @@ def run_info(args: argparse.Namespace) -> int:
         lines.append(f"Stack of thread {display(crashing.get('tid'))} (docs/analysis.md):")
         lines += [f"  #{display(f.get('index'))} {display(f.get('function')) or '??'} "
                   f"({display(f.get('module')) or '?'}+{display(f.get('offset'))})" for f in frames]
+    analysis = sc.get("analysis") if isinstance(sc.get("analysis"), dict) else {}
+    if isinstance(analysis.get("python"), dict) and analysis["python"].get("state") == "ok" and crashing:
+        python = pyframes.crashing({"python": pyframes.checked(analysis["python"], crashing.get("tid"))})
+        if python:
+            lines += pyframes.traceback_lines(python)
     print("\n".join(lines))
     return 0
 

@@ -29,7 +29,9 @@ unread; the view cuts every string to MAX_TEXT characters (bounded_columns), whi
 value repeated over many rows cannot get past.
 
 Schema (INDEX_SCHEMA; the file's key-value metadata `corehandler.index_schema` and the column `index_schema`
-say it): a reader skips a file of a newer schema, naming it. Strings are the sidecar's, with bytes that are not
+say it): a reader skips a file of a newer schema, naming it. Columns are only ever added, each with the schema
+that added it (ADDED); a file of an older schema has exactly the columns of its own, and reads with the newer
+ones null (filled, for a reader's SQL). Strings are the sidecar's, with bytes that are not
 UTF-8 (lone surrogates in Python) written as backslash escapes, since Parquet strings are UTF-8.
 """
 
@@ -43,12 +45,14 @@ import re
 import time
 from pathlib import Path
 
-from corehandler.fleet import bucket
+from corehandler.fleet import bucket, withoutcore
 from corehandler.fleet.bucket import Target
 
-INDEX_SCHEMA = 1
+INDEX_SCHEMA = 2
 PART_ROWS = 2000
 METADATA_KEY = b"corehandler.index_schema"
+LEFT_OUT_KEY = b"corehandler.left_out"   # a compacted day's hosts whose parts it left out (left_out)
+MAX_LEFT_OUT = 10000
 DAILY = "daily"
 LOCAL_KEEP_DAYS = 8      # a day's part this host holds locally is dropped once untouched for this long
 
@@ -63,6 +67,7 @@ MEMORY_LIMIT = "1GB"          # DuckDB's own, wherever it reads index files: pas
 DAILY_ROW_GROUP = 16384
 # part-NNNNN.parquet, the number as part_key writes it (wider once past 99999).
 PART_NAME = re.compile(r"part-([0-9]{5,9})\.parquet")
+V1_ID_PREFIX = "s1-"
 DAILY_NAME = re.compile(r"index-([0-9a-f]{32})\.parquet")
 
 # (name, pyarrow type name, what it is): the documented columns, in order (docs/fleet-query.md).
@@ -77,7 +82,8 @@ COLUMNS = (
     ("uid", "int64", "the process's user id"),
     ("status", "string", "the dump's status on its host (ok, truncated, dropped, invalid, orphan)"),
     ("signature", "string", "the normalised signature (or EXE:SIGNAL without an analysis)"),
-    ("signature_id", "string", "s1-... of the signature (null without an analysis)"),
+    ("signature_id", "string", "s2-... of the signature (s1-... from a host before signature v2; null without "
+                               "an analysis)"),
     ("signature_source", "string", "analysis | exe+signal"),
     ("exact_key", "string", "x1-... the exact key (null without an analysis)"),
     ("analysis_state", "string", "ok | partial | failed | timeout | unavailable | skipped | null"),
@@ -90,7 +96,14 @@ COLUMNS = (
     ("budget", "string", "slot N | kept_back | unenforced | null (no fleet budget)"),
     ("sidecar_key", "string", "the sidecar's object key"),
     ("sidecar_schema", "int32", "the sidecar's schema version"),
+    ("signature_v1_id", "string", "s1-... the dump's signature by version 1 (an upgraded host's, or the "
+                                  "signature_id of a host before signature v2): links v1 and v2 groups"),
+    ("no_core_reason", "string", "why has_core is false: send_metadata | fleet_budget | capture:REASON | "
+                                 "invalid | removed | unknown"),
+    ("no_core_why", "string", "the same in one sentence"),
 )
+# The schema that added a column (the others are schema 1's).
+ADDED = {"signature_v1_id": 2, "no_core_reason": 2, "no_core_why": 2}
 PARTITIONS = (("dt", "string", "the crash's day, UTC, YYYY-MM-DD (from the path)"),
               ("host", "string", "the host (from the path)"))
 
@@ -99,16 +112,21 @@ class NewerSchemaError(ValueError):
     """A file of an index schema this corehandler does not know."""
 
 
-def schema(partitions: bool = False, host: bool = False):
-    """The index file's schema; with the partition columns (dt, host) for rows made in memory, or with host
-    for a compacted day's file."""
+def columns(version: int | None = None) -> tuple[tuple[str, str, str], ...]:
+    """The columns of a file of that schema (INDEX_SCHEMA's by default)."""
+    return tuple(c for c in COLUMNS if ADDED.get(c[0], 1) <= (INDEX_SCHEMA if version is None else version))
+
+
+def schema(partitions: bool = False, host: bool = False, version: int | None = None):
+    """The index file's schema (of that version); with the partition columns (dt, host) for rows made in
+    memory, or with host for a compacted day's file."""
     import pyarrow as pa
 
     types = {"int32": pa.int32(), "int64": pa.int64(), "string": pa.string(), "bool": pa.bool_(),
              "timestamp": pa.timestamp("us", tz="UTC")}
     extra = PARTITIONS if partitions else PARTITIONS[1:] if host else ()
-    fields = [pa.field(name, types[kind]) for name, kind, _ in COLUMNS + extra]
-    return pa.schema(fields, metadata={METADATA_KEY: str(INDEX_SCHEMA).encode()})
+    fields = [pa.field(name, types[kind]) for name, kind, _ in columns(version) + extra]
+    return pa.schema(fields, metadata={METADATA_KEY: str(INDEX_SCHEMA if version is None else version).encode()})
 
 
 def _text(value) -> str | None:
@@ -160,6 +178,7 @@ def row(sc: dict, key: str) -> dict:
     analysis = _dict(sc.get("analysis"))
     thread, frames = crashing_frames(sc)
     top = frames[0].get("function") if frames and thread and thread.get("crashing") else None
+    no_core = withoutcore.of_sidecar(sc)
     return {
         "index_schema": INDEX_SCHEMA, "id": _text(sc.get("id")), "crashed_at": _time(sc.get("crashed_at")),
         "uploaded_at": _time(sc.get("uploaded_at")), "exe": _text(index.get("exe")),
@@ -172,7 +191,17 @@ def row(sc: dict, key: str) -> dict:
         "core_bytes": _int(core.get("bytes")) if core else None, "raw_bytes": _int(index.get("raw_bytes")),
         "encrypted": bool(sc.get("sealed")) or bool(core and core.get("encryption")),
         "budget": _text(sc.get("budget")), "sidecar_key": _text(key), "sidecar_schema": _int32(sc.get("schema")),
+        "signature_v1_id": _v1_id(analysis), "no_core_reason": no_core["reason"] if no_core else None,
+        "no_core_why": no_core["why"] if no_core else None,
     }
+
+
+def _v1_id(analysis: dict) -> str | None:
+    """The analysis's version 1 signature id: its own signature_id when it is of version 1 (a host before
+    signature v2), else the one an upgraded host keeps beside the v2 id."""
+    linked = _text(analysis.get("signature_v1_id"))
+    own = _text(analysis.get("signature_id"))
+    return linked or (own if own and own.startswith(V1_ID_PREFIX) else None)
 
 
 def table(rows: list[dict], partitions: bool = False, host: bool = False):
@@ -181,12 +210,25 @@ def table(rows: list[dict], partitions: bool = False, host: bool = False):
     return pa.Table.from_pylist(rows, schema=schema(partitions, host))
 
 
-def to_parquet(rows: list[dict], host: bool = False) -> bytes:
+def to_parquet(rows: list[dict], host: bool = False, left_out: list[str] = ()) -> bytes:
     import pyarrow.parquet as pq
 
     buf = io.BytesIO()
-    pq.write_table(table(rows, host=host), buf, compression="zstd")
+    t = table(rows, host=host)
+    if left_out:
+        t = t.replace_schema_metadata({**t.schema.metadata, LEFT_OUT_KEY: ",".join(left_out).encode()})
+    pq.write_table(t, buf, compression="zstd")
     return buf.getvalue()
+
+
+def left_out(path) -> list[str]:
+    """The hosts a compacted day's file says it holds no rows of, their index files of the day unreadable
+    when it was made (compact): names of a host's shape only, at most MAX_LEFT_OUT."""
+    import pyarrow.parquet as pq
+
+    said = (pq.ParquetFile(path).metadata.metadata or {}).get(LEFT_OUT_KEY, b"")
+    names = said.decode("ascii", "replace").split(",")[:MAX_LEFT_OUT] if said else []
+    return sorted({n for n in names if bucket.safe_host(n)})
 
 
 def from_parquet(data: bytes, where: str) -> list[dict]:
@@ -217,7 +259,7 @@ def check_file(path, host: bool = False) -> None:
         raise BadIndexFile(f"index schema {version[:40]!r} is not a number")
     if int(version) > INDEX_SCHEMA:
         raise NewerSchemaError(f"index schema {int(version)}, newer than this corehandler's ({INDEX_SCHEMA})")
-    want = schema(host=host)
+    want = schema(host=host, version=max(1, int(version)))  # an older file: its own schema's columns
     have = meta.schema.to_arrow_schema()
     if sorted(have.names) != sorted(want.names):
         extra, missing = set(have.names) - set(want.names), set(want.names) - set(have.names)
@@ -248,10 +290,19 @@ def scan(path, host: bool = False) -> None:
     con = duckdb.connect(":memory:")
     try:
         con.execute(f"SET memory_limit = {quote(MEMORY_LIMIT)}")
-        con.execute(f"SELECT max(hash(COLUMNS(*))) FROM (SELECT {bounded_columns(host)} "
-                    f"FROM read_parquet({quote(str(path))}))").fetchall()
+        source = every_column(con, f"SELECT * FROM read_parquet({quote(str(path))})", host=host)
+        con.execute(f"SELECT max(hash(COLUMNS(*))) FROM (SELECT {bounded_columns(host)} FROM ({source}))").fetchall()
     finally:
         con.close()
+
+
+def every_column(con, source: str, partitions: bool = False, host: bool = True) -> str:
+    """A SELECT of source (SQL over index files, maybe of older schemas) with every column of INDEX_SCHEMA,
+    those a file lacks null, in the types of the current schema: the way DuckDB's union_by_name fills
+    columns in, for a read where no file of the current schema may be."""
+    name = f"index_schema_{INDEX_SCHEMA}_{'p' if partitions else 'h' if host else 'n'}"
+    con.register(name, table([], partitions=partitions, host=host))
+    return f"SELECT * FROM ({source}) UNION ALL BY NAME SELECT * FROM {name}"
 
 
 def bounded_columns(host: bool = True, exclude: str = "") -> str:
@@ -356,21 +407,23 @@ def _list(client, target: Target, prefix: str) -> list[tuple[str, str]]:
             if o["Key"].endswith(".parquet")]
 
 
-def merge(files: list[Path], out: Path) -> None:
+def merge(files: list[Path], out: Path, left_out: list[str] = ()) -> None:
     """One file with a host column (a compacted day's shape) of checked part files laid out under
     host=HOST/ folders (the host comes from the path), each string cut to MAX_TEXT, in row groups of
-    DAILY_ROW_GROUP (so check_file's bounds hold for it)."""
+    DAILY_ROW_GROUP (so check_file's bounds hold for it); left_out: the hosts whose parts were left out."""
     import duckdb
 
     names = ", ".join(quote(str(p)) for p in files)
     con = duckdb.connect(":memory:")
     try:
         con.execute(f"SET memory_limit = {quote(MEMORY_LIMIT)}")
+        parts = every_column(con, f"SELECT * FROM read_parquet([{names}], hive_partitioning = true, union_by_name "
+                                  "= true, hive_types = {'dt': VARCHAR, 'host': VARCHAR})", partitions=True)
         con.execute(
-            f"COPY (SELECT {bounded_columns(exclude='dt')} FROM read_parquet([{names}], hive_partitioning = true, "
-            "union_by_name = true, hive_types = {'dt': VARCHAR, 'host': VARCHAR}) ORDER BY host, id) "
+            f"COPY (SELECT {bounded_columns(exclude='dt')} FROM ({parts}) ORDER BY host, id) "
             f"TO {quote(str(out))} (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {DAILY_ROW_GROUP}, "
-            f"KV_METADATA {{{quote(METADATA_KEY.decode())}: {quote(str(INDEX_SCHEMA))}}})")
+            f"KV_METADATA {{{quote(METADATA_KEY.decode())}: {quote(str(INDEX_SCHEMA))}"
+            + (f", {quote(LEFT_OUT_KEY.decode())}: {quote(','.join(left_out))}" if left_out else "") + "})")
     finally:
         con.close()
 
@@ -384,8 +437,9 @@ def compact(client, target: Target, day: datetime.date, sse: dict | None = None,
             attempts: int = 3) -> tuple[str | None, int, list[str]]:
     """The day's part files as one file (its key, its rows, why each part left out was); (None, 0, ...) for a
     day without any, or when hosts kept writing to it through every attempt. Each part is size-capped and
-    checked as a reader checks it before anything decodes it; one that fails is left out, named, and still
-    counted in the digest (a reader leaves it out too). Idempotent and safe to run twice at once (the
+    checked as a reader checks it before anything decodes it; one that fails is left out with its host's other
+    parts of the day, named, still counted in the digest, and its host named in the file (left_out: a reader
+    reads that host's sidecars of the day instead). Idempotent and safe to run twice at once (the
     module's docstring says why)."""
     import tempfile
 
@@ -397,9 +451,10 @@ def compact(client, target: Target, day: datetime.date, sse: dict | None = None,
         key = daily_key(target, day, parts)
         skipped = []
         with tempfile.TemporaryDirectory(prefix="corehandler-compact-") as tmp:
-            good = []
+            good, bad = [], set()
             for n, (part, _) in enumerate(sorted(parts)):
-                path = Path(tmp) / f"dt={day:%Y-%m-%d}" / f"host={bucket.host_of(part)}" / f"{n}.parquet"
+                host = bucket.host_of(part)
+                path = Path(tmp) / f"dt={day:%Y-%m-%d}" / f"host={host}" / f"{n}.parquet"
                 path.parent.mkdir(parents=True, exist_ok=True)
                 try:
                     bucket.download(client, target.bucket, part, path, MAX_PART_BYTES)
@@ -407,16 +462,21 @@ def compact(client, target: Target, day: datetime.date, sse: dict | None = None,
                     scan(path)
                 except (bucket.ObjectTooLarge, NewerSchemaError, BadIndexFile) as e:
                     skipped.append(f"s3://{target.bucket}/{part}: {e}")
+                    bad.add(host)
                     continue
                 except Exception as e:  # noqa: BLE001 (pyarrow's errors for a damaged footer are many)
                     skipped.append(f"s3://{target.bucket}/{part} is not a Parquet index file: {e}")
+                    bad.add(host)
                     continue
-                good.append(path)
+                good.append((host, path))
+            # A host with a part left out is left out whole, and named in the file: a reader takes that
+            # host's day from its sidecars instead, and no row twice.
+            good = [p for h, p in good if h not in bad]
             out = Path(tmp) / "daily.parquet"
             if good:
-                merge(good, out)
+                merge(good, out, sorted(bad))
             else:
-                to_parquet_file([], out)
+                out.write_bytes(to_parquet([], host=True, left_out=sorted(bad)))
             rows = _rows_in(out)
             with open(out, "rb") as body:
                 client.put_object(Bucket=target.bucket, Key=key, Body=body,
@@ -430,10 +490,6 @@ def compact(client, target: Target, day: datetime.date, sse: dict | None = None,
                 client.delete_object(Bucket=target.bucket, Key=other)
         return key, rows, skipped
     return None, 0, skipped
-
-
-def to_parquet_file(rows: list[dict], path: Path) -> None:
-    path.write_bytes(to_parquet(rows, host=True))
 
 
 def _rows_in(path: Path) -> int:

@@ -17,7 +17,11 @@ cached and a GET per uncovered sidecar not cached. Every file is size-capped bef
 footer checked (dataset.check_file) before DuckDB opens it; index files of a newer schema, damaged or past
 the bounds, and sidecars that are not UTF-8 JSON or of a newer schema, are skipped, each named (a cached
 file's reason is named again from the cache). A damaged compacted file falls back to the day's parts,
-saying so. A row's host is the one its key names, never what the object says.
+saying so; a host's day whose part file is left out (damaged, of a newer schema, past the bounds), or that a
+compacted file names as left out when it was made, is read from that host's sidecars of the day instead,
+saying so (its other part files of the day left out, so no row counts twice). A row's host is the one its key
+names, never what the object says. Index rows of an older schema get the columns it lacked from what they
+hold (_old_rows_filled).
 """
 
 from __future__ import annotations
@@ -33,22 +37,65 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from corehandler.fleet import bucket, dataset, reader
+from corehandler.fleet import bucket, dataset, reader, withoutcore
 from corehandler.fleet.bucket import Target
 
 MERGED = "merged"
 MERGED_GRACE = 600  # s: a merged file no run has used for this long, and of parts since changed, is dropped
 
 LIST_SQL = """
-SELECT id, host, epoch_us(crashed_at) / 1e6 AS crashed_at, exe, comm, signal, status, signature,
-       has_core AS core, core_bytes, raw_bytes, budget, encrypted, sidecar_key AS key
+SELECT id, host, epoch_us(crashed_at) / 1e6 AS crashed_at, exe, comm, signal, status, signature, signature_id,
+       signature_v1_id, has_core AS core, core_key, core_bytes, raw_bytes, budget, no_core_reason, no_core_why,
+       encrypted, sidecar_key AS key
 FROM dumps ORDER BY crashed_at, id"""
+
+# Signature v2 (docs/analysis.md, "Grouping keys") linked to v1: the dumps of hosts still on v1 (or uploaded
+# before their host's upgrade) are grouped with the v2 signature whose dumps carry their v1 id as
+# signature_v1_id (with the most dumps of the window, when several do), so an upgrade makes no group "new" and
+# splits none in two. link(con) makes `links` (v1 id -> that signature; a table: the queries of a report use it
+# three times) and the view `linked`: `dumps` with signature and signature_id those of the group, and
+# own_signature_id the dump's own.
+LINKS_SQL = """
+CREATE OR REPLACE TEMP TABLE links AS
+WITH v2 AS (SELECT signature_v1_id AS v1, signature_id, any_value(signature) AS signature, count(*) AS n
+            FROM dumps WHERE signature_v1_id IS NOT NULL AND signature_id IS DISTINCT FROM signature_v1_id
+            GROUP BY 1, 2)
+SELECT v1, first(signature ORDER BY n DESC, signature) AS signature,
+       first(signature_id ORDER BY n DESC, signature) AS signature_id FROM v2 GROUP BY v1"""
+LINKED_SQL = """
+CREATE OR REPLACE TEMP VIEW linked AS
+SELECT d.* REPLACE (coalesce(l.signature, d.signature) AS signature,
+                    coalesce(l.signature_id, d.signature_id) AS signature_id),
+       d.signature_id AS own_signature_id
+FROM dumps d LEFT JOIN links l ON l.v1 = d.signature_id"""
 GROUP_SQL = """
-SELECT signature, count(*) AS count, count(*) FILTER (WHERE has_core) AS cores,
-       list_sort(list(DISTINCT host)) AS hosts, min(epoch_us(crashed_at)) / 1e6 AS first_seen,
-       max(epoch_us(crashed_at)) / 1e6 AS last_seen, arg_max(id, crashed_at) AS latest,
-       arg_min(exe, crashed_at) AS exe, arg_min(signal, crashed_at) AS signal
-FROM dumps GROUP BY signature ORDER BY count DESC, signature"""
+SELECT signature, any_value(signature_id) AS signature_id, count(*) AS count,
+       count(*) FILTER (WHERE has_core) AS cores, list_sort(list(DISTINCT host)) AS hosts,
+       min(epoch_us(crashed_at)) / 1e6 AS first_seen, max(epoch_us(crashed_at)) / 1e6 AS last_seen,
+       arg_max(id, crashed_at) AS latest, arg_min(exe, crashed_at) AS exe, arg_min(signal, crashed_at) AS signal,
+       list_sort(list(DISTINCT signature_v1_id) FILTER (WHERE signature_v1_id IS NOT NULL)) AS signature_v1_ids,
+       count(*) FILTER (WHERE own_signature_id IS DISTINCT FROM signature_id) AS linked_v1
+FROM linked GROUP BY signature ORDER BY count DESC, signature"""
+
+
+def link(con):
+    """Adds `links` and the view `linked` (above) to a connection of View.connect(); returns it."""
+    con.execute(LINKS_SQL)
+    con.execute(LINKED_SQL)
+    return con
+
+
+def _old_rows_filled() -> str:
+    """The `dumps` view's select list: what rows of index schema 1 lack, from what they hold (signature_v1_id
+    from a version 1 signature_id; why a dump has no core from its budget and status, withoutcore.OLD_ROWS)."""
+    def case(pick: int, otherwise: str) -> str:
+        whens = " ".join(f"WHEN {test} THEN {dataset.quote(words[pick - 1])}"
+                         for test, *words in withoutcore.OLD_ROWS)
+        return f"CASE WHEN has_core THEN NULL {whens} ELSE {dataset.quote(otherwise)} END"
+    return ("* REPLACE (coalesce(signature_v1_id, CASE WHEN starts_with(signature_id, "
+            f"{dataset.quote(dataset.V1_ID_PREFIX)}) THEN signature_id END) AS signature_v1_id, "
+            f"coalesce(no_core_reason, {case(1, withoutcore.UNKNOWN)}) AS no_core_reason, "
+            f"coalesce(no_core_why, {case(2, withoutcore.UNKNOWN_WHY)}) AS no_core_why)")
 
 
 @dataclass
@@ -73,10 +120,12 @@ class View:
         sources = ["SELECT * FROM unindexed"]
         if self.files:
             paths = ", ".join(dataset.quote(str(p)) for p in self.files)
-            sources.insert(0, f"SELECT {dataset.bounded_columns()} FROM read_parquet([{paths}], "
-                              "hive_partitioning = true, union_by_name = true, hive_types = {'dt': VARCHAR})")
+            files = dataset.every_column(con, f"SELECT * FROM read_parquet([{paths}], hive_partitioning = true, "
+                                              "union_by_name = true, hive_types = {'dt': VARCHAR})", partitions=True)
+            sources.insert(0, f"SELECT {dataset.bounded_columns()} FROM ({files})")
         where = f" WHERE host IN ({', '.join(dataset.quote(h) for h in self.hosts)})" if self.hosts else ""
-        con.execute(f"CREATE VIEW dumps AS SELECT * FROM ({' UNION ALL BY NAME '.join(sources)}){where}")
+        con.execute(f"CREATE VIEW dumps AS SELECT {_old_rows_filled()} FROM "
+                    f"({' UNION ALL BY NAME '.join(sources)}){where}")
         return con
 
 
@@ -161,21 +210,38 @@ def collect(client, target: Target, days: list[datetime.date], only_hosts=(), ca
             for (key, etag, day, host), problem in zip(items, pool.map(outcome, items)):
                 checked.append((key, etag, dataset.INDEX_SCHEMA, problem))
                 if problem:
-                    view.skipped.append(f"s3://{target.bucket}/{key}{problem}"
-                                        + ("; reading the day's parts instead" if host is None else ""))
+                    view.skipped.append(f"s3://{target.bucket}/{key}{problem}" + (
+                        "; reading the day's parts instead" if host is None else
+                        f"; reading {host}'s sidecars of the day instead" if (day, host) not in unread else ""))
                     if host is None:
                         fallback.append(day)
+                    else:
+                        unread.add((day, host))
                 elif host is None:
                     view.files.append(local(key, day, host))
                     _prune(_merged_dir(parts_dir, day), None)  # compacted since: its merged file goes
+                    for left in dataset.left_out(local(key, day, host)):
+                        if not wanted or left in wanted:
+                            view.skipped.append(f"s3://{target.bucket}/{key} left out {left}'s index file of the "
+                                                f"day (unreadable when it was compacted); reading {left}'s "
+                                                "sidecars of the day instead")
+                            unread.add((day, left))
                 else:
                     merge.setdefault(day, []).append((key, etag, host, local(key, day, host)))
+        unread: set[tuple[datetime.date, str]] = set()
         judge(files)
         # A compacted file that is gone or unreadable: the day's parts instead, and the view says so.
         judge([p for day in fallback for p in parts_of[day]])
+        # A host's day whose index file cannot be read: that day's sidecars of the host instead (the sidecar is
+        # the commit point; the index only a summary of them), its other files left out, not to count a row twice.
+        for day, host in unread:
+            if day in merge:
+                merge[day] = [p for p in merge[day] if p[2] != host]
+        listed += [k for ks in pool.map(lambda dh: reader.list_keys(client, target, target.day_prefix(dh[1], dh[0]),
+                                                                    direct=True), sorted(unread)) for k in ks]
     if cache:
         cache.put_parts([c for c in checked if c[1]])
-    view.files += [_merged(parts_dir, day, parts) for day, parts in sorted(merge.items())]
+    view.files += [_merged(parts_dir, day, parts) for day, parts in sorted(merge.items()) if parts]
     sidecars, skipped = reader.read_sidecars(client, target, listed, workers, cache)
     view.skipped += skipped
     for sc in sidecars:

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # 2: layout v2, an encrypted core (core.encryption, core.recipients) and sealed fields (sealed: seal.py).
+# Fields added since that readers of 2 may ignore leave it 2 (a newer schema is skipped by every reader):
+# no_core (0.6: why core is null, fleet/withoutcore.py).
 SIDECAR_SCHEMA = 2
 
 
@@ -40,12 +42,13 @@ def shareable_record(record: dict, *, environ: bool, maps: bool) -> dict:
 
 
 def sidecar(dump, *, host: str, core: dict | None, budget: str | None, analysis: dict | None, signature: str,
-            environ: bool, maps: bool) -> dict:
+            environ: bool, maps: bool, no_core: dict | None = None) -> dict:
+    """no_core: why core is None (fleet/withoutcore.py)."""
     row = {k: v for k, v in dump.summary().items() if k not in ("record", "path", "deleting")}
     return {"schema": SIDECAR_SCHEMA, "id": dump.id, "host": host, "crashed_at": dump.crashed_at,
             "uploaded_at": time.time(), "signature": signature,
             "signature_source": "analysis" if analysis and analysis.get("signature") else "exe+signal",
-            "core": core, "budget": budget, "sha256": dump.sha256,
+            "core": core, "no_core": no_core if core is None else None, "budget": budget, "sha256": dump.sha256,
             "index": row, "record": shareable_record(dump.record, environ=environ, maps=maps),
             "analysis": analysis}
 

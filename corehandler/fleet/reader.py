@@ -27,7 +27,7 @@ from typing import BinaryIO, Callable, Iterable
 from corehandler import boundedjson, paths
 from corehandler.analysis import minicore
 from corehandler.errors import CorehandlerError, NoMatchError
-from corehandler.fleet import bucket, dataset, seal
+from corehandler.fleet import bucket, dataset, seal, withoutcore
 from corehandler.fleet.bucket import BucketError, Target
 from corehandler.fleet.payload import SIDECAR_SCHEMA, Digester
 from corehandler.store import compress
@@ -84,6 +84,48 @@ def sidecar_keys(client, target: Target, host: str, day: datetime.date) -> list[
     """(key, ETag) of every sidecar of a host's day, in either layout."""
     return list_keys(client, target, target.day_prefix(host, day), direct=True) + \
         list_keys(client, target, target.v1_day_prefix(host, day), direct=True)
+
+
+class CoreMissingError(NoMatchError):
+    """A core (or mini core) its sidecar names is gone from the bucket: deleted by hand or by a lifecycle rule
+    after it was uploaded and verified (a sidecar is written only then)."""
+
+
+def not_found(e: BaseException) -> bool:
+    """Whether a bucket request failed because the object is not there (not for want of the bucket)."""
+    from botocore.exceptions import ClientError
+
+    cause = e if isinstance(e, ClientError) else e.__cause__ or e.__context__
+    return isinstance(cause, ClientError) and cause.response.get("Error", {}).get("Code") in ("NoSuchKey", "404",
+                                                                                             "NotFound")
+
+
+def missing_cores(client, target: Target, rows: list[dict], workers: int = WORKERS) -> set[str]:
+    """The sidecar keys, of those rows (with `key`, `core`, `core_key`), whose core is not in the bucket: one
+    listing of each sidecar's folder (a host's day: its sidecars, cores and mini cores) that holds a row with a
+    core, in a pool of threads, not a HEAD per row. A core_key outside its sidecar's folder counts as
+    missing (`fleet get` fetches a sidecar's own core only)."""
+    folders: dict[str, list[dict]] = {}
+    for r in rows:
+        if r.get("core") and isinstance(r.get("key"), str):
+            folders.setdefault(r["key"].rpartition("/")[0] + "/", []).append(r)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        listed = dict(zip(folders, pool.map(lambda f: {k for k, _ in list_keys(client, target, f, "", direct=True)},
+                                            folders)))
+    return {r["key"] for folder, held in folders.items() for r in held if r.get("core_key") not in listed[folder]}
+
+
+def core_missing(client, target: Target, r: dict) -> bool:
+    """Whether one row's core (reader.row) is gone from the bucket: one HEAD."""
+    if not r.get("core") or not isinstance(r.get("core_key"), str):
+        return False
+    try:
+        _call(client.head_object, Bucket=target.bucket, Key=r["core_key"])
+    except BucketError as e:
+        if not_found(e):
+            return True
+        raise
+    return False
 
 
 class SkippedSidecar(FleetCorruptError):
@@ -259,8 +301,10 @@ def row(sc: dict) -> dict:
     r = dataset.row(sc, sc.get("_key"))
     return {"id": r["id"], "host": sc.get("host"), "crashed_at": r["crashed_at"].timestamp() if r["crashed_at"]
             else None, "exe": r["exe"], "comm": r["comm"], "signal": r["signal"], "status": r["status"],
-            "signature": r["signature"], "core": r["has_core"], "core_bytes": r["core_bytes"],
-            "raw_bytes": r["raw_bytes"], "budget": r["budget"], "key": sc.get("_key")}
+            "signature": r["signature"], "signature_id": r["signature_id"], "signature_v1_id": r["signature_v1_id"],
+            "core": r["has_core"], "core_key": r["core_key"], "core_bytes": r["core_bytes"],
+            "raw_bytes": r["raw_bytes"], "budget": r["budget"], "no_core_reason": r["no_core_reason"],
+            "no_core_why": r["no_core_why"], "key": sc.get("_key")}
 
 
 def find(client, target: Target, dump_id: str, host: str | None = None) -> dict:
@@ -274,13 +318,10 @@ def find(client, target: Target, dump_id: str, host: str | None = None) -> dict:
         [target.v1_day_prefix(h, day) + dump_id + bucket.SIDECAR_SUFFIX for h in v1]
 
     def probe(key: str) -> dict | None:
-        from botocore.exceptions import ClientError
-
         try:
             return read_sidecar(client, target, key)
         except BucketError as e:
-            cause = e.__cause__ or e.__context__
-            if isinstance(cause, ClientError) and cause.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            if not_found(e):
                 return None
             raise
 
@@ -304,8 +345,10 @@ def fetch_core(client, target: Target, sc: dict, *, output: BinaryIO, progress: 
     if core and not isinstance(core, dict):
         raise FleetCorruptError(f"{sc['_key']} gives its core as {type(core).__name__}, not an object")
     if not core:
-        raise NoMatchError(f"{sc.get('id')} has no core in the bucket (budget: {sc.get('budget')}, "
-                           f"upload.send: metadata?); its sidecar is all there is")
+        why = withoutcore.of_sidecar(sc) or {}
+        raise NoMatchError(f"{sc.get('id')} has no core in the bucket: {why.get('why')} (no_core_reason "
+                           f"{why.get('reason')}); its sidecar is all there is, and its mini core if it has one "
+                           "(fleet get --mini)")
     where = f"s3://{target.bucket}/{core.get('key')}"
     _check_own(sc, core.get("key"), CORE_SUFFIXES, "core")
     raw_bytes = core.get("raw_bytes")
@@ -336,6 +379,10 @@ def fetch_core(client, target: Target, sc: dict, *, output: BinaryIO, progress: 
                 _call(bucket.download_to, client, target.bucket, core["key"], f, size, chunk=CHUNK, each=seen)
             except bucket.ObjectTooLarge as e:
                 raise FleetCorruptError(f"{e.message}: its sidecar says {size}") from None
+            except BucketError as e:
+                if not_found(e):
+                    raise _gone("core", where, target, sc) from None
+                raise
         got = digester.result()
         # Sidecars of 0.2 carry the full SHA-256 only; later ones the S3 checksum and its part size.
         want = core.get("checksum") or core.get("object_sha256")
@@ -359,6 +406,12 @@ def fetch_core(client, target: Target, sc: dict, *, output: BinaryIO, progress: 
     finally:
         for tmp in temps:
             os.unlink(tmp)
+
+
+def _gone(what: str, where: str, target: Target, sc: dict) -> CoreMissingError:
+    return CoreMissingError(f"{what} missing from the bucket: {where} is gone, though its sidecar "
+                            f"s3://{target.bucket}/{sc['_key']} says it was uploaded and verified (deleted by hand "
+                            "or by a lifecycle rule since)")
 
 
 def _check_own(sc: dict, key, suffixes: tuple[str, ...], what: str) -> None:
@@ -393,6 +446,10 @@ def fetch_mini(client, target: Target, sc: dict, *, output: BinaryIO, identities
         data = _call(bucket.read_bounded, client, target.bucket, mini["key"], MAX_MINI_BYTES)
     except bucket.ObjectTooLarge as e:
         raise FleetCorruptError(e.message) from None
+    except BucketError as e:
+        if not_found(e):
+            raise _gone("mini core", where, target, sc) from None
+        raise
     if hashlib.sha256(data).hexdigest() != mini.get("sha256"):
         raise FleetCorruptError(f"{where} does not have the sha256 its sidecar says: the object is corrupt")
     if mini.get("encryption") == "age":

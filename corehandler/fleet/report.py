@@ -4,9 +4,10 @@ server, no network, no script; the plots are inline SVG) and the same data as JS
 Built on the fleet view (fleetview.py): two queries on the embedded engine over the days asked for, so it
 scales as `fleet list --group` does. Per signature: the count, a bar per day of the window, first and last
 seen within the window, the hosts and executables, the share kept as metadata only (no core in the bucket:
-the fleet budget, the host's limits), and the `fleet get` command of its latest dump. "New" is a signature
-first seen on or after --new-since (a release's date) while the window reaches back before it; without the
-window reaching back, nothing can be called new and the page says so.
+the fleet budget, the host's limits), and the `fleet get` command of its latest dump. A v2 signature
+counts the dumps of the v1 signatures it links (fleetview.link). "New" is a signature first seen on or
+after --new-since (a release's date) while the window reaches back before it; without the window reaching
+back, nothing can be called new and the page says so.
 
 Every value on the page is another host's word or a crashed process's name: each goes through the one escaper
 (printable.display) and then HTML's.
@@ -19,22 +20,27 @@ import html
 from collections.abc import Sequence
 
 from corehandler import __version__
+from corehandler.fleet.fleetview import link
 from corehandler.printable import display
 
+# Over `linked` (fleetview.link): a v2 signature counts the dumps of the v1 signature it links, so one of
+# before an upgrade makes it not new.
 TOP_SQL = """
 SELECT coalesce(signature, '(none)') AS signature, any_value(signature_id) AS signature_id, count(*) AS count,
        count(*) FILTER (WHERE has_core) AS cores, count(DISTINCT host) AS host_count,
        list_sort(list(DISTINCT host))[1:5] AS hosts, count(DISTINCT exe) AS exe_count,
        arg_min(coalesce(exe, comm), crashed_at) AS exe, min(epoch_us(crashed_at)) / 1e6 AS first_seen,
        max(epoch_us(crashed_at)) / 1e6 AS last_seen, arg_max(id, crashed_at) AS latest,
-       arg_max(host, crashed_at) AS latest_host
-FROM dumps GROUP BY 1 ORDER BY count DESC, signature LIMIT ?"""
+       arg_max(host, crashed_at) AS latest_host,
+       list_sort(list(DISTINCT signature_v1_id) FILTER (WHERE signature_v1_id IS NOT NULL)) AS signature_v1_ids,
+       count(*) FILTER (WHERE own_signature_id IS DISTINCT FROM signature_id) AS linked_v1
+FROM linked GROUP BY 1 ORDER BY count DESC, signature LIMIT ?"""
 DAILY_SQL = """
 SELECT coalesce(signature, '(none)') AS signature, CAST(crashed_at AS DATE) AS day, count(*) AS count
-FROM dumps WHERE list_contains(?, coalesce(signature, '(none)')) GROUP BY 1, 2"""
+FROM linked WHERE list_contains(?, coalesce(signature, '(none)')) GROUP BY 1, 2"""
 TOTALS_SQL = """
 SELECT count(*) AS dumps, count(DISTINCT host) AS hosts, count(DISTINCT coalesce(signature, '(none)'))
-       AS signatures, count(*) FILTER (WHERE NOT has_core) AS without_core FROM dumps"""
+       AS signatures, count(*) FILTER (WHERE NOT has_core) AS without_core FROM linked"""
 FLEET_DAILY_SQL = "SELECT CAST(crashed_at AS DATE) AS day, count(*) AS count FROM dumps GROUP BY 1"
 
 
@@ -46,6 +52,7 @@ def collect(con, days: Sequence[dt.date], top: int, new_since: dt.date | None, s
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row)) for row in cur.fetchall()]
 
+    link(con)
     [totals] = query(TOTALS_SQL)
     signatures = query(TOP_SQL, top)
     per_day: dict[str, dict[dt.date, int]] = {}
@@ -80,6 +87,14 @@ def _text(value) -> str:
 
 def _when(ts: float | None) -> str:
     return "-" if ts is None else dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
+
+
+def _linked(s: dict) -> str:
+    """The v1 signatures a v2 one links, as the page says them (and how many of its dumps were theirs)."""
+    if not s["linked_v1"]:
+        return ""
+    ids = ", ".join(_text(i) for i in s["signature_v1_ids"][:3]) + (" ..." if len(s["signature_v1_ids"]) > 3 else "")
+    return f"; v1: {ids} ({s['linked_v1']} of its dumps)"
 
 
 BAR, GAP, HEIGHT = 6, 2, 28
@@ -136,7 +151,7 @@ def page(data: dict) -> str:
         exes = _text(s["exe"]) + (f" and {s['exe_count'] - 1} more" if s["exe_count"] > 1 else "")
         rows.append(
             f"<tr><td class=\"n\">{rank}</td><td><code>{_text(s['signature'])}</code>"
-            f"{' ' + NEW if s['new'] else ''}<br><small>{_text(s['signature_id'])}"
+            f"{' ' + NEW if s['new'] else ''}<br><small>{_text(s['signature_id'])}{_linked(s)}"
             f"</small></td><td class=\"n\">{s['count']}</td><td>{bars(s['per_day'], days, s['signature'])}</td>"
             f"<td>{_when(s['first_seen'])}</td><td>{_when(s['last_seen'])}</td>"
             f"<td class=\"n\">{s['host_count']}</td><td>{hosts}</td><td>{exes}</td>"

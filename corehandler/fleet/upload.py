@@ -41,7 +41,7 @@ from pathlib import Path
 from corehandler import capture, paths, spool
 from corehandler.analysis import minicore
 from corehandler.errors import CorehandlerError
-from corehandler.fleet import available, bucket, dataset, seal, transfer
+from corehandler.fleet import available, bucket, dataset, seal, transfer, withoutcore
 from corehandler.fleet.bucket import BucketError, Target
 from corehandler.fleet.payload import check_object, digests, fallback_signature, sidecar, signature_key
 from corehandler.observer import Quiet
@@ -311,8 +311,12 @@ class Uploader(Quiet):
             pause(UPLOAD_ENV, "core_sent")
         mini = self._send_mini(store, dump) if cfg.send == "cores" else None
         sent += mini["bytes"] if mini else 0
+        no_core = None if core else withoutcore.at_upload(
+            dump, send=cfg.send, budget=budget, fleet_budget=cfg.fleet_budget, per_uid=self._share(),
+            signature=signature, crash_day=f"{bucket.crash_day(dump.crashed_at):%Y-%m-%d}")
         doc = dict(sidecar(dump, host=self.target.host, core=core, budget=budget, analysis=analysis,
-                           signature=signature, environ=cfg.send_environ, maps=cfg.send_maps), mini=mini)
+                           signature=signature, environ=cfg.send_environ, maps=cfg.send_maps, no_core=no_core),
+                   mini=mini)
         if self._recipients:
             doc = seal.seal(doc, self._recipients)
             doc["sealed"]["recipients"] = list(cfg.recipients)
@@ -428,11 +432,14 @@ class Uploader(Quiet):
         budget = self.config.fleet_budget
         if dump.uid == 0:
             return self._claim_in(sig, day, "root", budget, mine)
-        share = self.config.fleet_budget_per_uid or max(1, budget // 2)
         uid = dump.uid if isinstance(dump.uid, int) else "unknown"
-        if self._claim_in(sig, day, f"user/{self.target.host}-{uid}", share, mine) == KEPT_BACK:
+        if self._claim_in(sig, day, f"user/{self.target.host}-{uid}", self._share(), mine) == KEPT_BACK:
             return KEPT_BACK
         return self._claim_in(sig, day, "", budget, mine)
+
+    def _share(self) -> int:
+        """The slots of a signature's day one user of a host may claim."""
+        return self.config.fleet_budget_per_uid or max(1, self.config.fleet_budget // 2)
 
     def _claim_in(self, sig: str, day: str, pool: str, slots: int, mine: bytes) -> str:
         """One of the slots of a pool (a conditional create each), or KEPT_BACK when all are taken."""

@@ -1,7 +1,8 @@
 """A line per crash in the daemon's own log, where no journal takes the dump's entry (the node agent's pod,
 a daemon with [journal] off): who crashed (exe, signal, uid), where (pod, namespace, container, node) and
-what (signature, status), in the message for a person and as fields for a log pipeline (observe/logformat.py's
-JSON lines). Names are the crashed process's and its container's: each through the one escaper."""
+what (signature, status; a pod's core policy and the pod labels the config records), in the message for a
+person and as fields for a log pipeline (observe/logformat.py's JSON lines). Names are the crashed process's and
+its container's: each through the one escaper."""
 
 from __future__ import annotations
 
@@ -49,6 +50,11 @@ def crash_fields(record: Mapping[str, Any], stored: Mapping[str, Any], node: str
         "signature": analysis.get("signature"), "signature_id": analysis.get("signature_id"), "node": node,
     }
     out.update((key, ident.get(key)) for key in IDENTITY)
+    kube = record.get("kubernetes") if isinstance(record.get("kubernetes"), Mapping) else {}
+    out["core_policy"] = kube.get("core") if isinstance(kube.get("core"), str) else None
+    labels = kube.get("pod_labels")
+    if isinstance(labels, Mapping) and labels:
+        out["pod_labels"] = {display(str(k)): display(v) for k, v in labels.items() if isinstance(v, str)}
     return {k: display(v) if isinstance(v, str) else v for k, v in out.items() if v is not None}
 
 

@@ -53,7 +53,7 @@ from typing import Any, TextIO
 from systemd import journal
 
 from corehandler import fields, nocore
-from corehandler.analysis import findings
+from corehandler.analysis import pyframes
 from corehandler.observer import Quiet
 from corehandler.printable import display
 from corehandler.store.dumprow import COMPRESSING
@@ -315,12 +315,18 @@ def analysis_fields(f: Fields, result: Mapping[str, Any] | None) -> None:
     if why:  # the crashed process's words (an assert's text): escaped, on one line
         f["MESSAGE"] += f"\n\nReason: {display(why)}"
         _put(f, "COREHANDLER_REASON", why)
-    if threads:
-        trace = "\n".join(findings.thread_lines(threads[0]))
+    python = pyframes.crashing(result)
+    if threads:  # the crashing thread, its Python frames under the eval frames that ran them (pyframes.py)
+        trace = "\n".join(pyframes.thread_lines(threads[0], pyframes.python_of(result, threads[0].get("tid"))))
         if len(trace) > MAX_TRACE_BYTES:
             trace = trace[:MAX_TRACE_BYTES] + "\n... (cut)"
         f["MESSAGE"] += "\n\n" + trace
         f["COREHANDLER_STACK_TRACE"] = trace  # its lines escaped already (findings.frame_line)
+    elif python:
+        f["MESSAGE"] += "\n\n" + "\n".join(pyframes.traceback_lines(python))[:MAX_TRACE_BYTES]
+    if python:  # the Python traceback alone, as Python prints it: most recent call last
+        f["COREHANDLER_PYTHON_STACK"] = "\n".join(pyframes.traceback_lines(python))[:MAX_TRACE_BYTES]
+    _put(f, "COREHANDLER_PYTHON", pyframes.summary(result))
     _put(f, "COREDUMP_CGROUP", ident.get("cgroup"))
     _put(f, "COREDUMP_UNIT", ident.get("unit"))
     _put(f, "COREDUMP_USER_UNIT", ident.get("user_unit"))

@@ -119,6 +119,11 @@ class MetricsObserver(Quiet):
             r.register(_CaptureCollector(capture_probe))
         self.socket_rejects = Counter("corehandler_socket_rejects", "Dumps csplice refused over the coredump "
                                       "socket before the kernel wrote them, by reason", ["reason"], registry=r)
+        self.excluded = Counter("corehandler_crashes_excluded", "Crashes in pods whose policy keeps nothing (a pod's "
+                                "corehandler.io/core: none, its namespace's or the default setting): no record, "
+                                "no core; source says which decided", ["source"], registry=r)
+        for source in ("default", "namespace", "annotation"):
+            self.excluded.labels(source)
         self.analysis = AnalysisMetrics(r, state_dir)
         self._server: MetricsServer | None = None
 
@@ -163,6 +168,10 @@ class MetricsObserver(Quiet):
         with self._guard("on_stored"):
             self._count_stored(stored)
             self.analysis.count(stored)
+
+    def on_excluded(self, record: Mapping[str, Any], source: str) -> None:
+        with self._guard("on_excluded"):
+            self.excluded.labels(source).inc()
 
     def on_error(self, kind: str, message: str, dump_id: str | None) -> None:
         with self._guard("on_error"):

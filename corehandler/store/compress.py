@@ -7,7 +7,9 @@ import errno
 import fcntl
 import hashlib
 import os
+import queue
 import stat
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import BinaryIO, Callable
 
 import zstandard
 
+from corehandler import idlecpus
 from corehandler.atomicfile import fsync_dir
 from corehandler.errors import CorehandlerError
 
@@ -45,12 +48,46 @@ class Stored:
     sha256: str
     compressed: bool
     seconds: float
+    workers: int = 0      # zstd's worker threads (0: stored raw, or found in place)
 
 
-def resolve_threads(threads: int) -> int:
-    """zstd's workers for [compression] threads; 0: one per CPU but one, which store_file's own thread uses to
-    hash and verify the stream (on 2 CPUs one worker stored a dump sooner than two: bench/results/compress.md)."""
-    return threads if threads > 0 else max(1, (os.cpu_count() or 1) - 1)
+class _Hasher:
+    """The raw bytes' sha256, taken in a thread of its own (hashlib lets go of the GIL on large updates) so that
+    it runs beside the compression instead of before each of its chunks; at most DEPTH chunks behind, so a
+    compression paused for a capture stops hashing within a few milliseconds too."""
+
+    DEPTH = 4
+
+    def __init__(self):
+        self.digest = hashlib.sha256()
+        self._chunks: queue.Queue = queue.Queue(self.DEPTH)
+        self._thread = threading.Thread(target=self._run, name="store-sha256", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (chunk := self._chunks.get()) is not None:
+            self.digest.update(chunk)
+
+    def update(self, chunk: bytes) -> None:
+        self._chunks.put(chunk)
+
+    def hexdigest(self) -> str:
+        self.close()
+        return self.digest.hexdigest()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._chunks.put(None)
+            self._thread.join()
+
+
+def resolve_threads(threads: int | str) -> int:
+    """zstd's workers for [compression] threads: a number as it is; "auto" (or 0, its older spelling) as many as
+    there are idle CPUs now (idlecpus.py), asked afresh for every dump, since a worker count is fixed for a
+    frame. The hashing runs beside them in a thread of its own, the verifying decompression in store_file's."""
+    if isinstance(threads, int) and threads > 0:
+        return threads
+    return idlecpus.idle_cpus()
 
 
 def stored_name(dump_id: str, compressed: bool) -> str:
@@ -58,7 +95,7 @@ def stored_name(dump_id: str, compressed: bool) -> str:
 
 
 def store_file(src: Path, store_dir: Path, dump_id: str, *, enabled: bool = True, level: int = 3,
-               threads: int = 0, checkpoint: Callable[[str], None] | None = None) -> Stored:
+               threads: int | str = "auto", checkpoint: Callable[[str], None] | None = None) -> Stored:
     """Writes src into store_dir as <id>.zst (or <id>.core when compression is off): temp file, fsync,
     rename, fsync of the directory; the file renamed into place is verified. Raises DiskFullError on
     ENOSPC/EDQUOT, VerifyError when what was written does not read back, CompressError otherwise; whichever,
@@ -69,20 +106,25 @@ def store_file(src: Path, store_dir: Path, dump_id: str, *, enabled: bool = True
     the stored file is verified without being read back (bench/results/compress.md measures what that saves).
     A raw copy has no checksum of its own: it is read back and hashed.
 
-    checkpoint(name) is called at the named steps (the daemon's test-only pause points)."""
+    checkpoint(name) is called at the named steps (the daemon's test-only pause points) and between chunks
+    ("compressing"), where the daemon waits while a capture runs: no chunk is fed meanwhile, so zstd's workers
+    and the hashing thread finish the few MiB they hold and idle.
+
+    threads: zstd's workers (resolve_threads); the frame is the same one zstd writes with any count (a single
+    frame with its content size and checksum), readable by open_stored and the zstd CLI alike."""
     start = time.monotonic()
     final = store_dir / stored_name(dump_id, enabled)
     tmp = store_dir / f".tmp.{final.name}"
-    digest = hashlib.sha256()
-    raw = 0
+    digest = _Hasher()
+    raw = workers = 0
     try:
         with open(src, "rb") as fin, \
                 open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
                              0o600), "wb") as fout:
             if enabled:
                 check = _Readback(fout)
-                cctx = zstandard.ZstdCompressor(level=level, threads=resolve_threads(threads),
-                                                write_checksum=True)
+                workers = resolve_threads(threads)
+                cctx = zstandard.ZstdCompressor(level=level, threads=workers, write_checksum=True)
                 sink = cctx.stream_writer(check, size=os.fstat(fin.fileno()).st_size, closefd=False,
                                           write_size=CHUNK)
             else:
@@ -105,15 +147,17 @@ def store_file(src: Path, store_dir: Path, dump_id: str, *, enabled: bool = True
         os.rename(tmp, final)
         fsync_dir(store_dir)
     except (OSError, zstandard.ZstdError) as e:
+        digest.close()
         tmp.unlink(missing_ok=True)
         code = getattr(e, "errno", None)
         if code in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(e):
             raise DiskFullError(f"no space left to store {dump_id} in {store_dir}") from e
         raise CompressError(f"cannot store {dump_id}: {e}") from e
     except BaseException:
+        digest.close()
         tmp.unlink(missing_ok=True)
         raise
-    return Stored(final, raw, final.stat().st_size, digest.hexdigest(), enabled, time.monotonic() - start)
+    return Stored(final, raw, final.stat().st_size, digest.hexdigest(), enabled, time.monotonic() - start, workers)
 
 
 class _Readback:

@@ -144,11 +144,13 @@ class Node:
         assert proc.wait(timeout=300) == -signal.SIGSEGV
         return proc.pid
 
-    def crash_in_container(self) -> tuple[str, str]:
+    def crash_in_container(self, annotations: dict[str, str] | None = None) -> tuple[str, str]:
         """(container id, name) of a container whose process crashed (another image's container, here the same
-        image with the static crasher mounted)."""
+        image with the static crasher mounted). annotations: its bundle's, as a CRI runtime writes a pod's
+        (sandbox name and namespace; the pod's corehandler.io/core where the runtime passes it)."""
         name = self.name("victim")
-        podman.podman("run", "--name", name, "--network", "none", "--ulimit", "host",
+        notes = [a for k, v in (annotations or {}).items() for a in ("--annotation", f"{k}={v}")]
+        podman.podman("run", "--name", name, "--network", "none", "--ulimit", "host", *notes,
                       "-v", f"{self.crasher.parent}:/t:ro", "--entrypoint", "/bin/sh", self.image,
                       "-c", f"/t/{self.crasher.name} segv 1; exit 0", dumps=True)
         return podman.inspect(name)["Id"], name
@@ -226,6 +228,42 @@ def test_crashes_on_the_host_and_in_a_container_are_captured_attributed_and_a_st
                for e in crashes.values()), crashes
     assert crashes[in_container[0]["id"]]["container_id"] == container_id
     assert "container_id" not in crashes[on_host["id"]]
+
+
+def test_a_pods_opt_out_keeps_nothing_its_namespace_metadata_and_each_crash_logs_its_pod_as_json(node):
+    """Three pods' containers crash: one as the default keeps (full), one that opted out with its annotation
+    (none: no record, counted), one in a namespace the chart keeps metadata of. The agent's JSON log has a line
+    for each dump it kept, naming pod, namespace, container, node, exe, signal and the policy."""
+    node.config.write_text(node.config.read_text() + '[kubernetes]\nmetadata_namespaces = ["payments"]\n')
+    agent = node.start_agent(KUBERNETES_SERVICE_HOST="10.96.0.1")
+    pod = {"io.kubernetes.cri.sandbox-namespace": "shop", "io.kubernetes.cri.sandbox-name": "cart-0",
+           "io.kubernetes.cri.container-name": "cart"}
+    kept, _ = node.crash_in_container(pod)
+    node.crash_in_container({**pod, "io.kubernetes.cri.sandbox-name": "quiet-0", "corehandler.io/core": "none"})
+    paid, _ = node.crash_in_container({**pod, "io.kubernetes.cri.sandbox-namespace": "payments"})
+
+    def excluded() -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in node.metrics(agent).splitlines()
+                   if line.startswith('corehandler_crashes_excluded_total{source="annotation"}'))
+
+    rows = wait_for(lambda: (lambda d: d if len(d) == 2 and {r["status"] for r in d} == {"ok", "dropped"}
+                             and excluded() == 1 else None)(node.dumps(agent)), timeout=300,
+                    what="the kept dump, the metadata-only one and the excluded crash counted")
+    by_status = {r["status"]: node.info(agent, r["id"]) for r in rows}
+    assert by_status["ok"]["record"]["proc"]["container"]["id"] == kept
+    assert by_status["ok"]["record"]["kubernetes"] == {"core": "full", "core_source": "default"}
+    dropped = by_status["dropped"]["record"]
+    assert dropped["proc"]["container"]["id"] == paid and dropped["core"] is None
+    assert (dropped["capture"]["dropped_reason"], dropped["kubernetes"]["core_source"]) == ("pod_policy", "namespace")
+    podman.podman("stop", "--time", "60", agent)
+    entries = [json.loads(line) for line in podman.podman("logs", agent).stderr.splitlines()]  # each one JSON
+    crashes = [e for e in entries if e["logger"] == "corehandler.crash"]
+    assert all(e["node"] == NODE and e["pod_name"] == "cart-0" and e["container_name"] == "cart" and e["exe"]
+               and e["signal_name"] == "SIGSEGV" and e["time"].endswith("Z") and e["level"] == "info"
+               for e in crashes), crashes
+    assert sorted((e["pod_namespace"], e["core_policy"], e["status"]) for e in crashes) == [
+        ("payments", "metadata", "dropped"), ("shop", "full", "ok")], crashes
+    assert not any("quiet-0" in json.dumps(e) for e in entries)
 
 
 def test_a_kill_mid_dump_and_crashes_while_the_agent_is_down_lose_nothing(node):

@@ -6,11 +6,14 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import resource
 import subprocess
+import time
 
 import pytest
 import zstandard
 
+from corehandler import idlecpus
 from corehandler.store import compress
 from support.spoolfeed import emit_core
 
@@ -164,9 +167,57 @@ def test_missing_source_is_a_compress_error(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_threads_zero_means_one_per_cpu():
-    assert compress.resolve_threads(0) == max(1, os.cpu_count() - 1)
+def test_auto_threads_are_the_idle_cpus(monkeypatch):
+    monkeypatch.setattr(idlecpus, "idle_cpus", lambda: 7)
+    assert compress.resolve_threads("auto") == compress.resolve_threads(0) == 7
     assert compress.resolve_threads(3) == 3
+
+
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_any_worker_count_writes_one_frame_that_zstd_reads(tmp_path, feeder, workers):
+    """The stored bytes are the same format whatever the count: one frame with its content size and checksum,
+    which zstd's CLI and open_stored read back to the original."""
+    core = emit_core(feeder, tmp_path / "raw.core", 24 << 20, zero_regions=True)
+    store = tmp_path / "store"
+    store.mkdir()
+    stored = compress.store_file(core, store, "id1", level=1, threads=workers)
+    assert stored.workers == workers and stored.sha256 == _sha(core)
+    data = stored.path.read_bytes()
+    params = zstandard.get_frame_parameters(data)
+    assert params.content_size == core.stat().st_size and params.has_checksum
+    assert zstandard.frame_content_size(data) == core.stat().st_size
+    assert zstandard.ZstdDecompressor().decompress(data) == core.read_bytes()  # raises past one frame's end
+    out = subprocess.run(["zstd", "-d", "-c", str(stored.path)], capture_output=True, check=True).stdout
+    assert hashlib.sha256(out).hexdigest() == stored.sha256
+    compress.check_header(stored.path, stored.raw_bytes)
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)  # every thread of this process: zstd's workers too
+    return usage.ru_utime + usage.ru_stime
+
+
+def test_a_paused_compression_leaves_the_cpus_to_the_capture(tmp_path, feeder):
+    """While the daemon's checkpoint waits (a capture runs: capture.Yield), the workers and the hashing thread
+    finish what they hold and then take no CPU; the compression resumes and stores the same bytes."""
+    core = emit_core(feeder, tmp_path / "raw.core", 96 << 20)
+    store = tmp_path / "store"
+    store.mkdir()
+    paused = {}
+
+    def checkpoint(point):
+        if point == "compressing" and "cpu" not in paused and len(paused.setdefault("chunks", [])) == 16:
+            time.sleep(0.3)  # what the workers hold: done in a few ms
+            start = _cpu_seconds()
+            time.sleep(1.0)
+            paused["cpu"] = _cpu_seconds() - start
+        elif point == "compressing":
+            paused["chunks"].append(1)
+
+    stored = compress.store_file(core, store, "id1", level=1, threads=2, checkpoint=checkpoint)
+    assert paused["cpu"] < 0.05, paused["cpu"]
+    assert stored.sha256 == _sha(core)
+    compress.verify(stored.path, stored.raw_bytes, stored.sha256)
 
 
 def test_decompress_to_an_append_mode_file_keeps_the_zeros(tmp_path, core):

@@ -9,6 +9,8 @@ import dataclasses
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from corehandler import config, csplice_contract
 from corehandler.analysis import identity
 from corehandler.host import handler as host_handler
@@ -86,6 +88,24 @@ def test_a_real_record_the_index_row_and_the_event_carry_the_quantities_by_their
     for kind in (Dump, Stored):
         assert {"raw_bytes", "stored_bytes"} <= {f.name for f in dataclasses.fields(kind)}, kind
     assert "dropped" in STATUSES
+
+
+@pytest.mark.parametrize("strategy", ["rw", "direct", "splice2"])
+def test_a_real_record_traces_the_hold_by_the_phase_names(csplice, tmp_path, strategy):
+    """capture.phases has csplice_contract.PHASES, in set-up order, each copy step inside the hold, and the two
+    longest calls (record_schema checks the shape; this, that the steps were really timed)."""
+    from support.record_schema import check_record
+
+    record = Handler(tmp_path / "h", settings={"strategy": strategy, "direct_above": 0}).feed(8 << 20).record
+    check_record(record)
+    cap = record["capture"]
+    assert list(cap["phases"]) == list(csplice_contract.PHASES)
+    ph = cap["phases"]
+    assert ph["first_byte"] > 0 and ph["eof"] >= ph["first_byte"] and ph["published"] >= ph["released"] > 0
+    assert (ph["ring"] > 0) == (cap["strategy"] == "direct") and ph["handoff"] == 0  # direct: unless refused
+    assert 0 < cap["longest_read_ns"] <= ph["released"] and 0 < cap["longest_write_ns"] <= ph["released"]
+    # The hold as the record already had it: the copy's steps fall inside it.
+    assert cap["ns"] <= ph["released"] - ph["created"] + 1_000_000
 
 
 def test_no_retired_quantity_name_is_left_in_the_sources():

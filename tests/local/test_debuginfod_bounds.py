@@ -1,7 +1,8 @@
-"""The debuginfod fetcher's bounds (corehandler/analysis/debuginfod.py) against a real server on loopback that
-sends a byte a second (tests/support/debuginfod_server.py `dripping`): a deadline per request and per dump that
-no trickle defeats, no temp file left behind, stale ones and old negative results swept, the cache's
-directories not listable by other users, plain http refused off loopback."""
+"""The debuginfod fetcher's bounds (corehandler/analysis/debuginfod.py) against a real server on loopback that sends
+a byte a second (tests/support/debuginfod_server.py `dripping`): a deadline per request and per dump that no trickle
+defeats; a few build-ids fetched at once, and a stuck server (`slow`) costing its timeout once a pass; no temp file
+left behind, stale ones and old negative results swept, the cache's directories not listable by other users, plain
+http refused off loopback."""
 
 from __future__ import annotations
 
@@ -105,3 +106,49 @@ def test_plain_http_is_refused_off_loopback():
         AnalysisConfig.model_validate({"debuginfod_urls": "http://debuginfod.example.com"})
     assert AnalysisConfig.model_validate({"debuginfod_urls": "http://debuginfod.example.com",
                                           "debuginfod_allow_http": True}).debuginfod_allow_http
+
+
+MANY = [f"{i:02x}" + "2" * 38 for i in range(10)]
+
+
+def test_fetches_run_a_few_at_once(tmp_path):
+    cache = tmp_path / "debuginfo"
+    with debuginfod_server.slow(ELF, delay=1.0) as (url, seen):
+        settings = debuginfod.Settings(urls=(url,), timeout=10, budget=60)
+        report, seconds = fetch_within(settings, cache, MANY, limit=20)
+    assert report.fetched == MANY and not report.failed and not report.cut, report
+    assert seen.requests == len(MANY)
+    assert seen.most_at_once == debuginfod.POOL  # concurrent, and bounded
+    # ceil(10 / 4) waves of 1 s, where one at a time took 10 s
+    assert 2.9 < seconds < 6, seconds
+    assert all(debuginfod.cached(cache, b).read_bytes() == ELF for b in MANY)
+
+
+def test_a_stuck_server_costs_its_timeout_once_per_pass(tmp_path):
+    cache = tmp_path / "debuginfo"
+    with debuginfod_server.slow(None, delay=0) as (url, seen):
+        settings = debuginfod.Settings(urls=(url,), timeout=2, budget=60)
+        report, seconds = fetch_within(settings, cache, MANY, limit=20)
+        asked = seen.requests
+    assert seconds < 3.5, seconds  # one timeout, not ten
+    assert asked <= debuginfod.POOL, asked  # the ones in flight when it was found stuck, and no more
+    assert report.fetched == [] and report.missing == [] and not report.cut, report
+    assert len(report.failed) == len(MANY)
+    skipped = [why for why in report.failed if "not asked, it did not answer in this pass" in why]
+    assert len(skipped) == len(MANY) - asked and all("not done in 2 s" in why for why in report.failed)
+    assert leftovers(cache) == [] and not (cache / ".negative").exists()  # down is no "missing"
+
+    # The next pass asks it again (a server that was down may be back).
+    with debuginfod_server.slow(ELF, delay=0) as (url2, _):
+        report = debuginfod.fetch(debuginfod.Settings(urls=(url2,), timeout=2), cache, MANY[:1])
+    assert report.fetched == MANY[:1]
+
+
+def test_past_a_stuck_server_the_next_one_serves(tmp_path):
+    cache = tmp_path / "debuginfo"
+    with debuginfod_server.slow(None, delay=0) as (stuck, _), debuginfod_server.slow(ELF, delay=0) as (good, seen):
+        settings = debuginfod.Settings(urls=(stuck, good), timeout=2, budget=60)
+        report, seconds = fetch_within(settings, cache, MANY, limit=20)
+    assert report.fetched == MANY and not report.failed, report
+    assert seen.requests == len(MANY)
+    assert seconds < 3.5, seconds

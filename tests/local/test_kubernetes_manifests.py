@@ -71,6 +71,10 @@ CHANGED = {
     "extraVolumeMounts": [{"name": "ca", "mountPath": "/etc/corehandler-ca", "readOnly": True}],
     "forceReplace": True,
     "keepOnStop": True,
+    "corePolicy": {"default": "metadata", "namespaces": {"payments": "none", "kube-system": "metadata", "web": "full",
+                                                         "batch": "none"},
+                   "podAnnotation": "any", "podLabels": ["app.kubernetes.io/name", "team"]},
+    "podLookup": False,
     "hostPaths": {"libexec": "/home/kubernetes/bin/corehandler"},
     "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"cpu": "2", "memory": "4Gi"}},
     "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "batch", "effect": "NoSchedule"}],
@@ -198,7 +202,12 @@ def test_promtool_accepts_the_prometheus_rules_as_rendered(tmp_path):
 
 @pytest.mark.parametrize("values", [{"buckett": "crashes"}, {"fleetBudget": -1}, {"bucket": "Crashes!"},
                                     {"recipients": ["ssh-ed25519 AAAA"]}, {"hostPaths": {"libexec": "relative"}},
-                                    {"hostPaths": {"state": "/mnt/corehandler"}}, {"config": {"state_dir": "/mnt"}}])
+                                    {"hostPaths": {"state": "/mnt/corehandler"}}, {"config": {"state_dir": "/mnt"}},
+                                    {"corePolicy": {"default": "some"}}, {"corePolicy": {"podAnnotation": "raise"}},
+                                    {"corePolicy": {"namespaces": {"Kube_System": "none"}}},
+                                    {"corePolicy": {"namespaces": {"web": "core"}}},
+                                    {"corePolicy": {"podLabels": ["bad key!"]}},
+                                    {"corePolicy": {"podLabels": [f"k{i}" for i in range(17)]}}, {"podLookup": "yes"}])
 def test_a_misspelt_or_wrong_value_is_refused_before_anything_renders(values):
     with pytest.raises(helm_python.HelmError, match="values don.t meet the specifications of the schema"):
         render.render(values)
@@ -209,9 +218,11 @@ def test_a_misspelt_or_wrong_value_is_refused_before_anything_renders(values):
 def test_the_chart_rendered_with_defaults_and_changed_values_is_valid(default, changed):
     validate(list(default.values()))
     validate(list(changed.values()))
-    assert set(default) == {"ServiceAccount", "ConfigMap", "Service", "DaemonSet", "NetworkPolicy"}
-    assert set(changed) == set(default) | {"Namespace", "Secret", "ResourceQuota", "ServiceMonitor",
-                                           "PrometheusRule"}
+    assert set(default) == {"ServiceAccount", "ConfigMap", "Service", "DaemonSet", "NetworkPolicy", "ClusterRole",
+                            "ClusterRoleBinding"}
+    # podLookup off: no RBAC
+    assert set(changed) == set(default) - {"ClusterRole", "ClusterRoleBinding"} | {
+        "Namespace", "Secret", "ResourceQuota", "ServiceMonitor", "PrometheusRule"}
 
 
 def test_an_invalid_manifest_is_refused_by_the_validators(default, changed):
@@ -238,7 +249,7 @@ def kustomize(tree: Path) -> list[dict]:
 def test_kubectl_kustomize_builds_the_base_monitoring_and_the_example_validly(tmp_path):
     base = kustomize(KUBERNETES / "base")
     assert {o["kind"] for o in base} == {"Namespace", "ServiceAccount", "ConfigMap", "Service", "DaemonSet",
-                                        "NetworkPolicy"}
+                                        "NetworkPolicy", "ClusterRole", "ClusterRoleBinding"}
     validate(base)
     monitoring = kustomize(KUBERNETES / "monitoring")
     assert {o["kind"] for o in monitoring} == {"ServiceMonitor", "PrometheusRule"}
@@ -262,8 +273,10 @@ def test_the_default_config_is_corehandlers_defaults_but_for_the_metrics_address
     assert loaded.metrics.listen == "0.0.0.0" and loaded.metrics.port == 9577
     # The agent's own installation, which the CLI in the pod then reads too (`kubectl exec ... corehandler list`).
     assert str(loaded.state_dir) == contract()["STATE_DIR"]
-    assert loaded.model_copy(update={"metrics": config.Config().metrics, "state_dir": config.Config().state_dir}) \
-        == config.Config()
+    # podLookup (on by default) asks the API server for a crashed pod's annotations.
+    assert loaded.kubernetes == config.KubernetesConfig(api=True)
+    assert loaded.model_copy(update={"metrics": config.Config().metrics, "state_dir": config.Config().state_dir,
+                                     "kubernetes": config.Config().kubernetes}) == config.Config()
 
 
 def test_the_values_an_admin_changes_reach_corehandler_toml(changed, tmp_path):
@@ -276,6 +289,9 @@ def test_the_values_an_admin_changes_reach_corehandler_toml(changed, tmp_path):
     assert loaded.capture.max_dump_size == 8 << 30 and loaded.upload.send == "cores"
     assert loaded.upload.ca_bundle == "/etc/corehandler-ca/ca.pem"
     assert loaded.metrics.listen == "0.0.0.0"
+    assert loaded.kubernetes == config.KubernetesConfig(
+        core="metadata", none_namespaces=["batch", "payments"], metadata_namespaces=["kube-system"],
+        full_namespaces=["web"], pod_annotation="any", pod_labels=["app.kubernetes.io/name", "team"], api=False)
 
 
 def test_a_changed_config_rolls_the_pods(default):
@@ -324,6 +340,32 @@ def test_the_pods_paths_and_arguments_are_the_agents(default):
     assert words["ENV_FORCE"] not in env(agent) and words["ENV_KEEP_ON_STOP"] not in env(agent)
     assert agent["securityContext"] == {"privileged": True}
     assert init["securityContext"]["privileged"] is False and init["securityContext"]["readOnlyRootFilesystem"]
+
+
+def test_the_pod_lookup_may_get_pods_and_nothing_else_from_the_agent_container_only(default, changed):
+    from corehandler.pods import apiserver
+
+    role, binding = default["ClusterRole"], default["ClusterRoleBinding"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": role["metadata"]["name"]}
+    account = default["ServiceAccount"]["metadata"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["name"],
+                                    "namespace": account["namespace"]}]
+    ds = default["DaemonSet"]
+    # Nothing automounts the token: the agent container alone mounts it, where the lookup reads it.
+    assert ds["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    assert default["ServiceAccount"]["automountServiceAccountToken"] is False
+    init, agent = container(ds, "install-csplice"), container(ds, "agent")
+    assert mounts(agent)["kube-api-access"] == {"name": "kube-api-access", "readOnly": True,
+                                                "mountPath": str(apiserver.ACCOUNT_DIR)}
+    assert "kube-api-access" not in mounts(init)
+    (volume,) = [v for v in ds["spec"]["template"]["spec"]["volumes"] if v["name"] == "kube-api-access"]
+    assert [sorted(source) for source in volume["projected"]["sources"]] == [["serviceAccountToken"], ["configMap"]]
+    # podLookup off: no token, no role
+    ds = changed["DaemonSet"]
+    assert "kube-api-access" not in mounts(container(ds, "agent"))
+    assert all(v["name"] != "kube-api-access" for v in ds["spec"]["template"]["spec"]["volumes"])
 
 
 def test_force_keep_on_stop_and_a_moved_libexec_reach_the_agent(changed):
@@ -407,6 +449,27 @@ def test_only_the_scrapers_reach_the_agent_and_only_its_metrics_port(default, ch
 
 
 # --- the documentation names what is there --------------------------------------------------------------------
+
+def test_values_and_the_doc_give_the_agents_exit_codes_as_the_code_has_them():
+    """The pod's exit code is what an admin sees in `kubectl get pods` (CrashLoopBackOff): each one the chart's
+    values.yaml or docs/kubernetes.md names is errors.py's for what they say it means."""
+    from corehandler import errors
+
+    codes = {v: k for k, v in vars(errors).items() if k.startswith("EXIT_") and isinstance(v, int)}
+    meaning = {"EXIT_CONFLICT": ("refused", "another", "names it", "naming it"),
+               "EXIT_CONFIG": ("invalid configmap", "invalid config")}
+    said = []
+    for path in (render.CHART / "values.yaml", DOC):
+        text = " ".join(path.read_text().replace("#", " ").split())
+        for m in re.finditer(r"\bexits? (\d+)\b", text):
+            code, around = int(m.group(1)), text[max(0, m.start() - 160):m.end() + 60].lower()
+            assert code in codes, f"{path.name} names exit {code}, which corehandler never exits with"
+            wanted = [name for name, words in meaning.items() if any(w in around for w in words)]
+            assert codes[code] in wanted, f"{path.name}: exit {code} ({codes[code]}) said of: {around!r}"
+            said.append((path.name, codes[code]))
+    assert ("values.yaml", "EXIT_CONFLICT") in said and ("kubernetes.md", "EXIT_CONFLICT") in said
+    assert ("kubernetes.md", "EXIT_CONFIG") in said
+
 
 def test_the_kubernetes_doc_names_files_and_values_that_exist():
     text = DOC.read_text()

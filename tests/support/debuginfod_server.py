@@ -2,7 +2,7 @@
 stripped on disk, on the loopback of a network namespace of its own (debuginfod has no listen-address option,
 and a test's server must not listen beyond loopback): `in_netns` runs commands beside it there, so only they can
 reach it; outside, the same URL is a server that is down. And `dripping`, a server that sends its answer a byte a
-second, for the fetcher's deadline."""
+second, for the fetcher's deadline, and `slow`, one that answers late or never, counting what it was asked."""
 
 from __future__ import annotations
 
@@ -105,7 +105,14 @@ def dripping(body: bytes, *, headers_too: bool = False, rate: float = 1.0):
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Drip)
+    with _serving(Drip, stop) as address:
+        yield address
+
+
+@contextlib.contextmanager
+def _serving(handler, stop: threading.Event):
+    """handler served on loopback in threads of its own; yields the URL; stop is set before the server shuts."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -115,3 +122,48 @@ def dripping(body: bytes, *, headers_too: bool = False, rate: float = 1.0):
         stop.set()
         server.shutdown()
         server.server_close()
+
+
+class Counted:
+    """What a `slow` server saw: requests in all and the most it had in flight at once."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.requests = 0
+        self.in_flight = 0
+        self.most_at_once = 0
+
+
+@contextlib.contextmanager
+def slow(body: bytes | None, delay: float):
+    """A server on loopback answering every /buildid/ID/debuginfo after `delay` seconds with body, or never
+    when body is None (it holds the connection until the client goes or the server is shut: a stuck server);
+    yields (its URL, Counted)."""
+    stop = threading.Event()
+    seen = Counted()
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            with seen.lock:
+                seen.requests += 1
+                seen.in_flight += 1
+                seen.most_at_once = max(seen.most_at_once, seen.in_flight)
+            try:
+                if stop.wait(delay) or body is None:
+                    stop.wait()
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except OSError:
+                return
+            finally:
+                with seen.lock:
+                    seen.in_flight -= 1
+
+        def log_message(self, *args):
+            pass
+
+    with _serving(Slow, stop) as address:
+        yield address, seen

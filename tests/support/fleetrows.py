@@ -41,3 +41,23 @@ def local_state(client, target: bucket.Target) -> Path:
     if not hasattr(client, "_fleetrows_state"):
         client._fleetrows_state = tempfile.mkdtemp(prefix="fleetrows-")
     return dataset.local_dir(Path(client._fleetrows_state), target)
+
+
+def put_old_part(client, target: bucket.Target, sidecars: list[dict]) -> list[str]:
+    """Sidecars and one index part of their host's day as a host of index schema 1 wrote them (before
+    signature_v1_id and no_core_reason; its sidecars without no_core): their keys."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    keys, rows = [], []
+    for sc in sidecars:
+        sc = {k: v for k, v in sc.items() if k != "no_core"}
+        keys.append(put_sidecar(client, target, sc, index=False))
+        row = {k: v for k, v in dataset.row(sc, keys[-1]).items() if k not in dataset.ADDED}
+        rows.append(dict(row, index_schema=1))
+    host, day = sidecars[0]["host"], bucket.crash_day(sidecars[0]["crashed_at"])
+    body = pa.BufferOutputStream()
+    pq.write_table(pa.Table.from_pylist(rows, schema=dataset.schema(version=1)), body, compression="zstd")
+    client.put_object(Bucket=target.bucket, Key=dataset.part_key(target, host, day, 0),
+                      Body=body.getvalue().to_pybytes())
+    return keys

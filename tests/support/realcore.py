@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import resource
 import shutil
 import subprocess
 import time
@@ -59,6 +60,32 @@ def crash(binary: Path, core: Path, *args: str, timeout: float = 120, env: dict 
     assert line and core.exists(), f"gdb made no core: {out.stdout}\n{out.stderr}"
     _, pid, tid, sig = line.split()
     return Crash(core, binary, int(pid), int(tid), int(sig))
+
+
+def crash_attached(argv: list[str], core: Path, *, timeout: float = 120) -> Crash:
+    """Starts argv as the kernel execs it (a shebang script through its interpreter, which gdb cannot start
+    itself), lets it stop itself (SIGSTOP) before it crashes, attaches gdb, runs it on to its fatal signal
+    and gcores it. Its RLIMIT_CORE is 1, which the kernel takes as "dump nowhere", so a crash gdb missed
+    never reaches core_pattern."""
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (1, 1)))
+    try:
+        deadline = time.monotonic() + timeout
+        while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+            assert time.monotonic() < deadline and proc.poll() is None, "the program did not stop itself"
+            time.sleep(0.01)
+        exe = Path(os.readlink(f"/proc/{proc.pid}/exe"))
+        out = subprocess.run(["gdb", "-q", "-nx", "-batch", "-ex", "set pagination off", "-p", str(proc.pid),
+                              "-ex", "handle SIGSTOP nostop noprint nopass", "-ex", "continue", "-ex", _REPORT,
+                              "-ex", f"gcore {core}", "-ex", "kill"],
+                             capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    finally:
+        proc.kill()
+        proc.wait()
+    line = next((x for x in out.stdout.splitlines() if x.startswith("CRASH ")), None)
+    assert line and core.exists(), f"gdb made no core: {out.stdout}\n{out.stderr}"
+    _, pid, tid, sig = line.split()
+    return Crash(core, exe, int(pid), int(tid), int(sig))
 
 
 def record_for(c: Crash, dump_id: str, *, uid: int = 0, **proc: object) -> dict:

@@ -6,7 +6,7 @@ import re
 
 from corehandler import spool
 from corehandler.analysis import identity
-from corehandler.csplice_contract import PIDFD_SPECIFIER, STRATEGIES
+from corehandler.csplice_contract import PHASES, PIDFD_SPECIFIER, STRATEGIES
 from corehandler.csplice_contract import SPECIFIERS as _ARGV
 
 SPECIFIERS = tuple(spec.removeprefix("%") for spec in (*_ARGV.split(), PIDFD_SPECIFIER))
@@ -125,6 +125,20 @@ def check_record(rec: dict) -> None:
         _check(not cap["socket"]["rejected"] or cap["dropped"], "rejected but not dropped")
     for key in ("complete", "truncated", "dropped", "elf_magic"):
         _typed(cap, key, bool, "capture")
+    _typed(cap, "phases", dict, "capture")
+    _check(list(cap["phases"]) == list(PHASES), f"capture.phases keys {list(cap['phases'])}")
+    for key in (*(f"phases.{p}" for p in PHASES), "longest_read_ns", "longest_write_ns"):
+        where, name = ("capture.phases", key.split(".")[1]) if "." in key else ("capture", key)
+        _typed(cap["phases"] if "." in key else cap, name, int, where)
+    ph = cap["phases"]
+    # Set-up in its order, every step of the copy before the release, the release before the core's publishing
+    # (the copy's own steps vary: rw's hand-off to direct maps its ring after the first byte).
+    setup = [ph[p] for p in ("settings", "metadata", "admitted", "created")]
+    _check(0 < ph["released"] and setup == sorted(setup) and setup[0] > 0, f"capture.phases set-up: {ph}")
+    _check(all(setup[-1] <= ph[p] <= ph["released"] for p in ("ring", "first_byte", "handoff", "eof") if ph[p]),
+           f"capture.phases copy: {ph}")
+    _check(ph["published"] == 0 or ph["published"] >= ph["released"], f"capture.phases published: {ph}")
+    _check((ph["published"] > 0) == (rec["core"] is not None), "capture.phases.published vs core")
     _typed(cap, "truncated_reason", OptStr, "capture")
     _check(cap["truncated_reason"] in TRUNCATED_REASONS, f"truncated_reason {cap['truncated_reason']!r}")
     _typed(cap, "error", OptStr, "capture")

@@ -47,14 +47,21 @@ class S3Server:
         self.data = self.root / "data"
         self.data.mkdir(parents=True, exist_ok=True)
         self.config = self.root / "s3.json"
-        self.config.write_text(json.dumps({"identities": [{
-            "name": "admin", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
-            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+        self.set_identities({})
         self.log = self.root / "weed.log"
         names = ("master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc",
                  "admin", "admin.grpc", "webdav", "debug")
         self.ports = dict(zip(names, _free_ports(len(names))))
         self.proc: subprocess.Popen | None = None
+
+    def set_identities(self, others: dict[str, tuple[str, str]]) -> None:
+        """The admin identity (the tests' own client's) and others by name: (access key, secret key), each
+        allowed to read, write and list; in effect from the next start (weed reads its S3 config at start)."""
+        identities = [{"name": "admin", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+                       "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]
+        identities += [{"name": name, "credentials": [{"accessKey": access, "secretKey": secret}],
+                        "actions": ["Read", "Write", "List", "Tagging"]} for name, (access, secret) in others.items()]
+        self.config.write_text(json.dumps({"identities": identities}))
 
     @property
     def endpoint(self) -> str:
@@ -122,8 +129,9 @@ class S3Server:
         self.client().create_bucket(Bucket=name)
         return name
 
-    def credentials_file(self, path: Path, secret: str = SECRET_KEY) -> Path:
-        path.write_text(f"[default]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {secret}\n")
+    def credentials_file(self, path: Path, secret: str = SECRET_KEY, access: str = ACCESS_KEY) -> Path:
+        """A shared credentials file of one [default] profile, rewritten in place if it exists (a rotation)."""
+        path.write_text(f"[default]\naws_access_key_id = {access}\naws_secret_access_key = {secret}\n")
         path.chmod(0o600)
         return path
 

@@ -21,7 +21,7 @@ from corehandler.fleet import bucket as layout
 from corehandler.fleet import dataset
 from support import fleetbombs
 from support.fleethost import Host
-from support.fleetrows import DAY, put_sidecar, sidecar
+from support.fleetrows import DAY, put_old_part, put_sidecar, sidecar
 
 pytestmark = pytest.mark.s3
 
@@ -59,7 +59,9 @@ def reshape(sc: dict, rng: random.Random) -> dict:
     paths = [("id",), ("crashed_at",), ("host",), ("signature",), ("budget",), ("schema",), ("core",),
              ("core", "key"), ("core", "bytes"), ("core", "raw_bytes"), ("core", "part_size"), ("index",),
              ("index", "exe"), ("index", "signal"), ("index", "uid"), ("analysis",), ("analysis", "threads"),
-             ("mini",), ("sealed",)]
+             ("mini",), ("sealed",), ("no_core",), ("no_core", "reason"), ("no_core", "why"), ("record",),
+             ("record", "capture"), ("record", "capture", "dropped_reason"), ("index", "status"),
+             ("analysis", "signature_id"), ("analysis", "signature_v1_id")]
     for _ in range(rng.randint(1, 4)):
         path = rng.choice(paths)
         here = sc
@@ -132,15 +134,18 @@ def test_hostile_parts_days_and_sidecars_leave_every_reader_standing(tmp_path, s
     for sc in honest:
         put_sidecar(client, fleet, sc)
     part = client.get_object(Bucket=bucket, Key=dataset.part_key(fleet, "alpha", DAY, 0))["Body"].read()
+    put_old_part(client, fleet, [sidecar("old", n, core=n % 2 == 0) for n in range(3)])  # index schema 1
+    old = client.get_object(Bucket=bucket, Key=dataset.part_key(fleet, "old", DAY, 0))["Body"].read()
 
-    parts = [mutate(part, rng) for _ in range(MUTANTS)] + [
+    parts = [mutate(part, rng) for _ in range(MUTANTS)] + [mutate(old, rng) for _ in range(MUTANTS // 2)] + [
         fleetbombs.dictionary_bomb(), fleetbombs.wide_bomb(), fleetbombs.string_times(),
         fleetbombs.claims_host("alpha"), b"", b"PAR1", rng.randbytes(4096)]
     for n, body in enumerate(parts):
         client.put_object(Bucket=bucket, Key=dataset.part_key(fleet, f"part{n}", DAY, 0), Body=body)
     ids = []
     bodies = [mutate(json.dumps(sidecar("side", 100 + n)).encode(), rng) for n in range(MUTANTS)]
-    bodies += [json.dumps(reshape(sidecar("side", 200 + n), rng), default=str).encode() for n in range(MUTANTS)]
+    bodies += [json.dumps(reshape(sidecar("side", 200 + n, core=n % 2 == 0), rng), default=str).encode()
+               for n in range(MUTANTS)]
     bodies += list(fleetbombs.bad_sidecars("x").values())
     for n, body in enumerate(bodies):
         dump_id = sidecar("side", 300 + n)["id"]

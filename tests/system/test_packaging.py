@@ -169,7 +169,7 @@ def spool_record(exe: Path) -> dict | None:
     return None
 
 
-def test_install_crash_remove_purge(deb, clean_host, tmp_path_factory):
+def test_install_crash_remove_purge(deb, host_core_settings, clean_host, tmp_path_factory):
     crasher = build_crasher(tmp_path_factory.mktemp("crasher"))
 
     # -- install ------------------------------------------------------------------------------------------
@@ -181,10 +181,9 @@ def test_install_crash_remove_purge(deb, clean_host, tmp_path_factory):
     finally:
         if had_coredump and package_state("systemd-coredump") != "installed":
             # Its postinst applies its own pattern: the kernel's settings go back to what they were here.
-            kept = {name: sysctl(name) for name in ("kernel/core_pattern", "kernel/core_pipe_limit")}
+            kept = sysctl("kernel/core_pattern"), sysctl("kernel/core_pipe_limit")
             run("apt-get", "install", "-y", "-q", "--no-install-recommends", "systemd-coredump")
-            for name, value in kept.items():
-                Path("/proc/sys", name).write_text(value + "\n")
+            host_core_settings.point(*kept)
 
 
 def _install_crash_remove_purge(deb, crasher, tmp_path_factory) -> None:

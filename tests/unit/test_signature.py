@@ -212,3 +212,53 @@ def test_v2_unsymbolised_frames_are_their_module_alone():
 ])
 def test_v2_normalises_rust_hashes_and_demangled_clones(raw, expected):
     assert signature.normalise_function(raw) == expected
+
+
+def py(file, function, line=1):
+    return {"file": file, "function": function, "line": line, "entry": False}
+
+
+# The ctypes crash of tests/local/test_pyframes_real.py as the unwinder and pystack give it.
+_CTYPES = [fr("__strlen_evex", "/usr/lib/x86_64-linux-gnu/libc.so.6"), fr(None, "/usr/lib/_ctypes.so"),
+           fr(None, "/usr/lib/libffi.so.8"), fr("ffi_call", "/usr/lib/libffi.so.8"),
+           fr("_PyEval_EvalFrameDefault", "/usr/bin/python3.11"), fr("Py_BytesMain", "/usr/bin/python3.11")]
+_PYTHON = [py("/usr/lib/python3.11/ctypes/__init__.py", "string_at", 519), py("/srv/app/crash.py", "inner", 5),
+           py("/srv/app/crash.py", "middle", 9), py("/srv/app/crash.py", "outer", 13),
+           py("/srv/app/crash.py", "<module>", 16)]
+
+
+def test_v2_python_frames_follow_the_native_crash_frame():
+    """Rule 9: the native crash frame (after the prefix), then the innermost Python frames as file:function,
+    in place of the interpreter's frames that every Python crash shares."""
+    text = signature.signature("/usr/bin/python3.11", "SIGSEGV", _CTYPES, python=_PYTHON)
+    assert text == ("python3.11 SIGSEGV strlen | _ctypes.so < ctypes/__init__.py:string_at < crash.py:inner < "
+                    "crash.py:middle < crash.py:outer")
+    assert signature.signature("/usr/bin/python3.11", "SIGSEGV", _CTYPES) == \
+        "python3.11 SIGSEGV strlen | _ctypes.so < libffi.so.8 < ffi_call < _PyEval_EvalFrameDefault < Py_BytesMain"
+
+
+def test_v2_python_frames_ignore_lines_and_where_the_code_lives():
+    """The same code edited (other lines) and run from another checkout or venv: one signature."""
+    moved = [dict(f, file=f["file"].replace("/srv/app", "/home/alice/venv/src"), line=f["line"] + 7)
+             for f in _PYTHON]
+    a = signature.keys("/usr/bin/python3.11", "b1", 11, "SIGSEGV", _CTYPES, python=_PYTHON)
+    b = signature.keys("/usr/bin/python3.11", "b1", 11, "SIGSEGV", _CTYPES, python=moved)
+    assert a["signature_id"] == b["signature_id"]
+    other = [py("/srv/app/crash.py", "other")] + _PYTHON[1:]
+    assert signature.keys("/usr/bin/python3.11", "b1", 11, "SIGSEGV", _CTYPES, python=other)["signature_id"] != \
+        a["signature_id"]
+
+
+def test_v2_python_frames_leave_the_exact_key_and_v1_alone():
+    with_py = signature.keys("/usr/bin/python3.11", "b1", 11, "SIGSEGV", _CTYPES, python=_PYTHON)
+    without = signature.keys("/usr/bin/python3.11", "b1", 11, "SIGSEGV", _CTYPES)
+    assert with_py["exact_key"] == without["exact_key"]
+    assert with_py["signature_v1_id"] == without["signature_v1_id"]
+    assert with_py["signature_id"] != without["signature_id"]
+
+
+def test_v2_python_recursion_collapses_and_names_are_cut():
+    deep = [py("/a/r.py", "recurse")] * 50 + [py("/a/r.py", "<module>")]
+    assert signature.signature_frames(_CTYPES[1:], python=deep) == ["_ctypes.so", "r.py:recurse", "r.py:<module>"]
+    long = [py("/a/" + "x" * 300 + ".py", "f")]
+    assert len(signature.signature_frames(_CTYPES[1:], python=long)[1]) == signature.MAX_FRAME_CHARS + 3

@@ -73,6 +73,21 @@ numbers, booleans and flat lists is also TOML.
 {{- if .Values.fleetBudget -}}{{- $_ := set $upload "fleet_budget" (int .Values.fleetBudget) -}}{{- end -}}
 {{- $_ := set $config "upload" $upload -}}
 {{- end -}}
+{{- /* What a crash in a pod keeps: [kubernetes], its namespaces as one list per outcome (sorted: a range over
+     a map is). */ -}}
+{{- $kube := get $config "kubernetes" | default (dict) -}}
+{{- $_ := set $kube "core" .Values.corePolicy.default -}}
+{{- $_ := set $kube "pod_annotation" .Values.corePolicy.podAnnotation -}}
+{{- if .Values.corePolicy.podLabels -}}{{- $_ := set $kube "pod_labels" .Values.corePolicy.podLabels -}}{{- end -}}
+{{- $_ := set $kube "api" .Values.podLookup -}}
+{{- $lists := dict "full" (list) "metadata" (list) "none" (list) -}}
+{{- range $ns, $keep := .Values.corePolicy.namespaces -}}
+{{- $_ := set $lists $keep (append (get $lists $keep) $ns) -}}
+{{- end -}}
+{{- range $keep, $names := $lists -}}
+{{- if $names -}}{{- $_ := set $kube (printf "%s_namespaces" $keep) $names -}}{{- end -}}
+{{- end -}}
+{{- $_ := set $config "kubernetes" $kube -}}
 # corehandler.toml of the node agent, made by the Helm chart from its values (docs/kubernetes.md)
 {{- range $key, $value := $config }}
 {{- if not (kindIs "map" $value) }}

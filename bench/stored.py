@@ -1,0 +1,399 @@
+"""How soon is a crash stored, against zstd alone on the same core, and does a big compression slow a capture?
+
+`corehandler serve` runs with the default config (`[compression] threads = "auto"`: as many zstd workers as
+there are idle CPUs when a dump's compression starts) on a state dir of its own, with --debug so that its log
+says how many workers each dump got.
+
+1. Crash to stored: a dense crasher dies through core_pattern into csplice; the hold runs from the crash trigger
+   to the reaping, "stored" from the reaping (the release) to the dump's row final (compressed, verified,
+   fsynced). In the same round the zstd CLI compresses the same bytes (the stored file decompressed to a file,
+   so in the page cache) with `zstd -1 -T1`: stored ÷ zstd alone per round, median and spread over the runs
+   (issue 37's goal on an idle 2-CPU machine: ≤ 0.6).
+2. A capture during a big compression: per run, in alternating order, a SMALL crash on an idle daemon, and the
+   same SMALL crash once a BIG crash's compression is under way (its row `compressing`, its `.tmp.ID.zst` in
+   the store growing); the small crash's hold busy ÷ idle per run (goal ≤ 1.15). A round counts only when the
+   big compression was still running when the small crash was reaped: the table says in how many it was.
+
+The machine's state (load, page cache, idle CPUs) is read at every crash and stated beside the tables.
+
+Live (root; borrows core_pattern and csplice.conf, puts them back on every exit):
+    python -P bench/stored.py [--runs 5] [--sizes 256,1024,4096] [--small 256] [--big 4096]
+Smoke (no root, nothing of the host touched): the feeder pipes a synthetic core into csplice instead of the
+kernel, and the "hold" is the feeder's time:
+    python -P bench/stored.py --feeder --runs 1 --sizes 64 --small 16 --big 64 --out /tmp/stored-smoke.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import re
+import resource
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+from common import (  # noqa: E402
+    describe_cache,
+    filesystem_of,
+    machine,
+    markdown_table,
+    median,
+    page_cache_state,
+    publish,
+)
+
+from corehandler import idlecpus, paths  # noqa: E402
+from corehandler.csplice_contract import SPECIFIERS  # noqa: E402
+from corehandler.store import compress  # noqa: E402
+from support import cbuild  # noqa: E402
+from support.crash import build_crasher  # noqa: E402
+from support.spoolfeed import feed, write_settings  # noqa: E402
+from support.waiting import wait_for  # noqa: E402
+
+MiB = 1 << 20
+STORED_GOAL, PAIRED_GOAL = 0.6, 1.15
+STORED_LINE = re.compile(r"Stored (\S+): \d+ -> \d+ bytes in [\d.]+ s, (\d+) zstd workers")
+
+
+def _allow_core():
+    resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+
+
+class Daemon:
+    """`corehandler serve --debug` on the bench's state dir; its log read by a thread (a pipe nobody reads
+    would stop the daemon at its next line), the zstd workers of each stored dump kept."""
+
+    def __init__(self, work: Path, live: bool):
+        self.etc, self.state = work / "etc", work / "state"
+        shutil.rmtree(self.state, ignore_errors=True)
+        self.etc.mkdir(parents=True, exist_ok=True)
+        # The default config; limits and free-space floors off: a benchmark is a crash storm.
+        (self.etc / "corehandler.toml").write_text(
+            "[capture]\nmin_free = \"0\"\nmax_per_exe_per_minute = 0\nmax_pending = 0\n[metrics]\nenabled = false\n"
+            "[journal]\nenabled = false\n[retention]\nkeep_free = \"0\"\nmax_use = \"0\"\n")
+        self.cli = [sys.executable, "-P", "-m", "corehandler", "--config-dir", str(self.etc),
+                    "--state-dir", str(self.state)]
+        if live:  # the bench's state dir claims the handler, so its daemon renders csplice.conf as a host's would
+            subprocess.run(self.cli + ["install", "--force", "--no-daemon"], check=True, capture_output=True,
+                           timeout=300)
+        self.state.joinpath("spool").mkdir(parents=True, exist_ok=True)
+        self.workers: dict[str, int] = {}
+        self.proc = subprocess.Popen(self.cli + ["serve", "--debug", "--log-format", "text"],
+                                     stderr=subprocess.PIPE, text=True)
+        self._up = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+        if not self._up.wait(300):
+            raise SystemExit("corehandler serve did not start watching its spool in 300 s")
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:
+            if "Watching" in line:
+                self._up.set()
+            if m := STORED_LINE.search(line):
+                self.workers[m.group(1)] = int(m.group(2))
+
+    @property
+    def index(self) -> Path:
+        return self.state / "index.sqlite"
+
+    @property
+    def store(self) -> Path:
+        return self.state / "store"
+
+    def row(self, dump_id: str) -> tuple[str, str | None] | None:
+        """(status, stored file) of a dump, None before it is listed."""
+        try:
+            db = sqlite3.connect(f"file:{self.index}?mode=ro", uri=True, timeout=1)
+            try:
+                return db.execute("SELECT status, path FROM dumps WHERE id = ?", (dump_id,)).fetchone()
+            finally:
+                db.close()
+        except sqlite3.Error:
+            return None
+
+    def newest(self, after: set[str]) -> str | None:
+        try:
+            db = sqlite3.connect(f"file:{self.index}?mode=ro", uri=True, timeout=1)
+            try:
+                ids = {r[0] for r in db.execute("SELECT id FROM dumps")}
+            finally:
+                db.close()
+        except sqlite3.Error:
+            return None
+        new = sorted(ids - after)
+        return new[-1] if new else None
+
+    def ids(self) -> set[str]:
+        try:
+            db = sqlite3.connect(f"file:{self.index}?mode=ro", uri=True, timeout=1)
+            try:
+                return {r[0] for r in db.execute("SELECT id FROM dumps")}
+            finally:
+                db.close()
+        except sqlite3.Error:
+            return set()
+
+    def wait_stored(self, dump_id: str) -> str:
+        """Waits until the dump's row is final; its stored file's name."""
+        row = wait_for(lambda: (r := self.row(dump_id)) and r[0] != "compressing" and r, 1800,
+                       f"{dump_id} stored", interval=0.002)
+        return row[1]
+
+    def compressing(self, dump_id: str) -> bool:
+        """The dump's compression is under way now: its temp file in the store exists and holds bytes."""
+        tmp = self.store / f".tmp.{dump_id}{compress.COMPRESSED_SUFFIX}"
+        try:
+            return tmp.stat().st_size > 0
+        except FileNotFoundError:
+            return False
+
+    def clear_store(self) -> None:
+        """The stored files removed (the rows stay): the disk is not the bench's to fill."""
+        for f in self.store.glob("*.zst"):
+            f.unlink(missing_ok=True)
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Crashes:
+    """Crashes of a given size into the daemon's spool: the live kernel's (crasher, core_pattern) or the
+    feeder's. crash() returns (monotonic time of the release, hold seconds)."""
+
+    def __init__(self, work: Path, daemon: Daemon, lent):
+        self.daemon, self.lent = daemon, lent
+        if lent is not None:
+            self.crasher = build_crasher(work / "bin")
+            self.pattern = f"|{paths.csplice_path()} {SPECIFIERS}"
+        else:
+            self.feeder, self.csplice = cbuild.feeder(), paths.csplice_path()
+            self.settings = write_settings(work / "csplice.conf", daemon.state / "spool")
+            self.pid = 30000
+
+    def crash(self, mib: int) -> tuple[float, float]:
+        if self.lent is None:
+            self.pid += 1
+            started = time.monotonic()
+            feed(self.feeder, self.csplice, self.settings, size=mib * MiB, pid=self.pid, comm="stored-bench")
+            released = time.monotonic()
+            return released, released - started
+        self.lent.point(self.pattern, 16)  # another user of the host may have pointed it elsewhere meanwhile
+        proc = subprocess.Popen([str(self.crasher), "segv", str(mib), "--wait"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, preexec_fn=_allow_core)
+        proc.stdout.readline()  # memory filled: the crash is one newline away
+        started = time.monotonic()
+        proc.stdin.write(b"\n")
+        proc.stdin.flush()
+        _, status, _ = os.wait4(proc.pid, 0)
+        released = time.monotonic()
+        proc.returncode = -1  # reaped above
+        proc.stdin.close()
+        proc.stdout.close()
+        if not os.WIFSIGNALED(status):
+            raise SystemExit(f"the crasher did not crash: status {status:#x}")
+        return released, released - started
+
+    def listed(self, before: set[str]) -> str:
+        return wait_for(lambda: self.daemon.newest(before), 600, "the crash listed", interval=0.002)
+
+
+def zstd_alone(daemon: Daemon, stored: str, work: Path) -> float:
+    """Seconds `zstd -1 -T1` takes on the same bytes (decompressed to a file first: in the page cache)."""
+    same, out = work / "same.core", work / "same.core.zst"
+    with open(same, "wb") as f:
+        compress.decompress_to(daemon.store / stored, f)
+    started = time.monotonic()
+    subprocess.run(["zstd", "-q", "-f", "-1", "-T1", str(same), "-o", str(out)], check=True)
+    seconds = time.monotonic() - started
+    same.unlink()
+    out.unlink()
+    return seconds
+
+
+def state_now() -> dict:
+    s = page_cache_state()
+    s["idle_cpus"] = idlecpus.idle_cpus()
+    return s
+
+
+def crash_to_stored(daemon: Daemon, crashes: Crashes, sizes: list[int], runs: int, work: Path) -> tuple[str, list]:
+    rows, misses = [], []
+    for mib in sizes:
+        holds, stored, alone, workers, states = [], [], [], [], []
+        for run in range(runs):
+            before = daemon.ids()
+            states.append(state_now())
+            released, hold = crashes.crash(mib)
+            dump_id = crashes.listed(before)
+            name = daemon.wait_stored(dump_id)
+            stored.append(time.monotonic() - released)
+            holds.append(hold)
+            time.sleep(0.2)  # the log line may trail the row
+            workers.append(daemon.workers.get(dump_id, 0))
+            alone.append(zstd_alone(daemon, name, work))
+            daemon.clear_store()
+            print(f"{mib} MiB run {run + 1}/{runs}: hold {hold:.2f} s, stored {stored[-1]:.2f} s after release, "
+                  f"zstd -1 -T1 {alone[-1]:.2f} s, {workers[-1]} workers", file=sys.stderr)
+        ratios = [s / a for s, a in zip(stored, alone)]
+        loads = [s["load"] for s in states]
+        rows.append([f"{mib} MiB dense", sec(holds), sec(stored), sec(alone), median(ratios),
+                     f"{min(ratios):.2f}–{max(ratios):.2f}", "yes" if median(ratios) <= STORED_GOAL else "no",
+                     spread_int(workers), spread_int([s["idle_cpus"] for s in states]),
+                     f"{min(loads):.2f}–{max(loads):.2f}"])
+        if median(ratios) > STORED_GOAL:
+            misses.append(f"{mib} MiB: stored {median(ratios):.2f}× zstd -1 -T1 (goal ≤ {STORED_GOAL})")
+    header = ["crash", "hold s", "release → stored s", "zstd -1 -T1 alone, same core s",
+              "stored ÷ zstd alone (median)", "min–max", f"≤ {STORED_GOAL}", "zstd workers (auto)",
+              "idle CPUs at the crash", "load at the crash"]
+    return markdown_table(header, rows), misses
+
+
+def capture_during_compression(daemon: Daemon, crashes: Crashes, small: int, big: int, runs: int
+                               ) -> tuple[str, list]:
+    idle, busy, overlapped, states = [], [], 0, []
+    for run in range(runs):
+        order = ("idle", "busy") if run % 2 == 0 else ("busy", "idle")
+        for kind in order:
+            before = daemon.ids()
+            if kind == "idle":
+                states.append(state_now())
+                _, hold = crashes.crash(small)
+                daemon.wait_stored(crashes.listed(before))
+                idle.append(hold)
+            else:
+                crashes.crash(big)
+                big_id = crashes.listed(before)
+                wait_for(lambda: daemon.compressing(big_id) or daemon.row(big_id)[0] != "compressing", 600,
+                         "the big dump's compression under way", interval=0.002)
+                states.append(state_now())
+                _, hold = crashes.crash(small)
+                still = daemon.compressing(big_id)
+                overlapped += still
+                busy.append(hold)
+                small_id = crashes.listed(before | {big_id})
+                daemon.wait_stored(big_id)
+                daemon.wait_stored(small_id)
+                print(f"run {run + 1}/{runs}: small crash held {hold:.3f} s during the big compression "
+                      f"({'still running' if still else 'ENDED before the reaping'})", file=sys.stderr)
+            daemon.clear_store()
+    ratios = [b / i for b, i in zip(busy, idle)]
+    loads = [s["load"] for s in states]
+    row = [f"{small} MiB dense during a {big} MiB compression", ms(idle), ms(busy), median(ratios),
+           f"{min(ratios):.2f}–{max(ratios):.2f}", "yes" if median(ratios) <= PAIRED_GOAL else "no",
+           f"{overlapped} of {runs}", f"{min(loads):.2f}–{max(loads):.2f}"]
+    misses = [] if median(ratios) <= PAIRED_GOAL else [
+        f"a capture during a big compression held {median(ratios):.2f}× an idle daemon's (goal ≤ {PAIRED_GOAL})"]
+    if overlapped < runs:
+        misses.append(f"the big compression had ended before the small crash's reaping in {runs - overlapped} "
+                      f"of {runs} runs: give --big a larger size")
+    header = ["crash", "hold, idle daemon ms", "hold, during the compression ms", "busy ÷ idle (median of pairs)",
+              "min–max", f"≤ {PAIRED_GOAL}", "runs the compression outlasted the hold", "load at the crash"]
+    return markdown_table(header, [row]), misses
+
+
+def sec(values: list[float]) -> str:
+    return f"{median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
+
+
+def ms(values: list[float]) -> str:
+    return f"{median(values) * 1e3:.0f} ({min(values) * 1e3:.0f}–{max(values) * 1e3:.0f})"
+
+
+def spread_int(values: list[int]) -> str:
+    return str(values[0]) if min(values) == max(values) else f"{min(values)}–{max(values)}"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--sizes", default="256,1024,4096", help="MiB, comma-separated: crash to stored")
+    p.add_argument("--small", type=int, default=256, help="MiB: the crash that arrives during the compression")
+    p.add_argument("--big", type=int, default=4096, help="MiB: the crash whose compression it arrives during")
+    p.add_argument("--no-stored", dest="stored", action="store_false", help="skip part 1")
+    p.add_argument("--no-during", dest="during", action="store_false", help="skip part 2")
+    p.add_argument("--feeder", action="store_true", help="the feeder instead of the kernel (no root, a smoke test)")
+    p.add_argument("--work", type=Path, default=Path("/var/tmp/corehandler-bench-stored"))
+    p.add_argument("--out", type=Path, default=HERE / "results" / "stored.md")
+    a = p.parse_args()
+    if not a.feeder and os.geteuid() != 0:
+        print("bench/stored.py needs root (it crashes real processes through core_pattern); --feeder does not",
+              file=sys.stderr)
+        return 2
+    if shutil.which("zstd") is None:
+        print("bench/stored.py needs the zstd CLI", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # unwinds: the borrow puts the host back
+    shutil.rmtree(a.work, ignore_errors=True)
+    a.work.mkdir(parents=True)
+    sizes = [int(x) for x in a.sizes.split(",") if x]
+    before = page_cache_state()
+    parts = ["# Crash to stored, and a capture during a big compression (bench/stored.py)\n",
+             f"`python -P bench/stored.py {' '.join(sys.argv[1:])}`, "
+             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC"
+             + (", **feeder, not the kernel: a smoke test**" if a.feeder else ", live kernel (core_pipe_limit 16)")
+             + ".\n",
+             f"Machine: {machine()}; CPU affinity {idlecpus.affinity()}; state dir on {filesystem_of(a.work)}.",
+             f"Before: {describe_cache(before)}, {idlecpus.idle_cpus()} idle CPUs.\n"]
+    misses: list[str] = []
+    try:
+        if a.feeder:
+            lent_cm = contextlib.nullcontext()
+        else:
+            from support.host_core import borrowed
+            lent_cm = borrowed("bench/stored.py")
+        with lent_cm as lent:
+            daemon = Daemon(a.work, live=not a.feeder)
+            try:
+                crashes = Crashes(a.work, daemon, lent)
+                if a.stored:
+                    table, missed = crash_to_stored(daemon, crashes, sizes, a.runs, a.work)
+                    parts += [f"## Release to stored against `zstd -1 -T1` on the same core ({a.runs} runs)\n",
+                              table]
+                    misses += missed
+                if a.during:
+                    table, missed = capture_during_compression(daemon, crashes, a.small, a.big, a.runs)
+                    parts += [f"## A capture during a big compression against the same on an idle daemon "
+                              f"({a.runs} pairs, alternating order)\n", table]
+                    misses += missed
+            finally:
+                daemon.stop()
+    finally:
+        shutil.rmtree(a.work, ignore_errors=True)
+    parts.append(f"After: {describe_cache(page_cache_state())}.\n")
+    parts.append("Goals missed: " + "; ".join(misses) + ".\n" if misses else "Every goal met.\n")
+    parts.append(NOTES)
+    publish(a.out, "\n".join(parts))
+    return 0
+
+
+NOTES = """\
+## Reading the numbers
+- "release → stored" includes everything the daemon does after the reaping: validation, the analysis (in its
+  workers, beside the compression), the zstd frame, the sha256, the verifying decompression, fsync and rename,
+  the index row. zstd alone does the compression only, from the page cache.
+- The zstd workers are the count `threads = "auto"` gave the dump: the CPUs the daemon may run on less the
+  1-minute load average at the dump's start (corehandler/idlecpus.py). On a machine others share, that is fewer.
+- A hold during a compression is the capture's priority at work: the daemon pauses its feed while csplice's
+  `.tmp.ID.core` grows (corehandler/capture.py), so its zstd workers idle after the few MiB they hold.
+"""
+
+
+if __name__ == "__main__":
+    sys.exit(main())
