@@ -255,7 +255,9 @@ def test_an_admin_who_uploaded_gets_the_fleet_package_from_the_upgrade(bookworm_
         r.path(UPLOAD).write_text('[upload]\nurl = "s3://fleet-bucket/hosts"\nendpoint = "http://127.0.0.1:9"\n')
         r.run(f"{SUPERVISE} reload")
         r.run("sh /usr/local/bin/feed 4301")
-        wait_for(lambda: len(dumps(r)) == 1, 120, "the previous release's daemon to store a dump")
+        # `list` exits 1 until there is a dump.
+        wait_for(lambda: r.run("corehandler --json list", check=False).returncode == 0, 120,
+                 "the previous release's daemon to store a dump")
         # Only the repository: the root's Debian lists are gone after mmdebstrap, nothing else is upgraded.
         r.path("/etc/apt/sources.list.d/corehandler.list").write_text("deb [trusted=yes] file:/srv/repo ./\n")
         r.run("apt-get -q update -o Dir::Etc::sourcelist=sources.list.d/corehandler.list "
