@@ -9,7 +9,8 @@ Exit codes (stable; scripts rely on them):
                       (writable by others)
   5  EXIT_CONFLICT    another core handler is installed, or the system is not in the state the verb expects
                       (`python -m corehandler.host.supervise status|reload`: the daemon is not running;
-                      `dump`, `debug`: the dump's core is still being compressed)
+                      `dump`, `debug`: the dump's core is still being compressed; `fleet` verbs: the fleet's
+                      libraries, the package corehandler-fleet, are not installed)
   6  EXIT_SYSTEM      a system operation failed (sysctl write, filesystem, a helper program), or a stored
                       dump failed verification (info, dump, debug)
   7  EXIT_INDEX_NEWER the index was written by a newer corehandler (a downgrade): nothing reads or migrates it;

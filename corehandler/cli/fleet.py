@@ -15,7 +15,7 @@ from corehandler.analysis import pyframes
 from corehandler.cli.common import emit, load, table, write_output
 from corehandler.cli.progress import Progress
 from corehandler.errors import CorehandlerError, NoMatchError, UsageError
-from corehandler.fleet import bucket, dataset, fleetview, reader, report, seal, withoutcore
+from corehandler.fleet import available, bucket, dataset, fleetview, reader, report, seal, withoutcore
 from corehandler.printable import display
 from corehandler.units import human_size
 
@@ -79,9 +79,11 @@ def register(commands) -> None:
 
 def _escaped(handler):
     """A verb whose errors name keys and values another host chose (a sidecar's core key, a skipped object):
-    its error line goes through the escaper too."""
+    its error line goes through the escaper too. Every fleet verb needs the fleet's libraries: without them
+    (the host package alone) it stops in one line naming what to install."""
     @functools.wraps(handler)
     def run(args: argparse.Namespace) -> int:
+        available.require(f"fleet {args.fleet_command}")
         try:
             return handler(args)
         except CorehandlerError as e:

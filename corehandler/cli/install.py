@@ -190,6 +190,8 @@ def _upload_line(up: dict) -> str:
     from corehandler.store.upload_queue import status_line
 
     where = up["url"] or "off (queue left from an earlier [upload])"
+    if "off" in up:
+        where += f" OFF: {up['off']}"
     if "error" in up:
         return f"{where}: {up['error']}"
     return f"{where}: {status_line(up['queue'])}" if up["queue"] is not None else f"{where}: nothing queued yet"

@@ -121,7 +121,8 @@ def serve(args: argparse.Namespace, config, paths, adjust: Callable = lambda con
     """The daemon on config and paths until it is asked to stop; adjust(config) is applied to every config read
     again on reload too (the node agent's, host/agent.py)."""
 
-    # Always there, even with uploads off: it owns the queue (off, it empties it) and a reload may turn it on.
+    # Always there, even with uploads off: it owns the queue (off, it empties it; off for want of the fleet's
+    # libraries, it keeps it) and a reload may turn it on.
     # Its own thread (started by on_start, once the daemon holds the state dir) and index connection: ingest
     # never waits on the network.
     uploader = Uploader(config.upload, paths.state_dir)

@@ -41,7 +41,7 @@ from pathlib import Path
 from corehandler import capture, paths, spool
 from corehandler.analysis import minicore
 from corehandler.errors import CorehandlerError
-from corehandler.fleet import bucket, dataset, seal, transfer, withoutcore
+from corehandler.fleet import available, bucket, dataset, seal, transfer, withoutcore
 from corehandler.fleet.bucket import BucketError, Target
 from corehandler.fleet.payload import check_object, digests, fallback_signature, sidecar, signature_key
 from corehandler.observer import Quiet
@@ -75,8 +75,10 @@ class Uploader(Quiet):
     def __init__(self, config, state_dir: Path, *, client_factory=None, analysis=None, clock=time.time):
         self.config = config          # the [upload] section
         self.state_dir = Path(state_dir)
-        self.target: Target | None = bucket.target(config) if config.url else None  # None: uploads are off
-        self._recipients = seal.recipients(config.recipients)
+        self.target: Target | None = None  # None: uploads are off
+        self.unavailable: str | None = None  # why [upload] url is set but uploads cannot run (no fleet package)
+        self._recipients: list = []
+        self._configure(config)
         self._client_factory = client_factory or (lambda: bucket.client(self.config,
                                                                         pool=max(16, self.config.concurrency)))
         self._reconfigured = None   # a reloaded [upload] section, for the thread to take between two uploads
@@ -135,14 +137,24 @@ class Uploader(Quiet):
             if config is None:
                 return False
             self.config = config
-        self.target = bucket.target(config) if config.url else None
-        self._recipients = seal.recipients(config.recipients)
+        self._configure(config, rescan=True)
         self._client = None
         self._conditional_ok = None
         self._aborted_stale = False
         self._hold_until = 0.0
         log.info("Upload configuration reloaded: %s", config.url or "uploads off")
         return True
+
+    def _configure(self, config, *, rescan: bool = False) -> None:
+        """Takes an [upload] section: its target and recipients, or why uploads stay off although it names a
+        bucket (the fleet's libraries missing: the queue is kept for when they come)."""
+        self.config = config
+        self.unavailable = available.why_off(rescan=rescan) if config.url else None
+        if self.unavailable:
+            log.warning("Uploads are off although [upload] url is set: %s", self.unavailable)
+        ready = config.url and not self.unavailable
+        self.target = bucket.target(config) if ready else None
+        self._recipients = seal.recipients(config.recipients) if ready else []
 
     def close(self) -> None:
         self._stop.set()
@@ -185,6 +197,8 @@ class Uploader(Quiet):
 
     def _recover(self, store: Store) -> None:
         if self.target is None:
+            if self.unavailable:  # url set: what waits goes up once the fleet package is installed
+                return
             dropped = upload_queue.drop_waiting(store.db)
             if dropped:
                 log.info("Uploads are off: %d dumps left the upload queue", dropped)

@@ -11,6 +11,7 @@ from corehandler import paths as paths_mod
 from corehandler.config import Config
 from corehandler.csplice_contract import csplice_version
 from corehandler.errors import SystemFailure, UnsafePathError
+from corehandler.fleet import available
 from corehandler.host import handler, listener, supervise, sysctl
 from corehandler.host.handler import is_corehandler, mode_of
 from corehandler.host.install import _int_or_zero, check_handler_path, core_pattern_for
@@ -51,6 +52,13 @@ def _store_summary(index_path: Path) -> dict | None:
 
 def _upload_summary(config: Config, index_path: Path) -> dict | None:
     """The upload queue and the problem holding it, if any; None when [upload] is off and never ran."""
+    summary = _upload_queue(config, index_path)
+    if summary is not None and config.upload.url and (off := available.why_off()):
+        summary["off"] = off  # the daemon's uploader keeps the queue and sends nothing, for the same reason
+    return summary
+
+
+def _upload_queue(config: Config, index_path: Path) -> dict | None:
     from corehandler.store import upload_queue
 
     if not index_path.exists():

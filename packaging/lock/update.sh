@@ -1,6 +1,7 @@
 #!/bin/sh
 # Writes the lock that packaging/lock/install.sh installs from, with pip-tools' pip-compile:
-#   runtime.txt  pyproject.toml's dependencies and all of theirs: what goes into corehandler's environment
+#   runtime.txt  pyproject.toml's dependencies and its extra "fleet" (corehandler-fleet's), and all of theirs:
+#                what goes into corehandler's environment
 #   build.txt    the build backends that make wheels of them: pyproject.toml's build-system requires
 #                (scikit-build-core) and setuptools, for the dependencies PyPI has only as source
 # Each pin carries the sha256 of every file PyPI has for that version (every platform's wheel and the sdist).
@@ -25,7 +26,7 @@ compile() {
         --no-emit-find-links --index-url https://pypi.org/simple "$@"
 }
 cd "$root"
-compile "$@" --output-file packaging/lock/runtime.txt pyproject.toml
+compile "$@" --extra fleet --output-file packaging/lock/runtime.txt pyproject.toml
 # build.in is written in the work directory, so that the lock's "via" comments name it without that path.
 "$work/tools/bin/python" - >"$work/build.in" <<'PY'
 import tomllib

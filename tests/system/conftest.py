@@ -1,5 +1,6 @@
-"""The deb tier's builds, once per run: this tree's package (or the one COREHANDLER_DEB names, built from this
-tree already), the previous release's (cached by its commit by packaging/deb/build-commit.sh) and a Debian root
+"""The deb tier's builds, once per run: this tree's packages, corehandler and corehandler-fleet, for Debian 12
+and 13 (or the ones COREHANDLER_DEB and COREHANDLER_TRIXIE_DEB name, built from this tree already), the
+previous release's (cached by its commit by packaging/deb/build-commit.sh) and a Debian root
 per suite (mmdebstrap, once per run)."""
 
 from __future__ import annotations
@@ -13,16 +14,29 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def packages(out: Path) -> dict[str, Path]:
+    """The binary packages of one build, by name: corehandler and corehandler-fleet (not their -dbgsym)."""
+    found = {p.name.split("_", 1)[0]: p for p in out.glob("*.deb") if "-dbgsym_" not in p.name}
+    assert set(found) == {"corehandler", "corehandler-fleet"}, sorted(found)
+    return found
+
+
 @pytest.fixture(scope="session")
-def deb(tmp_path_factory) -> Path:
-    """This tree's package (packaging/deb/build.sh), built once per run."""
+def debs(tmp_path_factory) -> dict[str, Path]:
+    """This tree's packages for Debian 12 (packaging/deb/build.sh on this bookworm host), built once per run;
+    COREHANDLER_DEB names a built corehandler_*.deb instead, corehandler-fleet's beside it."""
     if os.environ.get("COREHANDLER_DEB"):
-        return Path(os.environ["COREHANDLER_DEB"]).resolve()
+        return packages(Path(os.environ["COREHANDLER_DEB"]).resolve().parent)
     out = tmp_path_factory.mktemp("deb")
     subprocess.run([str(ROOT / "packaging" / "deb" / "build.sh"), str(out)], check=True, capture_output=True,
                    timeout=1800)
-    (package,) = out.glob("corehandler_*_*.deb")
-    return package
+    return packages(out)
+
+
+@pytest.fixture(scope="session")
+def deb(debs) -> Path:
+    """This tree's corehandler package for Debian 12."""
+    return debs["corehandler"]
 
 
 @pytest.fixture(scope="session")
@@ -47,13 +61,18 @@ def trixie_tarball(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def trixie_deb(tmp_path_factory) -> Path:
-    """This tree's package for Debian 13, built in a trixie root (packaging/deb/build-in-root.sh)."""
+def trixie_debs(tmp_path_factory) -> dict[str, Path]:
+    """This tree's packages for Debian 13, built in a trixie root (packaging/deb/build-in-root.sh);
+    COREHANDLER_TRIXIE_DEB names a built corehandler_*.deb instead, corehandler-fleet's beside it."""
     if os.environ.get("COREHANDLER_TRIXIE_DEB"):
-        return Path(os.environ["COREHANDLER_TRIXIE_DEB"]).resolve()
+        return packages(Path(os.environ["COREHANDLER_TRIXIE_DEB"]).resolve().parent)
     out = tmp_path_factory.mktemp("trixie-deb")
     result = subprocess.run([str(ROOT / "packaging" / "deb" / "build-in-root.sh"), "trixie", str(out)],
                             capture_output=True, text=True, timeout=2400)
     assert result.returncode == 0, result.stderr
-    (package,) = out.glob("corehandler_*_*.deb")
-    return package
+    return packages(out)
+
+
+@pytest.fixture(scope="session")
+def trixie_deb(trixie_debs) -> Path:
+    return trixie_debs["corehandler"]

@@ -1,6 +1,9 @@
 """Upgrades as apt does them, in a fresh Debian root (support/debroot.py), never on this host: the previous
 release's package (packaging/deb/previous-release) installed, configured and given dumps, then this tree's
-package over it; a downgrade back; remove and purge.
+package over it; a downgrade back; remove and purge. The previous release was one package with the fleet's
+libraries in it; the upgrade to the host package alone (--no-install-recommends) keeps everything above, and
+an upgrade from a repository as `apt full-upgrade` does it brings corehandler-fleet too (corehandler
+recommends it), so an admin whose daemon uploaded keeps uploading.
 
 In the root the package takes a real machine's path without systemd: postinst claims the handler (the root's
 own kernel/core_pattern file) and starts the supervised daemon; prerm stops it. Dumps are captured as the
@@ -133,6 +136,9 @@ def upgraded(root, versions) -> dict:
 
 def test_upgrade_installs_the_new_version_and_keeps_the_admins_edits(root, upgraded):
     assert installed_version(root) == f"installed {upgraded['new']}"
+    # --no-install-recommends: the host package alone, and none of the old package's fleet libraries left.
+    assert root.run("dpkg-query -W -f='${db:Status-Status}' corehandler-fleet", check=False).stdout != "installed"
+    assert not list(root.path("/usr/lib/corehandler/lib").glob("python3*/site-packages/pyarrow"))
     assert root.path(CONFFILE).read_text() == upgraded["before"]["conf"]
     assert root.path(DROPIN).read_text() == "[retention]\nmax_count = 1000\n"
     shown = root.run("corehandler config show").stdout
@@ -219,3 +225,54 @@ def test_one_core_dump_handler_at_a_time_with_systemd_coredump(root, upgraded):
     assert installed_version(root) == f"installed {upgraded['new']}"
     assert root.sysctl("kernel/core_pattern").startswith(f"|{CSPLICE} ")
     assert root.run(f"{SUPERVISE} status", check=False).returncode == 0
+
+
+UPLOAD = "/etc/corehandler/corehandler.d/60-upload.toml"
+
+
+def test_an_admin_who_uploaded_gets_the_fleet_package_from_the_upgrade(bookworm_tarball, tmp_path, versions,
+                                                                        debs, previous_deb):
+    """The previous release (one package) uploading to a bucket, then this tree's packages from a repository
+    (a file: source made of them) by `apt-get full-upgrade` with apt's default Recommends: corehandler-fleet
+    comes with corehandler, and the new daemon takes the upload queue up (its attempts fail on an endpoint
+    that refuses them: FAILING, not "corehandler-fleet is not installed")."""
+    old, new = versions
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for deb in debs.values():
+        (repo / deb.name).write_bytes(deb.read_bytes())
+    packages = subprocess.run(["dpkg-scanpackages", "--multiversion", "."], cwd=repo, capture_output=True,
+                              text=True, check=True).stdout
+    (repo / "Packages").write_text(packages)
+    r = debroot.Root(bookworm_tarball, tmp_path / "root")
+    try:
+        for file in repo.iterdir():
+            r.put(file, f"/srv/repo/{file.name}")
+        r.put(previous_deb, "/tmp/previous.deb")
+        r.put(cbuild.feeder(), "/usr/local/bin/feeder")
+        r.path("/usr/local/bin/feed").write_text(FEED)
+        r.run(f"{APT} install /tmp/previous.deb")
+        r.path(UPLOAD).write_text('[upload]\nurl = "s3://fleet-bucket/hosts"\nendpoint = "http://127.0.0.1:9"\n')
+        r.run(f"{SUPERVISE} reload")
+        r.run("sh /usr/local/bin/feed 4301")
+        # `list` exits 1 until there is a dump.
+        wait_for(lambda: r.run("corehandler --json list", check=False).returncode == 0, 120,
+                 "the previous release's daemon to store a dump")
+        # Only the repository: the root's Debian lists are gone after mmdebstrap, nothing else is upgraded.
+        r.path("/etc/apt/sources.list.d/corehandler.list").write_text("deb [trusted=yes] file:/srv/repo ./\n")
+        r.run("apt-get -q update -o Dir::Etc::sourcelist=sources.list.d/corehandler.list "
+              "-o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0")
+        r.run("apt-get -y -q -o Dpkg::Options::=--force-confold full-upgrade")
+        assert installed_version(r) == f"installed {new}"
+        assert r.run("dpkg-query -W -f='${db:Status-Status} ${Version}' corehandler-fleet").stdout == \
+            f"installed {new}"
+
+        def upload_line() -> str:
+            status = r.run("corehandler status", check=False).stdout
+            return next((line for line in status.splitlines() if line.startswith("upload:")), "")
+
+        wait_for(lambda: "FAILING" in upload_line(), 120, "the new daemon's upload attempt")
+        assert "corehandler-fleet" not in upload_line()
+        assert len(dumps(r)) == 1
+    finally:
+        r.close()

@@ -122,23 +122,36 @@ def test_the_package_ships_what_the_docs_name(deb):
         assert f".{path}\n" in files, path
 
 
-def test_the_bundled_wheels_ship_as_their_records_hash_them(deb, tmp_path):
+def test_the_bundled_wheels_ship_as_their_records_hash_them(debs, tmp_path):
     """The private environment holds PyPI's files as the lock's hash-checked wheels have them (each wheel's
-    RECORD, urlsafe base64 of sha256): no shared object stripped or rewritten by the build."""
-    run("dpkg-deb", "-x", str(deb), str(tmp_path))
-    (site,) = (tmp_path / "usr/lib/corehandler/lib").glob("python3*/site-packages")
-    checked, wrong = 0, []
-    for record in site.glob("*.dist-info/RECORD"):
-        for row in csv.reader(record.open()):
-            if len(row) < 2 or not row[1].startswith("sha256=") or not (site / row[0]).exists():
-                continue  # bytecode and console scripts the package leaves out
-            digest = base64.urlsafe_b64encode(hashlib.sha256((site / row[0]).read_bytes()).digest())
-            checked += 1
-            if f"sha256={digest.rstrip(b'=').decode()}" != row[1]:
-                wrong.append(row[0])
-    assert checked > 1000 and wrong == []
+    RECORD, urlsafe base64 of sha256): no shared object stripped or rewritten by the build, in either package
+    (corehandler-fleet's moved with their RECORDs to its own directory). The host package has none of the
+    fleet's."""
+    sites = {}
+    for name, deb in debs.items():
+        run("dpkg-deb", "-x", str(deb), str(tmp_path / name))
+    (sites["corehandler"],) = (tmp_path / "corehandler/usr/lib/corehandler/lib").glob("python3*/site-packages")
+    sites["corehandler-fleet"] = tmp_path / "corehandler-fleet/usr/lib/corehandler/fleet/site-packages"
+    checked, wrong = {}, []
+    for name, site in sites.items():
+        checked[name] = 0
+        for record in site.glob("*.dist-info/RECORD"):
+            for row in csv.reader(record.open()):
+                if len(row) < 2 or not row[1].startswith("sha256=") or not (site / row[0]).exists():
+                    continue  # bytecode and console scripts the package leaves out
+                digest = base64.urlsafe_b64encode(hashlib.sha256((site / row[0]).read_bytes()).digest())
+                checked[name] += 1
+                if f"sha256={digest.rstrip(b'=').decode()}" != row[1]:
+                    wrong.append(f"{name}: {row[0]}")
+    assert checked["corehandler"] > 200 and checked["corehandler-fleet"] > 1000 and wrong == [], (checked, wrong)
+    assert not [p.name for p in sites["corehandler"].iterdir() if p.name.split("-")[0] in ("pyarrow", "duckdb", "boto3",
+                                                                                         "botocore", "pyrage")]
+    # The fleet's directory is on the private interpreter's path through its .pth file.
+    (pth,) = (tmp_path / "corehandler-fleet/usr/lib/corehandler/lib").glob("python3*/site-packages/*.pth")
+    assert pth.read_text().strip() == "/usr/lib/corehandler/fleet/site-packages"
     # The venv's libraries are offered to no other package: no shlibs control file.
-    assert not re.search(r"^\s+\d+ bytes,\s+\d+ lines\s+shlibs\b", run("dpkg-deb", "-I", str(deb)).stdout, re.M)
+    for deb in debs.values():
+        assert not re.search(r"^\s+\d+ bytes,\s+\d+ lines\s+shlibs\b", run("dpkg-deb", "-I", str(deb)).stdout, re.M)
 
 
 def test_csplice_has_one_place_and_no_test_program_ships(deb):

@@ -30,7 +30,9 @@ def _satisfied_by(requirements: list[str], lock: Path) -> None:
 
 
 def test_every_runtime_dependency_is_locked_within_its_range():
-    _satisfied_by(pyproject()["project"]["dependencies"], LOCK / "runtime.txt")
+    """The host's and the fleet's (the extra corehandler-fleet ships): one lock for both packages."""
+    project = pyproject()["project"]
+    _satisfied_by([*project["dependencies"], *project["optional-dependencies"]["fleet"]], LOCK / "runtime.txt")
 
 
 def test_the_build_backends_are_locked():
@@ -45,21 +47,21 @@ def test_every_pin_has_hashes():
             assert hashes, f"{lock}: {name}=={version} has no --hash"
 
 
-def _closure(name: str, seen: dict[str, str]) -> None:
+def _closure(name: str, seen: dict[str, str], extra: str = "") -> None:
     dist = metadata.distribution(name)
     seen[canonical(dist.metadata["Name"])] = dist.version
     for text in dist.requires or ():
         req = Requirement(text)
-        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        if req.marker is not None and not req.marker.evaluate({"extra": extra}):
             continue
         if canonical(req.name) not in seen:
             _closure(req.name, seen)
 
 
 def test_the_tests_run_on_exactly_the_locked_set():
-    """corehandler as installed here (scripts/venv) and everything it pulls in, transitively, at the lock's
+    """corehandler[fleet] as installed here (scripts/venv) and everything it pulls in, transitively, at the lock's
     versions: no more, no less, no other version."""
     installed: dict[str, str] = {}
-    _closure("corehandler", installed)
+    _closure("corehandler", installed, extra="fleet")
     del installed["corehandler"]
     assert installed == pins(LOCK / "runtime.txt")

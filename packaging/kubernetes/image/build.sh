@@ -1,7 +1,8 @@
 #!/bin/sh
 # Builds the node agent's image (docs/kubernetes.md) from Debian packages and this tree, in one command:
 #   packaging/kubernetes/image/build.sh [--out DIR] [--name NAME] [--deb FILE] [--cache DIR] [--no-load]
-# 1. the Debian package (packaging/deb/build.sh; --deb FILE takes one built already);
+# 1. the Debian packages corehandler and corehandler-fleet (packaging/deb/build.sh; --deb FILE takes a
+#    corehandler_*.deb built already, and the corehandler-fleet_*.deb of the same build beside it);
 # 2. csplice for the host, linked statically (CSPLICE_STATIC): the kernel runs it on the node, whose libc is
 #    not the image's;
 # 3. a Debian 12 root filesystem with mmdebstrap (bookworm, the packages below and that .deb; as root), the
@@ -74,10 +75,15 @@ fi
 
 echo "build.sh: building the root filesystem (Debian $suite)" >&2
 cp "$deb" "$work/corehandler.deb"
+# The node agent uploads to the fleet's bucket: corehandler-fleet, built beside corehandler, goes in too.
+fleet_deb=$(dirname "$deb")/$(basename "$deb" | sed 's/^corehandler_/corehandler-fleet_/')
+[ -f "$fleet_deb" ] || { echo "build.sh: no $fleet_deb beside $deb" >&2; exit 1; }
+cp "$fleet_deb" "$work/corehandler-fleet.deb"
 # The cache's packages go in before apt runs and come back out after, as mmdebstrap(1) shows; the .deb is put
 # at its own path inside for dpkg (file-mirror-automount); documentation, man pages and translations stay out
 # of the image (copyright files stay).
-mmdebstrap --mode=root --variant=apt --include="$packages" --include="$work/corehandler.deb" --verbose \
+mmdebstrap --mode=root --variant=apt --include="$packages" --include="$work/corehandler.deb" \
+    --include="$work/corehandler-fleet.deb" --verbose \
     --aptopt='Acquire::Languages "none"' \
     --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*' \
     --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
