@@ -10,9 +10,9 @@ import json
 import shutil
 
 import pytest
-from test_deb_upgrade import APT, DURING, FEED, dumps, installed_version, versions  # noqa: F401 (a fixture)
+from test_deb_upgrade import APT, DURING, dumps, installed_version, stage, versions  # noqa: F401 (a fixture)
 
-from support import bootedroot, cbuild, debroot
+from support import bootedroot, debroot
 from support.waiting import wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.deb, pytest.mark.slow]
@@ -45,12 +45,7 @@ def booted(tmp_path_factory, deb, previous_deb):
     out = tmp_path_factory.mktemp("booted")
     root = bootedroot.BootedRoot(bootedroot.make_tarball("bookworm", out), out / "root")
     try:
-        root.put(previous_deb, f"{DEBS}/previous.deb")
-        root.put(deb, f"{DEBS}/new.deb")
-        root.put(cbuild.feeder(), "/usr/local/bin/feeder")
-        root.path("/usr/local/bin/feed").write_text(FEED)
-        root.path("/usr/local/bin/during").write_text(DURING_SYSTEMD)
-        root.path("/usr/local/bin/during").chmod(0o755)
+        stage(root, previous_deb, deb, DEBS, DURING_SYSTEMD)
         yield root
     finally:
         root.close()

@@ -95,16 +95,21 @@ def versions(deb, previous_deb) -> tuple[str, str]:
     return old, new
 
 
+def stage(root: debroot.Root, previous_deb: Path, deb: Path, debs: str = "/tmp/debs", during: str = DURING) -> None:
+    """Both packages in debs/ of the root (previous.deb, new.deb), the feeder with `feed`, and dpkg's hook."""
+    root.put(previous_deb, f"{debs}/previous.deb")
+    root.put(deb, f"{debs}/new.deb")
+    root.put(cbuild.feeder(), "/usr/local/bin/feeder")
+    root.path("/usr/local/bin/feed").write_text(FEED)
+    root.path("/usr/local/bin/during").write_text(during)
+    root.path("/usr/local/bin/during").chmod(0o755)
+
+
 @pytest.fixture(scope="module")
 def root(bookworm_tarball, tmp_path_factory, deb, previous_deb):
     r = debroot.Root(bookworm_tarball, tmp_path_factory.mktemp("upgrade") / "root")
     try:
-        r.put(previous_deb, "/tmp/debs/previous.deb")
-        r.put(deb, "/tmp/debs/new.deb")
-        r.put(cbuild.feeder(), "/usr/local/bin/feeder")
-        r.path("/usr/local/bin/feed").write_text(FEED)
-        r.path("/usr/local/bin/during").write_text(DURING)
-        r.path("/usr/local/bin/during").chmod(0o755)
+        stage(r, previous_deb, deb)
         yield r
     finally:
         r.close()
