@@ -1,6 +1,6 @@
 """The journal's part of the crash's reason (analysis/crashjournal.py, reason.with_journal): the blocks Rust and
 CPython write before they die, in each form they take, found in the lines before a crash; and how they show in
-the reason line, the journal entry and `info`. Read from a real journald: tests/system/test_crashjournal.py."""
+the reason line, the journal entry and `info`. Read from a real journald: tests/system/test_crashjournal_journald.py."""
 
 from __future__ import annotations
 

@@ -46,14 +46,34 @@ def imports(tree: Path) -> tuple[set[str], set[tuple[str, str]]]:
     return {m for m in modules if m not in sys.stdlib_module_names and m not in ours}, names
 
 
+def fleet_extra() -> dict[str, tuple[int, ...] | None]:
+    return requirements(project()["optional-dependencies"]["fleet"])
+
+
 def test_runtime_imports_are_dependencies():
-    declared = requirements(project()["dependencies"])
+    """Of the base dependencies, or of the `fleet` extra (corehandler-fleet's libraries)."""
+    declared = requirements(project()["dependencies"]) | fleet_extra()
     modules, _ = imports(REPO / "corehandler")
     assert {DISTRIBUTIONS.get(m, m) for m in modules} - set(declared) == set()
 
 
+def test_only_the_fleet_imports_the_fleet_extra_at_load():
+    """The host package runs without corehandler-fleet: outside corehandler/fleet/, the fleet's libraries are
+    imported inside the functions that use them (fleet verbs, uploads), never when a module loads."""
+    extra, found = set(fleet_extra()), []
+    for path in (REPO / "corehandler").rglob("*.py"):
+        if (REPO / "corehandler" / "fleet") in path.parents:
+            continue
+        for node in ast.parse(path.read_text()).body:
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+            found += [f"{path.relative_to(REPO)}: {n}" for n in names if n.split(".")[0] in extra]
+    assert found == []
+
+
 def test_test_imports_are_in_the_test_extra():
-    declared = requirements(project()["dependencies"]) | requirements(project()["optional-dependencies"]["test"])
+    declared = (requirements(project()["dependencies"]) | requirements(project()["optional-dependencies"]["test"])
+                | fleet_extra())
     modules, _ = imports(REPO / "tests")
     assert {DISTRIBUTIONS.get(m, m) for m in modules} - set(declared) == set()
 
