@@ -321,7 +321,7 @@ def main() -> int:
                 parts.append("## Crash to listed and to stored, `corehandler serve` running (default config: "
                              f"strategy auto, zstd level {DAEMON_LEVEL}, {workers} worker threads)\n\n"
                              f"{describe_cache(page_cache_state())} at the end.\n\n" + text
-                             + "\n![crash to listed and stored](compress.png)\n")
+                             + f"\n![crash to listed and stored]({a.out.with_suffix('.png').name})\n")
                 plot_holds(a.out.with_suffix(".png"), "csplice crash to listed and to stored against the hold "
                            "(bench/compress.py)", {"dense": _by_series(samples)}, {})
     finally:
