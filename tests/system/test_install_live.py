@@ -270,7 +270,9 @@ def test_install_runs_the_daemon_end_to_end(host_core_settings, dirs, tmp_path):
 
         dumps = wait_for(listed, 60, f"the crash of PID {pid} in the store")
         assert [d["pid"] for d in dumps] == [pid]
-        assert list(spool.glob("*.core")) == [], "the raw core is still in the spool after ingest"
+        # Listed comes before stored (the index row is written at the hold's end), so the raw core leaves the
+        # spool only once its compressed copy is in the store.
+        wait_for(lambda: not list(spool.glob("*.core")), 60, "the raw core to leave the spool once stored")
         out = tmp_path / "core"
         assert cli(*options, "dump", str(pid), "-o", str(out)).returncode == 0
         with open(out, "rb") as f:
