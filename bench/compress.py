@@ -318,11 +318,12 @@ def main() -> int:
                 with systemd_coredump(WORK) if a.systemd_coredump else contextlib.nullcontext() as sdcd:
                     text, samples = bench_crash_to_stored(lent, crasher, a.indexed_mib, a.runs, sdcd)
                 workers = compress.resolve_threads(DAEMON_THREADS)
+                plot = a.out.with_suffix(".png")
                 parts.append("## Crash to listed and to stored, `corehandler serve` running (default config: "
                              f"strategy auto, zstd level {DAEMON_LEVEL}, {workers} worker threads)\n\n"
                              f"{describe_cache(page_cache_state())} at the end.\n\n" + text
-                             + f"\n![crash to listed and stored]({a.out.with_suffix('.png').name})\n")
-                plot_holds(a.out.with_suffix(".png"), "csplice crash to listed and to stored against the hold "
+                             + f"\n![crash to listed and stored]({plot.name})\n")
+                plot_holds(plot, "csplice crash to listed and to stored against the hold "
                            "(bench/compress.py)", {"dense": _by_series(samples)}, {})
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
