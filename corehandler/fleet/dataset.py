@@ -37,6 +37,7 @@ UTF-8 (lone surrogates in Python) written as backslash escapes, since Parquet st
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import io
@@ -281,19 +282,34 @@ def check_file(path, host: bool = False) -> None:
                                    f"more than {MAX_CHUNK_BYTES}")
 
 
-def scan(path, host: bool = False) -> None:
-    """Decodes every value of a file check_file passed, as the view will (strings cut, under DuckDB's memory
-    limit), so a damaged page is met here, named, and not in the middle of a user's query. duckdb.Error
-    for a file that does not read."""
+def connect():
+    """An in-memory DuckDB under MEMORY_LIMIT. Opening one costs ~15 ms (duckdb 2.0), more than scanning a
+    host's part file: a pass over many files opens one and gives each file a cursor (under 1 ms), and closes
+    it when the pass ends, so no live database is left for a forked child to inherit."""
     import duckdb
 
     con = duckdb.connect(":memory:")
+    con.execute(f"SET memory_limit = {quote(MEMORY_LIMIT)}")
+    return con
+
+
+@contextlib.contextmanager
+def _cursor(db):
+    """A cursor of the pass's database db, or a database of its own when there is no pass."""
+    con = db.cursor() if db is not None else connect()
     try:
-        con.execute(f"SET memory_limit = {quote(MEMORY_LIMIT)}")
-        source = every_column(con, f"SELECT * FROM read_parquet({quote(str(path))})", host=host)
-        con.execute(f"SELECT max(hash(COLUMNS(*))) FROM (SELECT {bounded_columns(host)} FROM ({source}))").fetchall()
+        yield con
     finally:
         con.close()
+
+
+def scan(path, host: bool = False, db=None) -> None:
+    """Decodes every value of a file check_file passed, as the view will (strings cut, under DuckDB's memory
+    limit), so a damaged page is met here, named, and not in the middle of a user's query. duckdb.Error
+    for a file that does not read."""
+    with _cursor(db) as con:
+        source = every_column(con, f"SELECT * FROM read_parquet({quote(str(path))})", host=host)
+        con.execute(f"SELECT max(hash(COLUMNS(*))) FROM (SELECT {bounded_columns(host)} FROM ({source}))").fetchall()
 
 
 def every_column(con, source: str, partitions: bool = False, host: bool = True) -> str:
@@ -407,16 +423,12 @@ def _list(client, target: Target, prefix: str) -> list[tuple[str, str]]:
             if o["Key"].endswith(".parquet")]
 
 
-def merge(files: list[Path], out: Path, left_out: list[str] = ()) -> None:
+def merge(files: list[Path], out: Path, left_out: list[str] = (), db=None) -> None:
     """One file with a host column (a compacted day's shape) of checked part files laid out under
     host=HOST/ folders (the host comes from the path), each string cut to MAX_TEXT, in row groups of
     DAILY_ROW_GROUP (so check_file's bounds hold for it); left_out: the hosts whose parts were left out."""
-    import duckdb
-
     names = ", ".join(quote(str(p)) for p in files)
-    con = duckdb.connect(":memory:")
-    try:
-        con.execute(f"SET memory_limit = {quote(MEMORY_LIMIT)}")
+    with _cursor(db) as con:
         parts = every_column(con, f"SELECT * FROM read_parquet([{names}], hive_partitioning = true, union_by_name "
                                   "= true, hive_types = {'dt': VARCHAR, 'host': VARCHAR})", partitions=True)
         con.execute(
@@ -424,8 +436,6 @@ def merge(files: list[Path], out: Path, left_out: list[str] = ()) -> None:
             f"TO {quote(str(out))} (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE {DAILY_ROW_GROUP}, "
             f"KV_METADATA {{{quote(METADATA_KEY.decode())}: {quote(str(INDEX_SCHEMA))}"
             + (f", {quote(LEFT_OUT_KEY.decode())}: {quote(','.join(left_out))}" if left_out else "") + "})")
-    finally:
-        con.close()
 
 
 def quote(text: str) -> str:

@@ -14,7 +14,10 @@ One table, `dumps` (the index's columns, dataset.COLUMNS, plus dt and host), mad
 A listing of the days costs two LISTs per compacted day (its compacted files', its parts') and three per
 other day (those and the day's host partitions), plus the v1 hosts' listings, a GET per index file not
 cached and a GET per uncovered sidecar not cached. Every file is size-capped before it is read and its
-footer checked (dataset.check_file) before DuckDB opens it; index files of a newer schema, damaged or past
+footer checked (dataset.check_file) before DuckDB opens it; its pages are decoded once, a compacted file's
+by a scan of its own, a host's part by the day's merge (which, should a part's pages not decode, scans the
+parts one by one to name it: a scan per part cost more than the merge of all). The pass holds one DuckDB
+database (a cursor per file), closed when it ends. Index files of a newer schema, damaged or past
 the bounds, and sidecars that are not UTF-8 JSON or of a newer schema, are skipped, each named (a cached
 file's reason is named again from the cache). A damaged compacted file falls back to the day's parts,
 saying so; a host's day whose part file is left out (damaged, of a newer schema, past the bounds), or that a
@@ -112,10 +115,7 @@ class View:
 
     def connect(self):
         """A DuckDB connection with the view `dumps`."""
-        import duckdb
-
-        con = duckdb.connect(":memory:")
-        con.execute(f"SET memory_limit = {dataset.quote(dataset.MEMORY_LIMIT)}")
+        con = dataset.connect()
         con.register("unindexed", dataset.table(self.rows, partitions=True))
         sources = ["SELECT * FROM unindexed"]
         if self.files:
@@ -132,6 +132,15 @@ class View:
 def collect(client, target: Target, days: list[datetime.date], only_hosts=(), cache: reader.SidecarCache | None = None,
             workers: int = reader.WORKERS) -> View:
     """What the view of those days (and hosts) is made of, fetched from the bucket."""
+    db = dataset.connect()  # one for the pass: the files it checks and merges each take a cursor
+    try:
+        return _collect(client, target, days, only_hosts, cache, workers, db)
+    finally:
+        db.close()
+
+
+def _collect(client, target: Target, days: list[datetime.date], only_hosts, cache: reader.SidecarCache | None,
+             workers: int, db) -> View:
     wanted = set(only_hosts)
     view = View(hosts=tuple(sorted(wanted)))
     if cache is None:
@@ -190,7 +199,30 @@ def collect(client, target: Target, days: list[datetime.date], only_hosts=(), ca
                 raise
             os.replace(tmp, path)
             return key, etag, ""
-        checked, merge, fallback = [], {}, []
+        checked, merge, fallback = {}, {}, []
+
+        def leave_out(key: str, day: datetime.date, host: str | None, problem: str) -> None:
+            view.skipped.append(f"s3://{target.bucket}/{key}{problem}" + (
+                "; reading the day's parts instead" if host is None else
+                f"; reading {host}'s sidecars of the day instead" if (day, host) not in unread else ""))
+            if host is None:
+                fallback.append(day)
+            else:
+                unread.add((day, host))
+
+        def merged(day: datetime.date, parts: list) -> Path | None:
+            """The day's merged file. Should a part's pages not decode (its footer passed), each part is
+            scanned alone, and those that fail are left out as a damaged footer would be."""
+            try:
+                return _merged(parts_dir, day, parts, db)
+            except Exception:  # noqa: BLE001 (which part it was is found below; no part failing re-raises)
+                pass
+            for (key, etag, host, path), problem in zip(parts, pool.map(lambda p: _problem(p[3], False, db), parts)):
+                if problem:
+                    checked[key] = (key, etag, dataset.INDEX_SCHEMA, problem)
+                    leave_out(key, day, host, problem)
+            good = [p for p in parts if (day, p[2]) not in unread]
+            return _merged(parts_dir, day, good, db) if good else None
 
         def judge(items: list) -> None:
             """Fetches those files and sorts each into the view, the day's merge, or the skipped."""
@@ -205,18 +237,14 @@ def collect(client, target: Target, days: list[datetime.date], only_hosts=(), ca
                 if key in fetched and fetched[key][2]:
                     return fetched[key][2]
                 if key in fetched or schema != dataset.INDEX_SCHEMA or problem is None:
-                    return _problem(local(key, day, host), daily=host is None)  # in the pool: DuckDB scans
+                    # A compacted file is read as it is: its pages are decoded here. A host's part is read
+                    # through the day's merge, which decodes them: its footer alone here (merged() below).
+                    return _problem(local(key, day, host), host is None, db, pages=host is None)
                 return problem
             for (key, etag, day, host), problem in zip(items, pool.map(outcome, items)):
-                checked.append((key, etag, dataset.INDEX_SCHEMA, problem))
+                checked[key] = (key, etag, dataset.INDEX_SCHEMA, problem)
                 if problem:
-                    view.skipped.append(f"s3://{target.bucket}/{key}{problem}" + (
-                        "; reading the day's parts instead" if host is None else
-                        f"; reading {host}'s sidecars of the day instead" if (day, host) not in unread else ""))
-                    if host is None:
-                        fallback.append(day)
-                    else:
-                        unread.add((day, host))
+                    leave_out(key, day, host, problem)
                 elif host is None:
                     view.files.append(local(key, day, host))
                     _prune(_merged_dir(parts_dir, day), None)  # compacted since: its merged file goes
@@ -237,11 +265,11 @@ def collect(client, target: Target, days: list[datetime.date], only_hosts=(), ca
         for day, host in unread:
             if day in merge:
                 merge[day] = [p for p in merge[day] if p[2] != host]
+        view.files += [f for day, parts in sorted(merge.items()) if parts and (f := merged(day, parts))]
         listed += [k for ks in pool.map(lambda dh: reader.list_keys(client, target, target.day_prefix(dh[1], dh[0]),
                                                                     direct=True), sorted(unread)) for k in ks]
     if cache:
-        cache.put_parts([c for c in checked if c[1]])
-    view.files += [_merged(parts_dir, day, parts) for day, parts in sorted(merge.items()) if parts]
+        cache.put_parts([c for c in checked.values() if c[1]])
     sidecars, skipped = reader.read_sidecars(client, target, listed, workers, cache)
     view.skipped += skipped
     for sc in sidecars:
@@ -252,11 +280,13 @@ def collect(client, target: Target, days: list[datetime.date], only_hosts=(), ca
     return view
 
 
-def _problem(path: Path, daily: bool) -> str:
-    """Why a local index file is left out of the view ("" if it is not), as it follows its key."""
+def _problem(path: Path, daily: bool, db, pages: bool = True) -> str:
+    """Why a local index file is left out of the view ("" if it is not), as it follows its key: its footer
+    checked, and with pages every value decoded."""
     try:
         dataset.check_file(path, host=daily)
-        dataset.scan(path, host=daily)
+        if pages:
+            dataset.scan(path, host=daily, db=db)
     except (dataset.NewerSchemaError, dataset.BadIndexFile) as e:
         return f": {e}"
     except Exception as e:  # noqa: BLE001 (a damaged file is named and left out, not fatal)
@@ -264,7 +294,7 @@ def _problem(path: Path, daily: bool) -> str:
     return ""
 
 
-def _merged(parts_dir: Path, day: datetime.date, parts: list[tuple[str, str, str, Path]]) -> Path:
+def _merged(parts_dir: Path, day: datetime.date, parts: list[tuple[str, str, str, Path]], db) -> Path:
     """One local file of a day's checked part files (key, ETag, host, path), as a compacted day's file is
     (host a column), so a warm view opens one file for the day and not one per host. It is named by the
     parts' digest: while none changed, the last run's file is read again as it is."""
@@ -277,7 +307,7 @@ def _merged(parts_dir: Path, day: datetime.date, parts: list[tuple[str, str, str
     tmp = folder / f".{path.name}.{os.getpid()}.{threading.get_ident()}"
     # DuckDB reads the parts as the view would (host from the path), so the merged file holds the same rows
     # and types, each string cut as the view cuts it.
-    dataset.merge([p for _, _, _, p in parts], tmp)
+    dataset.merge([p for _, _, _, p in parts], tmp, db=db)
     os.replace(tmp, path)
     _prune(folder, path)
     return path

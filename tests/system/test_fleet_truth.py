@@ -183,6 +183,36 @@ def test_an_unreadable_index_file_reads_its_hosts_day_from_the_sidecars(tmp_path
     assert sorted(r["host"] for r in rows) == ["alpha"] * 3 and "beta" not in err
 
 
+def test_a_part_whose_pages_are_damaged_behind_a_sound_footer_is_left_out_by_name(tmp_path, s3, capsys):
+    """A host's part file whose footer reads but whose pages do not: the day's merge meets it (parts are not
+    scanned one by one), names it, and reads that host's day from its sidecars; the next, warm, view says so
+    again from what the cache kept."""
+    import pyarrow.parquet as pq
+
+    bucket = s3.new_bucket()
+    alpha = Host(tmp_path, s3, bucket, "alpha")
+    client, fleet = s3.client(), layout.Target(bucket, "fleet", "any")
+    keys = [put_sidecar(client, fleet, sidecar(h, n)) for h in ("alpha", "beta") for n in (1, 2, 3)]
+    damaged = dataset.part_key(fleet, "beta", DAY, 0)
+    data = bytearray(client.get_object(Bucket=bucket, Key=damaged)["Body"].read())
+    meta = pq.ParquetFile(io.BytesIO(bytes(data))).metadata
+    for g in range(meta.num_row_groups):
+        for c in range(meta.num_columns):
+            chunk = meta.row_group(g).column(c)
+            start = min(o for o in (chunk.dictionary_page_offset, chunk.data_page_offset) if o)
+            data[start:start + chunk.total_compressed_size] = b"\xff" * chunk.total_compressed_size
+    client.put_object(Bucket=bucket, Key=damaged, Body=bytes(data))
+    assert pq.ParquetFile(io.BytesIO(bytes(data))).metadata.num_rows == 3  # the footer still reads
+    instead = f"s3://{bucket}/{damaged} is not a Parquet index file"
+
+    for _ in ("cold", "warm"):
+        rows, err = _json(alpha, capsys, "list", "--date", str(DAY))
+        assert sorted(r["key"] for r in rows) == sorted(keys)
+        assert instead in err and "reading beta's sidecars of the day instead" in err
+    groups, err = _json(alpha, capsys, "list", "--group", "--date", str(DAY), "--no-cache")
+    assert [(g["count"], g["hosts"]) for g in groups] == [(6, ["alpha", "beta"])] and instead in err
+
+
 def _v(host: str, n: int, day: dt.date, signature: str, sid: str, v1: str | None) -> dict:
     """A sidecar of `day` with that signature, its id and (an upgraded host's) v1 id."""
     sc = sidecar(host, n, signature)
