@@ -31,7 +31,6 @@ from corehandler.units import human_size, parse_size
 
 OK, STOPS, CUTS, UNKNOWN = "ok", "stops", "cuts", "unknown"
 VERDICT_WORDS = {OK: "ok", STOPS: "stops the core", CUTS: "cuts the core", UNKNOWN: "unknown"}
-SUID_DUMPABLE = "fs.suid_dumpable"
 CAPTURE_SPACE_STEP = 16 << 20  # csplice/capture.h: the headroom admission asks beyond the floor
 
 
@@ -96,7 +95,7 @@ def host_state(paths: Paths, socket_path: Path, host: Host = Host()) -> HostStat
     pattern = _sysctl(sysctl.CORE_PATTERN, host) or ""
     found = handler.owner(host, socket_path) if pattern else None
     mode = handler.mode_of(pattern) if found else None
-    suid = _sysctl(SUID_DUMPABLE, host)
+    suid = _sysctl(sysctl.SUID_DUMPABLE, host)
     settings, source = csplice_settings(host)
     return HostState(
         pattern=pattern, pipe_limit=_sysctl(sysctl.CORE_PIPE_LIMIT, host) or "",

@@ -36,7 +36,7 @@ from corehandler.atomicfile import write_atomic
 from corehandler.csplice_contract import Facts, Owner, choose_strategy, render_settings, settings_owner
 from corehandler.errors import HandlerConflictError, SystemFailure
 from corehandler.host import listener, sysctl, writerates
-from corehandler.host.sysctl import CORE_PATTERN, CORE_PIPE_LIMIT
+from corehandler.host.sysctl import CORE_PATTERN, CORE_PIPE_LIMIT, SUID_DUMPABLE
 from corehandler.paths import Host, Paths
 
 NAMES = (CORE_PATTERN, CORE_PIPE_LIMIT)
@@ -467,10 +467,13 @@ class Borrowed:
 @contextlib.contextmanager
 def borrow(host: Host = Host(), what: str = "borrowed"):
     """Holds the host lock and yields a Borrowed; on every exit, failure included, puts back core_pattern,
-    core_pipe_limit, csplice.conf and our sysctl.d file as found. Processes started meanwhile hold the lock
-    too (sysctl.LOCK_TOKEN_ENV in os.environ): a test's `corehandler install` or daemon can write."""
+    core_pipe_limit, csplice.conf and our sysctl.d file as found, and fs.suid_dumpable, which a borrower's
+    package install can change (systemd-coredump's postinst applies its 50-coredump.conf, which sets 2).
+    Processes started meanwhile hold the lock too (sysctl.LOCK_TOKEN_ENV in os.environ): a test's
+    `corehandler install` or daemon can write."""
     with sysctl.held_lock(host.lock, what) as token:
         found = _found(host)
+        suid = sysctl.read(SUID_DUMPABLE, host.sysctl_root) if _has(host, SUID_DUMPABLE) else None
         before = os.environ.get(sysctl.LOCK_TOKEN_ENV)
         os.environ[sysctl.LOCK_TOKEN_ENV] = token
         try:
@@ -481,3 +484,9 @@ def borrow(host: Host = Host(), what: str = "borrowed"):
             else:
                 os.environ[sysctl.LOCK_TOKEN_ENV] = before
             _restore(host, found, persistent=True)
+            if suid is not None and sysctl.read(SUID_DUMPABLE, host.sysctl_root) != suid:
+                _write_sysctl(host, SUID_DUMPABLE, suid)
+
+
+def _has(host: Host, name: str) -> bool:
+    return sysctl.path_of(name, host.sysctl_root).exists()

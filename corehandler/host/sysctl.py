@@ -19,6 +19,7 @@ from corehandler.paths import HOST_LOCK
 SYSCTL_ROOT = Path("/proc/sys")
 CORE_PATTERN = "kernel.core_pattern"
 CORE_PIPE_LIMIT = "kernel.core_pipe_limit"
+SUID_DUMPABLE = "fs.suid_dumpable"  # never set by corehandler; a borrow puts it back (borrow())
 CORE_PATTERN_LOCK = HOST_LOCK
 # After distributions' 50-coredump.conf (systemd) in name order, so ours wins at boot where both exist.
 SYSCTL_D_NAME = "50-corehandler.conf"

@@ -220,6 +220,21 @@ def test_borrow_puts_everything_back_on_any_exit(host, tmp_path):
     assert sysctl.LOCK_TOKEN_ENV not in os.environ
 
 
+def test_borrow_puts_back_suid_dumpable_that_a_package_install_changed(host):
+    """systemd-coredump's postinst applies its 50-coredump.conf, fs.suid_dumpable=2 with it: a borrower that
+    reinstalls it (the package test) leaves the host's value; a fake kernel without the setting is left be."""
+    suid = host.proc_root / "sys/fs/suid_dumpable"
+    suid.parent.mkdir()
+    suid.write_text("0\n")  # not the host's: the fake kernel under tmp_path
+    with handler.borrow(host, "a test"):
+        suid.write_text("2\n")  # not the host's: the fake kernel under tmp_path
+    assert suid.read_text() == "0\n"
+    suid.unlink()  # not the host's: the fake kernel under tmp_path
+    with handler.borrow(host, "a test"):
+        pass
+    assert not suid.exists()
+
+
 def test_the_lock_names_its_holder_and_is_shared_with_children_only(host):
     child = [sys.executable, "-c", "import sys; from pathlib import Path; from corehandler.host import sysctl\n"
              "with sysctl.held_lock(Path(sys.argv[1]), 'child', timeout=0.5): print('held')", str(host.lock)]

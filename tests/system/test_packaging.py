@@ -181,12 +181,10 @@ def test_install_crash_remove_purge(deb, host_core_settings, clean_host, tmp_pat
     finally:
         if had_coredump and package_state("systemd-coredump") != "installed":
             # Its postinst applies its own 50-coredump.conf (a pattern, and fs.suid_dumpable=2, which the
-            # handler's borrow does not own): the kernel's settings go back to what they were here.
+            # borrow puts back at its end): the kernel's settings go back to what they were here.
             kept = sysctl("kernel/core_pattern"), sysctl("kernel/core_pipe_limit")
-            suid_dumpable = sysctl("fs/suid_dumpable")
             run("apt-get", "install", "-y", "-q", "--no-install-recommends", "systemd-coredump")
             host_core_settings.point(*kept)
-            Path("/proc/sys/fs/suid_dumpable").write_text(f"{suid_dumpable}\n")
 
 
 def _install_crash_remove_purge(deb, crasher, tmp_path_factory) -> None:
