@@ -492,15 +492,17 @@ def worst_rounds(res: dict) -> str:
         if label.startswith("tiny") or not d or len(traces) != len(d):
             continue
         physical = physical_floor(samples)
-        worst = max(range(len(d)), key=lambda i: d[i] / physical[i])
-        if traces[worst] is None or not traces[worst].get("phases"):
+        by_ratio = sorted(range(len(d)), key=lambda i: d[i] / physical[i])
+        worst, typical = by_ratio[-1], by_ratio[(len(by_ratio) - 1) // 2]
+        if any(traces[i] is None or not traces[i].get("phases") for i in (worst, typical)):
             continue
-        lines.append(f"- {label}: round {worst + 1}, {d[worst] * 1e3:.0f} ms ({d[worst] / physical[worst]:.2f}× its "
-                     f"floor of {physical[worst] * 1e3:.0f} ms): {breakdown(d[worst], traces[worst])}")
+        for what, i in (("worst", worst), ("median", typical)):
+            lines.append(f"- {label}, {what}: round {i + 1}, {d[i] * 1e3:.0f} ms ({d[i] / physical[i]:.2f}× its "
+                         f"floor of {physical[i] * 1e3:.0f} ms): {breakdown(d[i], traces[i])}")
     if not lines:
         return ""
-    return ("\nThe default's worst round per crash, by csplice's own trace of it (ms; each step's share, "
-            "`capture.phases` of its record):\n" + "\n".join(lines) + "\n")
+    return ("\nThe default's worst round per crash beside its median one, by csplice's own trace of each (ms; "
+            "each step's share, `capture.phases` of its record):\n" + "\n".join(lines) + "\n")
 
 
 def tiny_table(samples: dict) -> str:
