@@ -5,6 +5,10 @@
  *   baselines rw FILE   read()/write() 64 KiB at a time from stdin into FILE: the plain loop csplice must match
  *   baselines null [PIPE_BYTES]   splice() stdin to /dev/null, the pipe first enlarged to PIPE_BYTES (csplice's
  *                                 pipe_size): no file at all, so the kernel's own dump rate (the floor)
+ *   baselines read [PIPE_BYTES]   read() stdin 256 KiB at a time into one buffer, each 4 KiB block checked for
+ *                                 zeros as csplice's sparse writes check it, nothing written: the floor of a
+ *                                 handler that must look at the bytes (to leave holes), where the drain floor
+ *                                 never copies them out of the pipe
  *   baselines splicedirect FILE [PIPE_BYTES]  splice() stdin into FILE opened with O_DIRECT, 1 MiB a call: no copy
  *                                 through user memory and none into the page cache, one write in flight (an
  *                                 experiment: what zero copy would give; a tail the disk refuses unaligned goes
@@ -53,6 +57,20 @@ static int to_null(const char *pipe_bytes) {
         while ((n = splice(STDIN_FILENO, NULL, out, NULL, 1 << 20, SPLICE_F_MOVE)) > 0)
                 ;
         return n < 0;
+}
+
+static int read_only(const char *pipe_bytes) {
+        static char buf[256 * 1024] __attribute__((aligned(4096)));
+        size_t zero = 0;
+        ssize_t n;
+
+        if (pipe_bytes && fcntl(STDIN_FILENO, F_SETPIPE_SZ, atoi(pipe_bytes)) < 0)
+                return 1;
+        while ((n = read(STDIN_FILENO, buf, sizeof buf)) > 0)
+                for (ssize_t i = 0; i + 4096 <= n; i += 4096)
+                        /* csplice/capture.c's block_is_zero: memcmp is vectorised, a byte loop is not. */
+                        zero += buf[i] == 0 && memcmp(buf + i, buf + i + 1, 4095) == 0;
+        return n < 0 || zero == (size_t) -1;
 }
 
 static int splice_direct(const char *path, const char *pipe_bytes) {
@@ -105,10 +123,12 @@ int main(int argc, char *argv[]) {
                 return copy_rw(argv[2]);
         if ((argc == 2 || argc == 3) && strcmp(argv[1], "null") == 0)
                 return to_null(argc == 3 ? argv[2] : NULL);
+        if ((argc == 2 || argc == 3) && strcmp(argv[1], "read") == 0)
+                return read_only(argc == 3 ? argv[2] : NULL);
         if ((argc == 3 || argc == 4) && strcmp(argv[1], "splicedirect") == 0)
                 return splice_direct(argv[2], argc == 4 ? argv[3] : NULL);
         if (argc == 4 && strcmp(argv[1], "odirect") == 0)
                 return write_direct(argv[2], strtoull(argv[3], NULL, 10));
-        (void) fprintf(stderr, "usage: baselines rw FILE | null [PIPE_BYTES] | splicedirect FILE [PIPE_BYTES] | odirect FILE BYTES\n");
+        (void) fprintf(stderr, "usage: baselines rw FILE | null [PIPE_BYTES] | read [PIPE_BYTES] | splicedirect FILE [PIPE_BYTES] | odirect FILE BYTES\n");
         return 2;
 }

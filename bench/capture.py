@@ -8,8 +8,10 @@ write rates, measured at the start as install measures them, choose), direct for
 Compress=yes (its own store in a private namespace), and the floors: splice() to /dev/null on a pipe enlarged to
 csplice's pipe_size (the kernel's own drain), and, in the same round, the spool filesystem's O_DIRECT write of as
 many bytes without any crash; the physical floor of a round is the larger of the two, and the default's hold is
-given against it per round, median and worst. Twice: on a quiet page cache and on a busy one (about RAM's worth
-of other files written first, some still dirty). A tiny process measures the per-crash overhead against no dump
+given against it per round, median and worst. An optional read floor (`--methods ...,read`): the pipe read()
+into one buffer and checked for zeros, nothing written: what any handler that keeps holes pays over the drain.
+Twice: on a quiet page cache and on a busy one (about RAM's worth of other files written first, some still
+dirty). A tiny process measures the per-crash overhead against no dump
 at all and the bare drain. --quick (before every change to csplice): 64 MiB to 1 GiB, quiet page cache only.
 
 Feeder (no root): the same csplice strategies behind the feeder's write() path (a stock kernel) and vmsplice()
@@ -71,12 +73,14 @@ MiB = 1 << 20
 GiB = 1 << 30
 CORE_PIPE_LIMIT = "16"
 FLOOR = "null"
+READ = "read"
 ODIRECT = "odirect"
 BOTH = "both"
 SPLICE_DIRECT = "splicedirect"
 SDCD = "systemd-coredump"
 NODUMP = "nodump"
 DEFAULT = "default"
+DEFAULT_RW = "default-rw"
 RW_LOOP = "loop"
 
 
@@ -95,6 +99,8 @@ PIPE_BYTES = int(DEFAULT_TUNING["pipe_size"])
 CSPLICE = {
     DEFAULT: DEFAULT_TUNING,
     "rw-256K-1M": {"strategy": "rw", "chunk_size": 256 * 1024, "pipe_size": MiB, "direct_above": 0},
+    # The default without its move to direct (experiment: what the move gains or costs per crash).
+    DEFAULT_RW: {**DEFAULT_TUNING, "direct_above": 0, "direct_rate": 0},
     "direct": {"strategy": "direct", "chunk_size": 256 * 1024, "pipe_size": MiB},
     "rw": {"strategy": "rw", "chunk_size": 64 * 1024, "pipe_size": 0, "direct_above": 0},
     "splice": {"strategy": "splice", "chunk_size": 64 * 1024, "pipe_size": 0, "direct_above": 0},
@@ -115,6 +121,7 @@ def default_label(tuning: dict) -> str:
 LABELS = {
     DEFAULT: default_label(DEFAULT_TUNING),
     "rw-256K-1M": "csplice rw, 256K chunk, 1M pipe (v0.1's default)",
+    DEFAULT_RW: "csplice default's rw, never moving to direct",
     "direct": "csplice direct (O_DIRECT, 2 MiB slots, 2 writes in flight), every size",
     "rw": "csplice rw, 64K chunk, kernel's 64K pipe",
     "splice": "csplice splice (the 16-page splice loop)",
@@ -126,12 +133,15 @@ LABELS = {
     ODIRECT: "O_DIRECT write of as many bytes, 8 MiB blocks, no crash (disk floor, dd-like)",
     BOTH: "the drain floor's crash with the O_DIRECT floor's write running alongside, from the trigger until both "
           "are done (the two floors at once on this machine's CPUs and disk)",
+    READ: f"read() -> one 256 KiB buffer, each 4 KiB block checked for zeros, nothing written, {PIPE_BYTES // MiB} "
+          "MiB pipe (what looking at the bytes costs over the drain floor)",
     SPLICE_DIRECT: "splice() into a file opened O_DIRECT, 1 MiB a call (experiment: no copy, one write in flight)",
     NODUMP: "no dump at all (RLIMIT_CORE 0)",
 }
-SHORT = {FLOOR: "drain floor", ODIRECT: "O_DIRECT floor", BOTH: "both floors at once",
+SHORT = {FLOOR: "drain floor", READ: "read floor", ODIRECT: "O_DIRECT floor", BOTH: "both floors at once",
          SPLICE_DIRECT: "splice to O_DIRECT", DEFAULT: "**csplice default**",
-         "rw-256K-1M": "csplice rw (v0.1)", "direct": "csplice direct", SDCD: "systemd-coredump"}
+         "rw-256K-1M": "csplice rw (v0.1)", DEFAULT_RW: "default, rw only", "direct": "csplice direct",
+         SDCD: "systemd-coredump"}
 LIVE_METHODS = (FLOOR, ODIRECT, BOTH, DEFAULT, "direct", SDCD)
 TINY_METHODS = (NODUMP, FLOOR, DEFAULT)
 FEEDER_METHODS = (DEFAULT, "rw-256K-1M", "direct", "rw2-1M", "splice2-256K-1M", RW_LOOP, FLOOR)
@@ -168,6 +178,8 @@ class Tools:
             return [str(self.baselines), "rw", target]
         if method == SPLICE_DIRECT:
             return [str(self.baselines), SPLICE_DIRECT, target, str(PIPE_BYTES)]
+        if method == READ:
+            return [str(self.baselines), READ, str(PIPE_BYTES)]
         return [str(self.baselines), "null", str(PIPE_BYTES)]
 
     def clean(self) -> None:
@@ -473,9 +485,8 @@ def breakdown(hold: float, trace: dict) -> str:
     ph = trace["phases"]
     start = (trace["started_realtime_ns"] - trace["trigger_realtime_ns"]) / 1e6
     parts, last = [f"before csplice {start:.1f}"], 0
-    for name in PHASES:
-        if name == "published" or not ph.get(name):
-            continue
+    # In the order they happened: the ring is set up at the handoff, after the first byte, when rw moves.
+    for name in sorted((n for n in PHASES if n != "published" and ph.get(n)), key=lambda n: ph[n]):
         parts.append(f"{name.replace('_', ' ')} +{(ph[name] - last) / 1e6:.1f}")
         last = ph[name]
     parts.append(f"after the release {hold * 1e3 - start - last / 1e6:.1f}")
@@ -598,6 +609,7 @@ def measure_write_rates(args) -> None:
     args.rates, args.rates_reason = writerates.describe(measured), writerates.choose(measured).reason
     CSPLICE[DEFAULT] = default_tuning(state)
     LABELS[DEFAULT] = default_label(CSPLICE[DEFAULT])
+    CSPLICE[DEFAULT_RW] = {**CSPLICE[DEFAULT], "direct_above": 0, "direct_rate": 0}
     print(f"write rates: {args.rates_reason}", file=sys.stderr)
 
 
