@@ -52,7 +52,7 @@ def csplice_settings(spool: Path, **tuning) -> str:
     every key the tuning leaves out at csplice's built-in default (the config's defaults are csplice's,
     csplice_builtin() the rest), so csplice runs as on the tuning's keys alone."""
     return render_settings(CaptureConfig(), spool, csplice_builtin(),
-                           overrides={k: str(v) for k, v in tuning.items()})
+                           overrides=tuning)
 
 
 def publish(out: Path, text: str) -> None:
