@@ -163,6 +163,8 @@ class CaptureConfig(_Section):
                                                                 "0 = none")
     fsync: bool = Field(False, description="fsync the core before committing its record")
     sparse: bool = Field(True, description="skip writing all-zero pages (the file stays sparse)")
+    io_realtime: bool = Field(False, description="write the dump in the realtime I/O class, ahead of writeback and "
+                                                 "every other process's I/O (a crash storm then has the disk first)")
     collect_environ: bool = Field(False, description="keep the crashed process's environment (may hold secrets)")
     collect_maps: bool = Field(False, description="keep the crashed process's /proc/PID/maps")
 

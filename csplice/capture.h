@@ -21,6 +21,7 @@ typedef struct Capture {
         uint64_t drained_bytes;  /* read past a stop and thrown away */
         uint64_t direct_from;    /* where rw handed the rest of the dump to direct; 0 if it did not */
         const char *strategy;   /* the strategy that really ran */
+        bool io_realtime;       /* its writes ran in the realtime I/O class (settings' io_realtime, granted) */
         const char *truncated;  /* why the capture stopped before EOF, or NULL */
         int error;              /* -errno behind a "read_error"/"write_error" truncation */
 

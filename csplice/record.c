@@ -179,6 +179,7 @@ static void write_capture(Json *j, const Crash *c) {
         json_string(j, "mode", c->socket_mode ? "socket" : "pipe");
         write_socket(j, c);
         json_string(j, "strategy", cap->strategy);
+        json_bool(j, "io_realtime", cap->io_realtime);
         /* rw that moved to O_DIRECT part way (capture.c's ADAPT_WINDOW): from which byte on. */
         json_number_or_null(j, "direct_from", cap->direct_from > 0 ? (long long) cap->direct_from : -1);
         json_u64(j, "bytes", cap->raw_bytes);

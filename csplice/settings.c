@@ -48,6 +48,7 @@ const SettingDef setting_table[] = {
         SETTING(timeout, SETTING_U64),
         SETTING(fsync, SETTING_BOOL),
         SETTING(sparse, SETTING_BOOL),
+        SETTING(io_realtime, SETTING_BOOL),
         SETTING(collect_environ, SETTING_BOOL),
         SETTING(collect_maps, SETTING_BOOL),
 };
@@ -74,6 +75,7 @@ void settings_defaults(Settings *s) {
                 .timeout = 3600,
                 .fsync = false,
                 .sparse = true,
+                .io_realtime = false,
                 .source = "built-in defaults",
         };
 }

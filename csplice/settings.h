@@ -45,6 +45,7 @@ typedef struct Settings {
         uint64_t timeout;          /* seconds, the whole capture; 0: none */
         bool fsync;
         bool sparse;               /* seek over all-zero pages instead of writing them */
+        bool io_realtime;          /* the dump's writes in the realtime I/O class, ahead of writeback */
         bool collect_environ;
         bool collect_maps;
 

@@ -56,7 +56,7 @@ def test_the_rendered_file_is_read_back_as_written(csplice, tmp_path):
     cfg = config.Config.model_validate({"capture": {
         "strategy": "splice", "chunk_size": "128K", "pipe_size": 0, "max_dump_size": "5M", "min_free": "1%",
         "max_pending": 0, "max_pending_per_uid": 3, "max_per_exe_per_minute": 0, "timeout": "90s", "fsync": True,
-        "sparse": False}})
+        "sparse": False, "io_realtime": True}})
     handler = Handler(tmp_path / "h")
     text = host_handler.settings_for(cfg.capture, Paths(state_dir=tmp_path / "h"), Host(proc_root=tmp_path))
     assert "\nowner=" in text
@@ -67,7 +67,7 @@ def test_the_rendered_file_is_read_back_as_written(csplice, tmp_path):
         "strategy": "splice", "chunk_size": 128 << 10, "pipe_size": 0, "max_dump_size": 5 << 20, "direct_above": 0,
         "direct_rate": 0,
         "min_free": "1%", "max_pending": 0, "max_pending_per_uid": 3, "max_per_exe_per_minute": 0, "timeout": 90,
-        "fsync": True, "sparse": False,
+        "fsync": True, "sparse": False, "io_realtime": True,
         "collect_environ": False, "collect_maps": False}
 
 

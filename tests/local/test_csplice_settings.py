@@ -6,6 +6,7 @@ bound over /var/lib: the host's spool is never touched."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -22,7 +23,7 @@ def test_every_setting_reaches_the_record(tmp_path):
     settings = {
         "strategy": "splice2", "chunk_size": 131072, "pipe_size": 262144, "max_dump_size": 5 * MiB,
         "min_free": 4096, "max_pending": 10, "max_per_exe_per_minute": 9, "timeout": 77, "fsync": True,
-        "sparse": False, "collect_environ": True, "collect_maps": True,
+        "sparse": False, "io_realtime": True, "collect_environ": True, "collect_maps": True,
     }
     handler = Handler(tmp_path / "h", settings={**settings, "some_future_key": "ignored"})
     rec = handler.feed(MiB).record
@@ -34,6 +35,17 @@ def test_every_setting_reaches_the_record(tmp_path):
     assert [e.encode("utf-8", "surrogateescape") for e in rec["proc"]["environ"]] == own_environ
     assert "[stack]" in rec["proc"]["maps"]
     assert rec["capture"]["strategy"] == "splice2" and rec["errors"] == []
+
+
+def test_the_dump_is_written_in_the_realtime_io_class_where_asked_and_granted(tmp_path):
+    """io_realtime (off by default) puts the copy's writes, and its writer threads', in the realtime I/O class;
+    root is granted it, anyone else is refused and the capture goes on all the same. The record says which."""
+    off = Handler(tmp_path / "off").feed(4 * MiB).record
+    assert off["handler"]["settings"]["io_realtime"] is False
+    assert off["capture"]["io_realtime"] is False and off["capture"]["complete"]
+    for strategy in ("rw", "direct"):
+        rec = Handler(tmp_path / strategy, settings={"io_realtime": True, "strategy": strategy}).feed(4 * MiB).record
+        assert rec["capture"]["io_realtime"] is (os.geteuid() == 0) and rec["capture"]["complete"]
 
 
 def test_environ_and_maps_are_left_out_by_default(tmp_path):

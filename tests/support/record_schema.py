@@ -22,7 +22,7 @@ SETTINGS = {
     "source": str, "from_file": bool, "error": (str, type(None)), "spool_dir": str, "strategy": str,
     "chunk_size": int, "pipe_size": int, "max_dump_size": int, "direct_above": int, "min_free": (int, str),
     "max_pending": int, "max_pending_per_uid": int, "max_per_exe_per_minute": int, "timeout": int, "fsync": bool,
-    "sparse": bool, "collect_environ": bool, "collect_maps": bool,
+    "sparse": bool, "io_realtime": bool, "collect_environ": bool, "collect_maps": bool,
 }
 
 CONTAINER_RUNTIMES = ("docker", "containerd", "cri-o", "podman")
@@ -106,6 +106,8 @@ def check_record(rec: dict) -> None:
     cap = rec["capture"]
     _typed(cap, "strategy", OptStr, "capture")
     _check(cap["strategy"] in STRATEGIES + (None,), f"strategy {cap['strategy']!r}")
+    _typed(cap, "io_realtime", bool, "capture")
+    _check(not cap["io_realtime"] or rec["handler"]["settings"]["io_realtime"], "capture.io_realtime not asked for")
     _typed(cap, "direct_from", (int, type(None)), "capture")
     _check(cap["direct_from"] is None or (cap["strategy"] == "rw" and cap["direct_from"] % 4096 == 0),
            f"capture.direct_from {cap['direct_from']!r} with strategy {cap['strategy']!r}")
