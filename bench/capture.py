@@ -81,6 +81,7 @@ SDCD = "systemd-coredump"
 NODUMP = "nodump"
 DEFAULT = "default"
 DEFAULT_RW = "default-rw"
+DEFAULT_RT = "default-rt"
 RW_LOOP = "loop"
 
 
@@ -88,7 +89,7 @@ def default_tuning(state: paths.Paths) -> dict:
     """csplice.conf's capture keys as the default config renders them on this kernel, with the write rates
     measured into state (the bench's own state dir: install and the daemon measure the same way)."""
     values = settings_values(CaptureConfig(), state.spool_dir, handler.facts(Host(), state))
-    keys = ("strategy", "chunk_size", "pipe_size", "direct_above", "direct_rate", "sparse")
+    keys = ("strategy", "chunk_size", "pipe_size", "direct_above", "direct_rate", "sparse", "io_realtime")
     return {k: values[k] for k in keys}
 
 
@@ -101,6 +102,8 @@ CSPLICE = {
     "rw-256K-1M": {"strategy": "rw", "chunk_size": 256 * 1024, "pipe_size": MiB, "direct_above": 0},
     # The default without its move to direct (experiment: what the move gains or costs per crash).
     DEFAULT_RW: {**DEFAULT_TUNING, "direct_above": 0, "direct_rate": 0},
+    # The default with its writes in the realtime I/O class (experiment: [capture] io_realtime).
+    DEFAULT_RT: {**DEFAULT_TUNING, "io_realtime": True},
     "direct": {"strategy": "direct", "chunk_size": 256 * 1024, "pipe_size": MiB},
     "rw": {"strategy": "rw", "chunk_size": 64 * 1024, "pipe_size": 0, "direct_above": 0},
     "splice": {"strategy": "splice", "chunk_size": 64 * 1024, "pipe_size": 0, "direct_above": 0},
@@ -122,6 +125,7 @@ LABELS = {
     DEFAULT: default_label(DEFAULT_TUNING),
     "rw-256K-1M": "csplice rw, 256K chunk, 1M pipe (v0.1's default)",
     DEFAULT_RW: "csplice default's rw, never moving to direct",
+    DEFAULT_RT: "csplice default with io_realtime on (its writes in the realtime I/O class)",
     "direct": "csplice direct (O_DIRECT, 2 MiB slots, 2 writes in flight), every size",
     "rw": "csplice rw, 64K chunk, kernel's 64K pipe",
     "splice": "csplice splice (the 16-page splice loop)",
@@ -140,7 +144,8 @@ LABELS = {
 }
 SHORT = {FLOOR: "drain floor", READ: "read floor", ODIRECT: "O_DIRECT floor", BOTH: "both floors at once",
          SPLICE_DIRECT: "splice to O_DIRECT", DEFAULT: "**csplice default**",
-         "rw-256K-1M": "csplice rw (v0.1)", DEFAULT_RW: "default, rw only", "direct": "csplice direct",
+         "rw-256K-1M": "csplice rw (v0.1)", DEFAULT_RW: "default, rw only", DEFAULT_RT: "default, io_realtime on",
+         "direct": "csplice direct",
          SDCD: "systemd-coredump"}
 LIVE_METHODS = (FLOOR, ODIRECT, BOTH, DEFAULT, "direct", SDCD)
 TINY_METHODS = (NODUMP, FLOOR, DEFAULT)
@@ -573,7 +578,7 @@ def report(live_results: dict, feeder_results: dict, args, tools: Tools) -> str:
     if live_results:
         methods = args.method_list
         out.append(f"## Live kernel (core_pipe_limit {CORE_PIPE_LIMIT}): crash trigger to reaped\n")
-        out.append("![hold against dump size](capture.png)\n")
+        out.append(f"![hold against dump size]({args.out.with_suffix('.png').name})\n")
         for state, res in live_results.items():
             text, misses = live_table(res, methods, args.workloads, int(CSPLICE[DEFAULT]["direct_above"]))
             out += [f"### {state.capitalize()} page cache\n",
@@ -610,6 +615,7 @@ def measure_write_rates(args) -> None:
     CSPLICE[DEFAULT] = default_tuning(state)
     LABELS[DEFAULT] = default_label(CSPLICE[DEFAULT])
     CSPLICE[DEFAULT_RW] = {**CSPLICE[DEFAULT], "direct_above": 0, "direct_rate": 0}
+    CSPLICE[DEFAULT_RT] = {**CSPLICE[DEFAULT], "io_realtime": True}
     print(f"write rates: {args.rates_reason}", file=sys.stderr)
 
 

@@ -80,13 +80,14 @@ class Daemon:
     """`corehandler serve --debug` on the bench's state dir; its log read by a thread (a pipe nobody reads
     would stop the daemon at its next line), the zstd workers of each stored dump kept."""
 
-    def __init__(self, work: Path, live: bool, extra_config: str = ""):
+    def __init__(self, work: Path, live: bool, extra_config: str = "", io_realtime: bool = False):
         self.etc, self.state = work / "etc", work / "state"
         shutil.rmtree(self.state, ignore_errors=True)
         self.etc.mkdir(parents=True, exist_ok=True)
         # The default config; limits and free-space floors off: a benchmark is a crash storm.
         (self.etc / "corehandler.toml").write_text(
-            "[capture]\nmin_free = \"0\"\nmax_per_exe_per_minute = 0\nmax_pending = 0\n[metrics]\nenabled = false\n"
+            "[capture]\nmin_free = \"0\"\nmax_per_exe_per_minute = 0\nmax_pending = 0\n"
+            f"io_realtime = {str(io_realtime).lower()}\n[metrics]\nenabled = false\n"
             "[journal]\nenabled = false\n[retention]\nkeep_free = \"0\"\nmax_use = \"0\"\n" + extra_config)
         self.cli = [sys.executable, "-P", "-m", "corehandler", "--config-dir", str(self.etc),
                     "--state-dir", str(self.state)]
@@ -383,7 +384,7 @@ def during_upload(a, lent) -> tuple[str, list]:
         creds = server.credentials_file(a.work / "credentials")
         daemon = Daemon(a.work / "upload", live=not a.feeder, extra_config=(
             f'[upload]\nurl = "s3://{bucket}/bench"\nendpoint = "{server.endpoint}"\n'
-            f'credentials_file = "{creds}"\nhost = "bench"\n'))
+            f'credentials_file = "{creds}"\nhost = "bench"\n'), io_realtime=a.io_realtime)
         try:
             return capture_during_upload(daemon, Crashes(a.work / "upload", daemon, lent), server, bucket,
                                          a.small, a.big, a.runs)
@@ -414,6 +415,8 @@ def main() -> int:
     p.add_argument("--no-stored", dest="stored", action="store_false", help="skip part 1")
     p.add_argument("--no-during", dest="during", action="store_false", help="skip part 2")
     p.add_argument("--no-upload", dest="upload", action="store_false", help="skip part 3")
+    p.add_argument("--io-realtime", action="store_true",
+                   help="[capture] io_realtime = true: the captures' writes in the realtime I/O class")
     p.add_argument("--feeder", action="store_true", help="the feeder instead of the kernel (no root, a smoke test)")
     p.add_argument("--work", type=Path, default=Path("/var/tmp/corehandler-bench-stored"))
     p.add_argument("--out", type=Path, default=HERE / "results" / "stored.md")
@@ -445,7 +448,7 @@ def main() -> int:
             from support.host_core import borrowed
             lent_cm = borrowed("bench/stored.py")
         with lent_cm as lent:
-            daemon = Daemon(a.work, live=not a.feeder)
+            daemon = Daemon(a.work, live=not a.feeder, io_realtime=a.io_realtime)
             try:
                 crashes = Crashes(a.work, daemon, lent)
                 if a.stored:
