@@ -23,7 +23,6 @@ from pathlib import Path
 from corehandler import nocore, spool
 from corehandler import paths as paths_mod
 from corehandler.csplice_contract import parse_settings
-from corehandler.errors import SystemFailure
 from corehandler.host import handler, listener, procfacts, sysctl, unitlimits
 from corehandler.host.procfacts import Process
 from corehandler.paths import Host, Paths
@@ -68,13 +67,6 @@ class HostState:
     settings_from: str
 
 
-def _sysctl(name: str, host: Host) -> str | None:
-    try:
-        return sysctl.read(name, host.sysctl_root)
-    except SystemFailure:
-        return None
-
-
 def csplice_settings(host: Host) -> tuple[dict[str, str], str]:
     """The settings csplice runs with: csplice.conf's, over csplice's built-in defaults (`--list-settings`) for
     what it leaves out or when it is missing or unreadable (csplice/settings.c does the same)."""
@@ -92,13 +84,13 @@ def csplice_settings(host: Host) -> tuple[dict[str, str], str]:
 
 
 def host_state(paths: Paths, socket_path: Path, host: Host = Host()) -> HostState:
-    pattern = _sysctl(sysctl.CORE_PATTERN, host) or ""
+    pattern = sysctl.read_or_none(sysctl.CORE_PATTERN, host.sysctl_root) or ""
     found = handler.owner(host, socket_path) if pattern else None
     mode = handler.mode_of(pattern) if found else None
-    suid = _sysctl(sysctl.SUID_DUMPABLE, host)
+    suid = sysctl.read_or_none(sysctl.SUID_DUMPABLE, host.sysctl_root)
     settings, source = csplice_settings(host)
     return HostState(
-        pattern=pattern, pipe_limit=_sysctl(sysctl.CORE_PIPE_LIMIT, host) or "",
+        pattern=pattern, pipe_limit=sysctl.read_or_none(sysctl.CORE_PIPE_LIMIT, host.sysctl_root) or "",
         suid_dumpable=int(suid) if suid and suid.isdigit() else None, mode=mode,
         owner=found.state_dir if found else None, this=handler.is_me(found, paths),
         displaced=found is None and handler.displaced(host, paths, socket_path),

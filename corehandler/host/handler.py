@@ -473,7 +473,7 @@ def borrow(host: Host = Host(), what: str = "borrowed"):
     `corehandler install` or daemon can write."""
     with sysctl.held_lock(host.lock, what) as token:
         found = _found(host)
-        suid = sysctl.read(SUID_DUMPABLE, host.sysctl_root) if _has(host, SUID_DUMPABLE) else None
+        suid = sysctl.read_or_none(SUID_DUMPABLE, host.sysctl_root)
         before = os.environ.get(sysctl.LOCK_TOKEN_ENV)
         os.environ[sysctl.LOCK_TOKEN_ENV] = token
         try:
@@ -484,9 +484,5 @@ def borrow(host: Host = Host(), what: str = "borrowed"):
             else:
                 os.environ[sysctl.LOCK_TOKEN_ENV] = before
             _restore(host, found, persistent=True)
-            if suid is not None and sysctl.read(SUID_DUMPABLE, host.sysctl_root) != suid:
+            if suid is not None and sysctl.read_or_none(SUID_DUMPABLE, host.sysctl_root) != suid:
                 _write_sysctl(host, SUID_DUMPABLE, suid)
-
-
-def _has(host: Host, name: str) -> bool:
-    return sysctl.path_of(name, host.sysctl_root).exists()

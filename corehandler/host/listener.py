@@ -33,10 +33,8 @@ def socket_prefix(proc_root: Path = Path("/proc")) -> str | None:
     """"@@" where the kernel has the handshake, "@" where it only streams, None without socket mode."""
     root = proc_root / "sys"
     version = kernel_version(sysctl.read("kernel.osrelease", root))
-    try:
-        modes = sysctl.read(CORE_MODES, root).split()
-    except Exception:  # core_modes itself is 6.16+; older kernels have no socket mode either
-        modes = []
+    # core_modes itself is 6.16+; older kernels have no socket mode either
+    modes = (sysctl.read_or_none(CORE_MODES, root) or "").split()
     if version < SOCKET_SINCE or (modes and "socket" not in modes):
         return None
     return "@@" if version >= HANDSHAKE_SINCE else "@"

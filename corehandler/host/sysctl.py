@@ -41,6 +41,14 @@ def read(name: str, root: Path = SYSCTL_ROOT) -> str:
         raise SystemFailure(f"cannot read {name} ({path_of(name, root)}): {e.strerror}") from None
 
 
+def read_or_none(name: str, root: Path = SYSCTL_ROOT) -> str | None:
+    """read(), or None where the setting cannot be read (a kernel without it, a fake tree that leaves it out)."""
+    try:
+        return read(name, root)
+    except SystemFailure:
+        return None
+
+
 def sysctl_d_file(sysctl_d: Path) -> Path:
     return sysctl_d / SYSCTL_D_NAME
 
