@@ -93,6 +93,12 @@ def default_tuning(state: paths.Paths) -> dict:
     return {k: values[k] for k in keys}
 
 
+def default_variants(default: dict) -> dict:
+    """Experiments on the default: without its move to direct (what the move gains or costs per crash), and with
+    its writes in the realtime I/O class ([capture] io_realtime)."""
+    return {DEFAULT_RW: {**default, "direct_above": 0, "direct_rate": 0}, DEFAULT_RT: {**default, "io_realtime": True}}
+
+
 # Until main() has measured this host: the default as an unmeasured host renders it.
 DEFAULT_TUNING = default_tuning(paths.Paths(state_dir=Path("/nonexistent")))
 PIPE_BYTES = int(DEFAULT_TUNING["pipe_size"])
@@ -100,10 +106,7 @@ PIPE_BYTES = int(DEFAULT_TUNING["pipe_size"])
 CSPLICE = {
     DEFAULT: DEFAULT_TUNING,
     "rw-256K-1M": {"strategy": "rw", "chunk_size": 256 * 1024, "pipe_size": MiB, "direct_above": 0},
-    # The default without its move to direct (experiment: what the move gains or costs per crash).
-    DEFAULT_RW: {**DEFAULT_TUNING, "direct_above": 0, "direct_rate": 0},
-    # The default with its writes in the realtime I/O class (experiment: [capture] io_realtime).
-    DEFAULT_RT: {**DEFAULT_TUNING, "io_realtime": True},
+    **default_variants(DEFAULT_TUNING),
     "direct": {"strategy": "direct", "chunk_size": 256 * 1024, "pipe_size": MiB},
     "rw": {"strategy": "rw", "chunk_size": 64 * 1024, "pipe_size": 0, "direct_above": 0},
     "splice": {"strategy": "splice", "chunk_size": 64 * 1024, "pipe_size": 0, "direct_above": 0},
@@ -614,8 +617,7 @@ def measure_write_rates(args) -> None:
     args.rates, args.rates_reason = writerates.describe(measured), writerates.choose(measured).reason
     CSPLICE[DEFAULT] = default_tuning(state)
     LABELS[DEFAULT] = default_label(CSPLICE[DEFAULT])
-    CSPLICE[DEFAULT_RW] = {**CSPLICE[DEFAULT], "direct_above": 0, "direct_rate": 0}
-    CSPLICE[DEFAULT_RT] = {**CSPLICE[DEFAULT], "io_realtime": True}
+    CSPLICE.update(default_variants(CSPLICE[DEFAULT]))
     print(f"write rates: {args.rates_reason}", file=sys.stderr)
 
 

@@ -118,38 +118,29 @@ class Daemon:
     def store(self) -> Path:
         return self.state / "store"
 
-    def row(self, dump_id: str) -> tuple[str, str | None] | None:
-        """(status, stored file) of a dump, None before it is listed."""
+    def _query(self, sql: str, args: tuple = ()) -> list[tuple] | None:
+        """The rows of a query of the daemon's index, read-only; None while it cannot be read (not made yet,
+        or its uploads table not yet)."""
         try:
             db = sqlite3.connect(f"file:{self.index}?mode=ro", uri=True, timeout=1)
             try:
-                return db.execute("SELECT status, path FROM dumps WHERE id = ?", (dump_id,)).fetchone()
+                return db.execute(sql, args).fetchall()
             finally:
                 db.close()
         except sqlite3.Error:
             return None
 
+    def row(self, dump_id: str) -> tuple[str, str | None] | None:
+        """(status, stored file) of a dump, None before it is listed."""
+        rows = self._query("SELECT status, path FROM dumps WHERE id = ?", (dump_id,))
+        return rows[0] if rows else None
+
     def newest(self, after: set[str]) -> str | None:
-        try:
-            db = sqlite3.connect(f"file:{self.index}?mode=ro", uri=True, timeout=1)
-            try:
-                ids = {r[0] for r in db.execute("SELECT id FROM dumps")}
-            finally:
-                db.close()
-        except sqlite3.Error:
-            return None
-        new = sorted(ids - after)
+        new = sorted(self.ids() - after)
         return new[-1] if new else None
 
     def ids(self) -> set[str]:
-        try:
-            db = sqlite3.connect(f"file:{self.index}?mode=ro", uri=True, timeout=1)
-            try:
-                return {r[0] for r in db.execute("SELECT id FROM dumps")}
-            finally:
-                db.close()
-        except sqlite3.Error:
-            return set()
+        return {r[0] for r in self._query("SELECT id FROM dumps") or ()}
 
     def wait_stored(self, dump_id: str) -> str:
         """Waits until the dump's row is final; its stored file's name."""
@@ -159,15 +150,8 @@ class Daemon:
 
     def upload_state(self, dump_id: str) -> str | None:
         """The dump's row in the upload queue (pending, uploading, done, failed), None before it is queued."""
-        try:
-            db = sqlite3.connect(f"file:{self.index}?mode=ro", uri=True, timeout=1)
-            try:
-                row = db.execute("SELECT state FROM uploads WHERE id = ?", (dump_id,)).fetchone()
-            finally:
-                db.close()
-        except sqlite3.Error:
-            return None
-        return row[0] if row else None
+        rows = self._query("SELECT state FROM uploads WHERE id = ?", (dump_id,))
+        return rows[0][0] if rows else None
 
     def compressing(self, dump_id: str) -> bool:
         """The dump's compression is under way now: its temp file in the store exists and holds bytes."""
@@ -343,10 +327,12 @@ def capture_during_upload(daemon: Daemon, crashes: Crashes, server, bucket: str,
     def uploading(dump_id: str) -> bool:
         return daemon.upload_state(dump_id) == "uploading" and bool(server.multipart_uploads(bucket))
 
+    stored = []
+
     def start(before: set[str]) -> str:
         crashes.crash(big)
         big_id = crashes.listed(before)
-        daemon.wait_stored(big_id)
+        stored.append((daemon.store / daemon.wait_stored(big_id)).stat().st_size)
         wait_for(lambda: uploading(big_id) or daemon.upload_state(big_id) in ("done", "failed"), 600,
                  "the big dump's upload under way", interval=0.005)
         return big_id
@@ -362,15 +348,8 @@ def capture_during_upload(daemon: Daemon, crashes: Crashes, server, bucket: str,
         for key in server.keys(bucket):  # the bucket is not the bench's disk to fill either
             client.delete_object(Bucket=bucket, Key=key)
 
-    stored = []
-
-    def start_noting_size(before: set[str]) -> str:
-        big_id = start(before)
-        stored.append((daemon.store / daemon.row(big_id)[1]).stat().st_size)
-        return big_id
-
     table, misses = capture_during(daemon, crashes, small, runs, f"the upload of a {big} MiB crash's dump",
-                                   start_noting_size, uploading, settle)
+                                   start, uploading, settle)
     return table + f"\n\nThe big dump's stored file: {median(stored) / MiB:.0f} MiB (what went up).\n", misses
 
 
