@@ -465,10 +465,11 @@ NOTES = """\
   lower priority (nice 5), so that they take only what the host's other work leaves (corehandler/idlecpus.py).
 - A hold during a compression is the capture's priority at work: the daemon pauses its feed while csplice's
   `.tmp.ID.core` grows (corehandler/capture.py), so its zstd workers idle after the few MiB they hold.
-- A hold during an upload: the uploader asks the same gate before each part it starts (fleet/transfer.py), so
-  the parts in flight when the crash comes (up to `concurrency` = 4 of 16 MiB) finish beside the capture and
-  the next wait for its end. The server here is weed mini on the same 2 CPUs and disk, which a real bucket is
-  not: this is the harder case.
+- A hold during an upload: the uploader asks the same gate before it reads a part, before it hashes one and
+  after every MiB a part sends (fleet/transfer.py), so a part on the wire when the crash comes stands still
+  within a MiB (at most 10 s, less than a server lets a request idle). The server here is weed mini on the
+  same 2 CPUs and disk, which a real bucket is not: it goes on storing the parts it has already received
+  while csplice captures, which is the harder case.
 """
 
 

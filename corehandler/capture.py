@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 # A capture's file changes at every write; one unchanged this long is stalled or abandoned.
 ACTIVE_SEC = 5.0
 POLL_SEC = 0.05
+# A look that found no capture holds this long: a listing costs ~10 us, and a crash is seen within it.
+LOOK_SEC = 0.005
 # Longest one wait lasts: past it the work goes on until the spool has been seen without a capture once, so an
 # endless storm of captures slows the daemon's work without stopping it.
 MAX_WAIT_SEC = 120.0
@@ -46,7 +48,7 @@ def capturing(spool_dir: Path, now: float | None = None) -> bool:
 
 class Yield:
     """Called between the chunks of background work: returns at once when no capture runs, else when it has
-    ended (or stop is set, or MAX_WAIT_SEC passed). `waiting` names the work paused now, for tests and the
+    ended (or stop is set, or `longest` passed). `waiting` names the work paused now, for tests and the
     log; `pauses` counts the waits."""
 
     def __init__(self, spool_dir: Path, stop: threading.Event | None = None):
@@ -58,25 +60,29 @@ class Yield:
         self._tired = False  # waited MAX_WAIT_SEC: not again until a look finds no capture
         self._idle_at = 0.0  # monotonic time of the last look that found none
 
-    def __call__(self, what: str) -> None:
+    def __call__(self, what: str, longest: float = MAX_WAIT_SEC) -> None:
+        """longest: shorter than MAX_WAIT_SEC for work that cannot stand still longer (a request on the wire,
+        which a server times out); the next call waits again."""
         now = time.monotonic()
-        if now - self._idle_at < POLL_SEC:  # looked a moment ago: a 1 MiB chunk is not worth a listing
+        if now - self._idle_at < LOOK_SEC:  # looked a moment ago
             return
         if not capturing(self.spool_dir):
             self._idle_at, self._tired = now, False
             return
         if self._tired:
             return
-        self._wait(what, now)
+        self._wait(what, now, min(longest, MAX_WAIT_SEC))
 
-    def _wait(self, what: str, since: float) -> None:
+    def _wait(self, what: str, since: float, longest: float) -> None:
         with self._lock:
             self.pauses += 1
             self.waiting[what] = self.waiting.get(what, 0) + 1
         log.debug("%s paused: a capture runs", what)
         try:
             while capturing(self.spool_dir) and not self._stop.wait(POLL_SEC):
-                if time.monotonic() - since > MAX_WAIT_SEC:
+                if time.monotonic() - since > longest:
+                    if longest < MAX_WAIT_SEC:
+                        return
                     log.warning("%s waited %g s for captures to end; going on beside them", what, MAX_WAIT_SEC)
                     self._tired = True
                     return

@@ -97,3 +97,33 @@ def test_the_scrub_pauses_while_csplice_captures_and_a_stalled_capture_holds_not
     assert not capture.capturing(spool_dir)
     pace(1 << 20)
     assert pace.yield_to.pauses == 1
+
+
+def test_a_bounded_wait_returns_at_its_bound_and_waits_again_where_the_longest_wait_gives_up_until_idle(
+        state, monkeypatch):
+    """A part on the wire waits at most its bound per ask and asks again (fleet/transfer.py); only a wait of
+    MAX_WAIT_SEC marks a storm, after which the work goes on beside the captures until the spool is seen idle."""
+    spool_dir = state / "spool"
+    monkeypatch.setattr(capture, "MAX_WAIT_SEC", 0.4)
+    waits = capture.Yield(spool_dir)
+    running = Capture(spool_dir)
+    try:
+        for pauses in (1, 2):
+            t0 = time.monotonic()
+            waits("upload", 0.15)
+            assert waits.pauses == pauses and time.monotonic() - t0 < capture.MAX_WAIT_SEC
+        waits("compression")  # the longest wait: tired afterwards
+        assert waits.pauses == 3
+        waits("upload", 0.15)
+        assert waits.pauses == 3  # beside the captures now
+    finally:
+        running.end()
+    time.sleep(capture.LOOK_SEC * 2)
+    waits("compression")  # the spool seen idle: the next capture is waited for again
+    running = Capture(spool_dir)
+    try:
+        time.sleep(capture.LOOK_SEC * 2)
+        waits("upload", 0.15)
+        assert waits.pauses == 4
+    finally:
+        running.end()

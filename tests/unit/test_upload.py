@@ -90,7 +90,7 @@ def test_an_upload_waits_while_csplice_captures(s3mock, tmp_path):
     data = random.Random(9).randbytes(transfer.MIN_PART + 1)
     sender = threading.Thread(target=transfer.send,
                               args=(s3mock, "fleet-test", "held", io.BytesIO(data), transfer.MIN_PART),
-                              kwargs={"yield_to": lambda: waits("upload")})
+                              kwargs={"yield_to": lambda longest=None: waits("upload")})
     sender.start()
     try:
         wait_for(lambda: waits.waiting == {"upload": 1}, what="the upload paused")
@@ -99,6 +99,35 @@ def test_an_upload_waits_while_csplice_captures(s3mock, tmp_path):
         running.unlink()
     sender.join(30)
     assert s3mock.get_object(Bucket="fleet-test", Key="held")["Body"].read() == data and waits.pauses >= 1
+
+
+def test_a_part_on_the_wire_stops_within_a_mib_while_csplice_captures_and_never_longer_than_a_server_waits(
+        tmp_path, monkeypatch):
+    """Issue 37: parts already sent when a crash comes (up to `concurrency` of 16 MiB) would share the CPUs and
+    the disk with the capture; the body the HTTP client reads asks the gate every MiB, at most ON_WIRE_WAIT_SEC
+    at a time, so a long storm of captures cannot get the request timed out by the server."""
+    monkeypatch.setattr(transfer, "ON_WIRE_WAIT_SEC", 0.3)
+    spool_dir = tmp_path / "spool"
+    spool_dir.mkdir()
+    waits = capture.Yield(spool_dir)
+    asked = []
+    data = random.Random(3).randbytes(3 * transfer.PACE + 5)
+    body = transfer.Paced(data, lambda longest=None: (asked.append(longest), waits("upload", longest)))
+    assert len(body) == len(data) and body.read(16384) == data[:16384]
+    running = spool_dir / ".tmp.1796000000000000-0123456789abcdef-9.core"
+    running.write_bytes(b"\x7fELF")
+    got, t0 = [body.read(16384)], time.monotonic()
+    while len(b"".join(got)) + 16384 < transfer.PACE + 16384 * 2:
+        got.append(body.read(16384))
+    paused = time.monotonic() - t0
+    assert asked == [0.3] and waits.pauses == 1 and 0.25 <= paused < 5  # stopped at the first MiB, not for ever
+    running.unlink()
+    while block := body.read(16384):
+        got.append(block)
+    assert asked == [0.3] * 3 and waits.pauses == 1  # a MiB each; the capture ended: the asks go straight on
+    assert data[:16384] + b"".join(got) == data
+    assert body.seek(0) == 0 and body.tell() == 0 and body.read() == data  # a retry rewinds and sends it all
+    assert body.seek(-5, 2) == len(data) - 5 and body.read(100) == data[-5:] and body.read(100) == b""
 
 
 def test_check_object_compares_size_and_checksum(tmp_path):
