@@ -17,7 +17,8 @@ says how many workers each dump got.
 3. A capture during an upload: a daemon of its own uploads every stored dump to a real S3 server (SeaweedFS's
    weed mini on loopback, as the tests run it); per run, in alternating order, the SMALL crash on an idle
    daemon and the same crash while the BIG crash's stored file goes up (its queue row uploading, its multipart
-   upload open on the server); busy ÷ idle per run (goal ≤ 1.15).
+   upload open on the server); busy ÷ idle per run (goal ≤ 1.15). Twice: with the server on the same CPUs,
+   then held to SERVER_CPU_PERCENT of one CPU by a cgroup, standing in for a bucket on another host.
 
 The machine's state (load, page cache) is read at every crash and stated beside the tables.
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import json
 import os
 import re
 import resource
@@ -69,6 +71,8 @@ from support.waiting import wait_for  # noqa: E402
 
 MiB = 1 << 20
 STORED_GOAL, PAIRED_GOAL = 0.6, 1.15
+# Part 3's second row: the S3 server's share of a CPU, standing in for a bucket on another host.
+SERVER_CPU_PERCENT = 10
 STORED_LINE = re.compile(r"Stored (\S+): \d+ -> \d+ bytes in [\d.]+ s, (\d+) zstd workers")
 
 
@@ -134,6 +138,11 @@ class Daemon:
         """(status, stored file) of a dump, None before it is listed."""
         rows = self._query("SELECT status, path FROM dumps WHERE id = ?", (dump_id,))
         return rows[0] if rows else None
+
+    def moved_to_direct(self, dump_id: str) -> bool:
+        """csplice's rw handed the dump's capture to O_DIRECT part way (its record's capture.direct_from)."""
+        rows = self._query("SELECT record FROM dumps WHERE id = ?", (dump_id,))
+        return bool(rows) and json.loads(rows[0][0]).get("capture", {}).get("direct_from") is not None
 
     def newest(self, after: set[str]) -> str | None:
         new = sorted(self.ids() - after)
@@ -270,7 +279,7 @@ def capture_during(daemon: Daemon, crashes: Crashes, small: int, runs: int, what
     """Per run, in alternating order, the SMALL crash on an idle daemon and the same crash while the daemon is
     busy with `what`: start(ids before) sets that under way and returns the big dump's id, running(id) says
     whether it still runs, settle(ids) waits until the daemon is done with those dumps (idle again)."""
-    idle, busy, overlapped, states = [], [], 0, []
+    idle, busy, overlapped, states, moved = [], [], 0, [], {"idle": 0, "busy": 0}
     for run in range(runs):
         order = ("idle", "busy") if run % 2 == 0 else ("busy", "idle")
         for kind in order:
@@ -278,7 +287,8 @@ def capture_during(daemon: Daemon, crashes: Crashes, small: int, runs: int, what
             if kind == "idle":
                 states.append(state_now())
                 _, hold = crashes.crash(small)
-                settle([crashes.listed(before)])
+                small_id = crashes.listed(before)
+                settle([small_id])
                 idle.append(hold)
             else:
                 big_id = start(before)
@@ -287,22 +297,26 @@ def capture_during(daemon: Daemon, crashes: Crashes, small: int, runs: int, what
                 still = running(big_id)
                 overlapped += still
                 busy.append(hold)
-                settle([big_id, crashes.listed(before | {big_id})])
+                small_id = crashes.listed(before | {big_id})
+                settle([big_id, small_id])
                 print(f"run {run + 1}/{runs}: small crash held {hold:.3f} s during {what} "
                       f"({'still running' if still else 'ENDED before the reaping'})", file=sys.stderr)
+            moved[kind] += daemon.moved_to_direct(small_id)
             daemon.clear_store()
     ratios = [b / i for b, i in zip(busy, idle)]
     loads = [s["load"] for s in states]
     row = [f"{small} MiB dense during {what}", ms(idle), ms(busy), median(ratios),
            f"{min(ratios):.2f}–{max(ratios):.2f}", "yes" if median(ratios) <= PAIRED_GOAL else "no",
-           f"{overlapped} of {runs}", f"{min(loads):.2f}–{max(loads):.2f}"]
+           f"{overlapped} of {runs}", f"{moved['idle']} / {moved['busy']} of {runs}",
+           f"{min(loads):.2f}–{max(loads):.2f}"]
     misses = [] if median(ratios) <= PAIRED_GOAL else [
         f"a capture during {what} held {median(ratios):.2f}× an idle daemon's (goal ≤ {PAIRED_GOAL})"]
     if overlapped < runs:
         misses.append(f"{what} had ended before the small crash's reaping in {runs - overlapped} of {runs} runs: "
                       "give --big a larger size")
     header = ["crash", "hold, idle daemon ms", "hold, busy daemon ms", "busy ÷ idle (median of pairs)",
-              "min–max", f"≤ {PAIRED_GOAL}", "runs the busy work outlasted the hold", "load at the crash"]
+              "min–max", f"≤ {PAIRED_GOAL}", "runs the busy work outlasted the hold",
+              "captures moved to O_DIRECT, idle / busy", "load at the crash"]
     return markdown_table(header, [row]), misses
 
 
@@ -319,8 +333,8 @@ def capture_during_compression(daemon: Daemon, crashes: Crashes, small: int, big
                           lambda ids: [daemon.wait_stored(i) for i in ids])
 
 
-def capture_during_upload(daemon: Daemon, crashes: Crashes, server, bucket: str, small: int, big: int, runs: int
-                          ) -> tuple[str, list]:
+def capture_during_upload(daemon: Daemon, crashes: Crashes, server, bucket: str, small: int, big: int, runs: int,
+                          where: str) -> tuple[str, list]:
     """The daemon uploads every stored dump to the real S3 server: the SMALL crash on an idle daemon, and
     while the BIG crash's stored file goes up (its row uploading and its multipart upload open on the
     server)."""
@@ -348,16 +362,42 @@ def capture_during_upload(daemon: Daemon, crashes: Crashes, server, bucket: str,
         for key in server.keys(bucket):  # the bucket is not the bench's disk to fill either
             client.delete_object(Bucket=bucket, Key=key)
 
-    table, misses = capture_during(daemon, crashes, small, runs, f"the upload of a {big} MiB crash's dump",
-                                   start, uploading, settle)
+    table, misses = capture_during(daemon, crashes, small, runs,
+                                   f"the upload of a {big} MiB crash's dump to {where}", start, uploading, settle)
     return table + f"\n\nThe big dump's stored file: {median(stored) / MiB:.0f} MiB (what went up).\n", misses
 
 
-def during_upload(a, lent) -> tuple[str, list]:
-    """Part 3 on a daemon of its own that uploads every dump to a real S3 server (weed mini on loopback)."""
+@contextlib.contextmanager
+def cpu_capped(pid: int, percent: int):
+    """The process pid (all its threads, and those it starts later) held to `percent` of one CPU by a cgroup of
+    its own (v2's cpu.max, or v1's CFS quota); moved back and the cgroup removed on exit."""
+    unified = Path("/sys/fs/cgroup")
+    root = unified if (unified / "cgroup.controllers").exists() else unified / "cpu"
+    group = root / f"corehandler-bench-{os.getpid()}"
+    group.mkdir()
+    try:
+        if root == unified:
+            (group / "cpu.max").write_text(f"{percent * 1000} 100000\n")
+        else:
+            (group / "cpu.cfs_period_us").write_text("100000\n")
+            (group / "cpu.cfs_quota_us").write_text(f"{percent * 1000}\n")
+        (group / "cgroup.procs").write_text(f"{pid}\n")
+        try:
+            yield
+        finally:
+            (root / "cgroup.procs").write_text(f"{pid}\n")
+    finally:
+        group.rmdir()
+
+
+def during_upload(a, lent) -> tuple[list[str], list]:
+    """Part 3 on a daemon of its own that uploads every dump to a real S3 server (weed mini on loopback): once
+    with the server as a neighbour on this host's CPUs, once with it held to SERVER_CPU_PERCENT of one CPU,
+    which stands in for a bucket on another host (the uploader's own work stays on this host in full)."""
     from support.s3server import S3Server
 
     server = S3Server(a.work / "s3").start()
+    tables, misses = [], []
     try:
         bucket = server.new_bucket()
         creds = server.credentials_file(a.work / "credentials")
@@ -365,8 +405,16 @@ def during_upload(a, lent) -> tuple[str, list]:
             f'[upload]\nurl = "s3://{bucket}/bench"\nendpoint = "{server.endpoint}"\n'
             f'credentials_file = "{creds}"\nhost = "bench"\n'), io_realtime=a.io_realtime)
         try:
-            return capture_during_upload(daemon, Crashes(a.work / "upload", daemon, lent), server, bucket,
-                                         a.small, a.big, a.runs)
+            crashes = Crashes(a.work / "upload", daemon, lent)
+            for capped in (False, True):
+                with cpu_capped(server.proc.pid, SERVER_CPU_PERCENT) if capped else contextlib.nullcontext():
+                    where = (f"a server held to {SERVER_CPU_PERCENT}% of a CPU (a remote bucket's stand-in)"
+                             if capped else "a server on the same CPUs and disk")
+                    table, missed = capture_during_upload(daemon, crashes, server, bucket, a.small, a.big, a.runs,
+                                                          where)
+                tables.append(f"To {where}:\n\n{table}")
+                misses += missed
+            return tables, misses
         finally:
             daemon.stop()
     finally:
@@ -443,9 +491,9 @@ def main() -> int:
             finally:
                 daemon.stop()
             if a.upload:
-                table, missed = during_upload(a, lent)
+                tables, missed = during_upload(a, lent)
                 parts += [f"## A capture during an upload against the same on an idle daemon ({a.runs} pairs, "
-                          "alternating order)\n", table]
+                          "alternating order)\n", *tables]
                 misses += missed
     finally:
         shutil.rmtree(a.work, ignore_errors=True)
@@ -467,9 +515,12 @@ NOTES = """\
   `.tmp.ID.core` grows (corehandler/capture.py), so its zstd workers idle after the few MiB they hold.
 - A hold during an upload: the uploader asks the same gate before it reads a part, before it hashes one and
   after every MiB a part sends (fleet/transfer.py), so a part on the wire when the crash comes stands still
-  within a MiB (at most 10 s, less than a server lets a request idle). The server here is weed mini on the
-  same 2 CPUs and disk, which a real bucket is not: it goes on storing the parts it has already received
-  while csplice captures, which is the harder case.
+  within a MiB (at most 10 s, less than a server lets a request idle). The server is weed mini on this host:
+  as a neighbour on the same 2 CPUs and disk, it goes on storing the parts it has already received while
+  csplice captures (no gate of ours reaches it); held to a tenth of a CPU by a cgroup, it stands in for a
+  bucket on another host, where the uploader's own work (reading, hashing, sending) is all this host pays.
+- "captures moved to O_DIRECT": how many of the small crash's captures csplice's rw handed to O_DIRECT part
+  way (its record's capture.direct_from), on the idle and on the busy daemon.
 """
 
 
