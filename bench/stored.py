@@ -512,7 +512,9 @@ NOTES = """\
 - The zstd workers are the count `threads = "auto"` gave the dump: one per CPU the daemon may run on, at its
   lower priority (nice 5), so that they take only what the host's other work leaves (corehandler/idlecpus.py).
 - A hold during a compression is the capture's priority at work: the daemon pauses its feed while csplice's
-  `.tmp.ID.core` grows (corehandler/capture.py), so its zstd workers idle after the few MiB they hold.
+  `.tmp.ID.core` grows (corehandler/capture.py), so its zstd workers idle after the few MiB they hold, and
+  meanwhile every thread of the daemon runs SCHED_IDLE (corehandler/idlecpus.py), so those MiB take only a
+  CPU the capture leaves idle.
 - A hold during an upload: the uploader asks the same gate before it reads a part, before it hashes one and
   after every MiB a part sends (fleet/transfer.py), so a part on the wire when the crash comes stands still
   within a MiB (at most 10 s, less than a server lets a request idle). The server is weed mini on this host:

@@ -17,6 +17,8 @@ import threading
 import time
 from pathlib import Path
 
+from corehandler import idlecpus
+
 log = logging.getLogger(__name__)
 
 # A capture's file changes at every write; one unchanged this long is stalled or abandoned.
@@ -79,13 +81,15 @@ class Yield:
             self.waiting[what] = self.waiting.get(what, 0) + 1
         log.debug("%s paused: a capture runs", what)
         try:
-            while capturing(self.spool_dir) and not self._stop.wait(POLL_SEC):
-                if time.monotonic() - since > longest:
-                    if longest < MAX_WAIT_SEC:
+            with idlecpus.STEP_ASIDE:  # what was handed on before the pause runs on the CPUs the capture leaves
+                while capturing(self.spool_dir) and not self._stop.wait(POLL_SEC):
+                    if time.monotonic() - since > longest:
+                        if longest < MAX_WAIT_SEC:
+                            return
+                        log.warning("%s waited %g s for captures to end; going on beside them", what,
+                                    MAX_WAIT_SEC)
+                        self._tired = True
                         return
-                    log.warning("%s waited %g s for captures to end; going on beside them", what, MAX_WAIT_SEC)
-                    self._tired = True
-                    return
             self._idle_at = time.monotonic()
         finally:
             with self._lock:

@@ -215,6 +215,9 @@ def _encrypt_stdin(texts: list[str]) -> int:
     Through pyrage's own file I/O (encrypt_file): encrypt_io reads and writes through Python file objects."""
     import pyrage
 
+    from corehandler import idlecpus
+
+    idlecpus.not_idle()
     pyrage.encrypt_file("/dev/stdin", "/dev/stdout", recipients(texts))
     return 0
 

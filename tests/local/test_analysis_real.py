@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -288,3 +289,24 @@ def test_the_reason_of_real_crashes(tmp_path, binary, how, expected):
         assert why["signal"] == 6 and why["code"] == "SI_TKILL" and why["abort_message"]
     else:
         assert why["signal"] == 11 and why["addr"] is not None
+
+
+def test_an_analyser_started_by_a_thread_stepping_aside_for_a_capture_does_not_stay_sched_idle(
+        tmp_path, binary, fake_stack):
+    """idlecpus.StepAside makes every thread of the daemon SCHED_IDLE while a capture runs; a child forked then
+    would keep it for its life, and wait for a CPU through its whole time budget on a busy host."""
+    c = realcore.crash(binary, tmp_path / "core", "segv")
+    fake_stack('echo "TID 1:"\n'
+               'echo "#0  0x0000000000000001 policy=$(cut -d" " -f41 /proc/self/stat) - x"\n')
+    got = {}
+
+    def idle_thread():
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        got["r"] = unwind.analyse(c.core, realcore.record_for(c, "id"))
+
+    t = threading.Thread(target=idle_thread)
+    t.start()
+    t.join(60)
+    r = got["r"]
+    assert top(r)["function"] == f"policy={os.SCHED_OTHER}", r
+    assert "not-idle" in r["sandbox"]

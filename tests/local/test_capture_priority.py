@@ -6,12 +6,13 @@ growing as csplice's would be; what is asserted is the daemon's state, not its t
 from __future__ import annotations
 
 import os
+import resource
 import threading
 import time
 
 import pytest
 
-from corehandler import capture
+from corehandler import capture, idlecpus
 from corehandler.daemon import Settings
 from corehandler.store import scrub
 from corehandler.store.index import Store
@@ -127,3 +128,82 @@ def test_a_bounded_wait_returns_at_its_bound_and_waits_again_where_the_longest_w
         assert waits.pauses == 4
     finally:
         running.end()
+
+
+@pytest.mark.root
+def test_while_a_capture_is_waited_for_every_thread_of_the_daemon_runs_sched_idle_and_then_goes_back(state):
+    """Issue 37: what was handed on before a pause (zstd's workers, the hashing thread, a part on the wire) runs
+    only on a CPU the capture leaves idle. Every thread, those started during the wait too, goes back to
+    SCHED_OTHER at its niceness when the last wait ends; a thread that was SCHED_IDLE of its own stays so."""
+    spool_dir = state / "spool"
+    assert idlecpus.may_leave_idle(), "this test needs CAP_SYS_NICE or RLIMIT_NICE (run as root)"
+    nice = os.getpriority(os.PRIO_PROCESS, 0)
+    stop, seen = threading.Event(), {}
+
+    def worker(name, policy=None):
+        if policy is not None:
+            os.sched_setscheduler(0, policy, os.sched_param(0))
+        seen[name] = threading.get_native_id()
+        stop.wait()
+
+    busy = threading.Thread(target=worker, args=("busy",))
+    own = threading.Thread(target=worker, args=("own", os.SCHED_IDLE))
+    busy.start(), own.start()
+    wait_for(lambda: len(seen) == 2, what="the threads started")
+    compression, upload = capture.Yield(spool_dir), capture.Yield(spool_dir)
+    running = Capture(spool_dir)
+    waiters = [threading.Thread(target=compression, args=("compression",)),
+               threading.Thread(target=upload, args=("upload", 1.0))]
+    try:
+        for w in waiters:
+            w.start()
+        wait_for(lambda: compression.waiting and upload.waiting, what="both paused")
+        later = threading.Thread(target=worker, args=("later",))
+        later.start()
+        wait_for(lambda: "later" in seen, what="a thread started during the wait")
+        assert {os.sched_getscheduler(seen[n]) for n in ("busy", "own", "later")} == {os.SCHED_IDLE}
+        assert os.sched_getscheduler(0) == os.SCHED_IDLE
+        waiters[1].join(5)  # the upload's bounded wait ended: the compression still waits, so all stay idle
+        assert not waiters[1].is_alive() and os.sched_getscheduler(seen["busy"]) == os.SCHED_IDLE
+    finally:
+        running.end()
+        for w in waiters:
+            w.join(10)
+    try:
+        for name in ("busy", "later"):
+            assert os.sched_getscheduler(seen[name]) == os.SCHED_OTHER
+            assert os.getpriority(os.PRIO_PROCESS, seen[name]) == nice
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER
+        assert os.sched_getscheduler(seen["own"]) == os.SCHED_IDLE
+    finally:
+        stop.set()
+        for t in (busy, own, later):
+            t.join()
+
+
+@pytest.mark.root
+def test_a_daemon_that_could_not_leave_sched_idle_never_enters_it(tmp_path, monkeypatch):
+    """Without CAP_SYS_NICE, RLIMIT_NICE must reach the thread's niceness (corehandler.service: LimitNICE=+5);
+    a daemon short of both waits at the priority it has."""
+    status = tmp_path / "status"
+    status.write_text("Name:\tx\nCapEff:\t0000000000000000\n")
+    may_leave_idle = idlecpus.may_leave_idle
+    soft, hard = resource.getrlimit(resource.RLIMIT_NICE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NICE, (0, hard))  # lowering needs nothing; raising it back, the hard
+        assert not may_leave_idle(status)
+        monkeypatch.setattr(idlecpus, "may_leave_idle", lambda: may_leave_idle(status))
+        with idlecpus.StepAside() as aside:
+            assert not aside.allowed and os.sched_getscheduler(0) == os.SCHED_OTHER
+        status.write_text(f"Name:\tx\nCapEff:\t{1 << idlecpus.CAP_SYS_NICE:016x}\n")
+        assert may_leave_idle(status)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NICE, (soft, hard))
+
+
+@pytest.mark.parametrize("nice_limit, nice, cap_eff, leaves", [
+    (0, 5, 0, False), (15, 5, 0, True), (14, 5, 0, False), (15, 0, 0, False), (20, 0, 0, True),
+    (resource.RLIM_INFINITY, 0, 0, True), (0, 5, 1 << 23, True), (0, 5, (1 << 23) - 1, False),
+])
+def test_leaving_sched_idle_follows_the_kernels_rule(nice_limit, nice, cap_eff, leaves):
+    assert idlecpus.leaves_idle(nice_limit, nice, cap_eff) is leaves

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 
 import pytest
 from pyrage import x25519
 
 from corehandler.errors import EXIT_PERMISSION
 from corehandler.fleet import seal, transfer
+from support.waiting import wait_for
 
 
 def keys(n: int = 1) -> list:
@@ -87,3 +89,25 @@ def test_the_wrong_identity_is_a_permission_error(tmp_path):
     with pytest.raises(seal.IdentityError, match="cannot decrypt") as err:
         seal.decrypt_file(tmp_path / "obj", io.BytesIO(), [mine], what="obj")
     assert err.value.exit_code == EXIT_PERMISSION
+
+
+@pytest.mark.root
+def test_a_sealer_started_by_a_thread_stepping_aside_for_a_capture_does_not_stay_sched_idle(tmp_path):
+    """idlecpus.StepAside makes every thread of the daemon SCHED_IDLE while a capture runs; the sealer forked
+    then would keep it for its life, and crawl through the upload on a busy host."""
+    src = tmp_path / "core.zst"
+    src.write_bytes(os.urandom(8 << 20))  # more than the pipe holds: the child waits for our reads, alive
+    got = {}
+
+    def idle_thread():
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        got["enc"] = seal.EncryptingReader(src, [keys()[0].to_public()])
+
+    t = threading.Thread(target=idle_thread)
+    t.start()
+    t.join(30)
+    with got["enc"] as enc:
+        pid = enc._proc.pid
+        wait_for(lambda: os.sched_getscheduler(pid) == os.SCHED_OTHER, 30, "the sealer left SCHED_IDLE")
+        while transfer.read_part(enc, 1 << 20):
+            pass
