@@ -62,9 +62,9 @@ class Yield:
         self._tired = False  # waited MAX_WAIT_SEC: not again until a look finds no capture
         self._idle_at = 0.0  # monotonic time of the last look that found none
 
-    def __call__(self, what: str, longest: float = MAX_WAIT_SEC) -> None:
-        """longest: shorter than MAX_WAIT_SEC for work that cannot stand still longer (a request on the wire,
-        which a server times out); the next call waits again."""
+    def __call__(self, what: str, longest: float | None = None) -> None:
+        """longest: shorter than MAX_WAIT_SEC (the default) for work that cannot stand still longer (a request on
+        the wire, which a server times out); the next call waits again."""
         now = time.monotonic()
         if now - self._idle_at < LOOK_SEC:  # looked a moment ago
             return
@@ -73,7 +73,7 @@ class Yield:
             return
         if self._tired:
             return
-        self._wait(what, now, min(longest, MAX_WAIT_SEC))
+        self._wait(what, now, MAX_WAIT_SEC if longest is None else min(longest, MAX_WAIT_SEC))
 
     def _wait(self, what: str, since: float, longest: float) -> None:
         with self._lock:

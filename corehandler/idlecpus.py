@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 # The daemon's niceness: corehandler.service's Nice= (tests/local/test_units_files.py holds them equal).
 NICE = 5
+CAP_SYS_NICE = 23  # linux/capability.h: leaving SCHED_IDLE without an RLIMIT_NICE that allows it
 
 
 def workers() -> int:
@@ -77,9 +78,12 @@ class StepAside:
         with self._lock:
             self._waits += 1
             if self._waits == 1 and self.allowed:
-                self._idle_before = {t for t in _threads() if _policy(t) == os.SCHED_IDLE}
+                self._idle_before = set()
                 for tid in _threads():
-                    _set_policy(tid, os.SCHED_IDLE)
+                    if _policy(tid) == os.SCHED_IDLE:
+                        self._idle_before.add(tid)
+                    else:
+                        _set_policy(tid, os.SCHED_IDLE)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -100,8 +104,6 @@ def not_idle() -> None:
     its whole life, as no wait's end reaches another process; it runs at its niceness like the daemon."""
     if _policy(0) == os.SCHED_IDLE:
         _set_policy(0, os.SCHED_OTHER)
-
-CAP_SYS_NICE = 23
 
 
 def may_leave_idle(status: Path = Path("/proc/self/status")) -> bool:

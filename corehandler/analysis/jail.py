@@ -462,7 +462,8 @@ def run(spec: dict, report: dict) -> None:
     root = os.geteuid() == 0
     # Started by a thread that stepped aside for a capture (idlecpus.StepAside), it inherited SCHED_IDLE, and no
     # wait's end reaches another process: on a busy host it would spend its time budget waiting for a CPU. Left
-    # before the drop, while leaving it is allowed; nice 19 follows (limit).
+    # before the drop, while leaving it is allowed; nice 19 follows (limit). idlecpus.not_idle does the same for
+    # the sealer, but this file runs apart from the package and imports none of it.
     if os.sched_getscheduler(0) == os.SCHED_IDLE:
         try:
             os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))

@@ -29,6 +29,7 @@ it went up is `failed` with reason `lost` (retention's keep_free had to take it,
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -389,7 +390,7 @@ class Uploader(Quiet):
             expect = transfer.send(self._client, self.target.bucket, key, source, part,
                                    concurrency=self.config.concurrency, bandwidth=self.config.bandwidth_limit,
                                    extra={"ContentType": content_type, **self._sse()}, stop=self._stop,
-                                   yield_to=self._yield)
+                                   yield_to=functools.partial(self._capture, "upload"))
         return self._verified(dump, key, self._head(key), expect, part, sent=True, encryption=encryption)
 
     def _verified(self, dump, key: str, head: dict | None, expect, part_size: int, *, sent: bool,
@@ -406,10 +407,6 @@ class Uploader(Quiet):
         if encryption:
             core["recipients"] = list(self.config.recipients)
         return core, head
-
-    def _yield(self, longest: float | None = None) -> None:
-        """transfer.send's yield_to: csplice first."""
-        self._capture("upload", capture.MAX_WAIT_SEC if longest is None else longest)
 
     def _head(self, key: str) -> dict | None:
         from botocore.exceptions import ClientError
